@@ -1,0 +1,86 @@
+"""Wire compression for allreduce: float32 buffers travel as float16 or bfloat16 and accumulate in float32.
+
+A :class:`WireCodec` wraps any allreduce algorithm: the algorithm sends ``encode``-d chunks, and on receipt
+``accumulate``-s them into its float32 buffer (or ``decode``-s a finished chunk). Reduction therefore
+always happens in float32; only the bytes on the wire are half precision.
+
+Overflow rule (float16 only, whose largest value is 65504): before encoding, values are divided by the
+number of ranks, so no partial sum of in-range inputs can exceed the range; the result is multiplied back
+for ``Sum`` (``Average`` needs no multiply). An input whose magnitude divided by the number of ranks still
+exceeds 65504 becomes inf; the rank that saw it is warned (:class:`CompressionOverflowWarning`) naming
+the tensor. Use ``Compression.bf16`` (float32's range) for such values.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from . import kernels
+from .dtypes import BFLOAT16, FLOAT16
+from .ops import ReduceOp
+
+FLOAT32 = np.dtype(np.float32)
+
+
+class CompressionOverflowWarning(RuntimeWarning):
+    """A finite float32 value overflowed float16 on the wire."""
+
+
+class WireCodec:
+    """float32 on the host, ``wire_dtype`` on the wire. ``scale`` multiplies values as they are encoded."""
+
+    def __init__(self, name: str, wire_dtype: np.dtype):
+        self.name = name
+        self.wire_dtype = np.dtype(wire_dtype)
+
+    def encode(self, src: np.ndarray, dst: np.ndarray, scale: float = 1.0) -> int:
+        """``dst = wire(src * scale)``; returns how many finite values overflowed to inf."""
+        return kernels.to_half(src, dst, scale) or 0
+
+    def decode(self, src: np.ndarray, dst: np.ndarray, scale: float = 1.0) -> None:
+        """``dst = float32(src) * scale``."""
+        kernels.from_half(src, dst, scale)
+
+    def accumulate(self, dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
+        """``dst = dst op float32(src)``, accumulating in float32."""
+        kernels.reduce_widened_(dst, src, op)
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.name}"
+
+
+class Compression:
+    """Compression choices for ``allreduce(..., compression=)``, named as in horovod.torch."""
+
+    none = None
+    fp16 = WireCodec("fp16", FLOAT16)
+    bf16 = WireCodec("bf16", BFLOAT16)
+
+
+def codec_for(compression, dtype: np.dtype, name: str) -> WireCodec | None:
+    """The codec to use for a buffer of ``dtype``, or None when it travels as it is.
+
+    A half-precision buffer already is on the wire in half precision, so compression changes nothing for
+    it; other non-float32 dtypes cannot be compressed and raise."""
+    if compression is None:
+        return None
+    if not isinstance(compression, WireCodec):
+        raise TypeError(f"{name}: compression must be Compression.none, .fp16 or .bf16, not {compression!r}")
+    dtype = np.dtype(dtype)
+    if dtype == FLOAT32:
+        return compression
+    if dtype in (FLOAT16, BFLOAT16):
+        return None
+    raise TypeError(f"{name}: {compression!r} compresses float32 tensors, not {dtype}; pass compression=None")
+
+
+def warn_overflow(name: str, count: int, codec: WireCodec) -> None:
+    """Tell the user that ``count`` values of tensor ``name`` overflowed the wire format."""
+    warnings.warn(
+        f"{name}: {count} finite value(s) overflowed {codec.name} on the wire and became inf "
+        "(|value| / ranks > 65504); use Compression.bf16 or scale the values down",
+        CompressionOverflowWarning,
+        stacklevel=3,
+    )

@@ -1,0 +1,165 @@
+"""All of commlib's configuration, parsed in one place.
+
+Every ``COMMLIB_*`` environment variable maps to exactly one field of :class:`Config` and is documented in
+``docs/configuration.md``. Precedence: an explicit argument overrides the environment, which overrides
+the default. An unknown ``COMMLIB_*`` variable or an invalid value is a :class:`ConfigError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+ALGORITHMS = ("auto", "native", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "torus2d")
+
+_SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte count with an optional K/M/G suffix (powers of 1024): ``"64M"`` -> 67108864."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not match:
+        raise ValueError(f"{text!r} is not a byte count (examples: 4096, 64K, 16M, 1G)")
+    return int(match.group(1)) * _SIZE_SUFFIXES[match.group(2).upper()]
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """Parse a grid shape ``"XxY"`` such as ``"2x4"``."""
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", str(text))
+    if not match or int(match.group(1)) < 1 or int(match.group(2)) < 1:
+        raise ValueError(f"{text!r} is not a grid shape; write it as XxY with positive X and Y, e.g. 2x4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be >= 0")
+    return value
+
+
+def _algorithm(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {text!r}; use one of: {', '.join(ALGORITHMS)}")
+    return value
+
+
+def _optional_path(text: str) -> str | None:
+    return str(text) or None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    env: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """commlib's settings. Build it with :meth:`Config.load`; it is immutable afterwards."""
+
+    algorithm: str = "auto"
+    local_size: int | None = None
+    torus_shape: tuple[int, int] | None = None
+    ring_segment_bytes: int = 1 << 20
+    small_message_bytes: int = 64 << 10
+    cycle_time_ms: float = 1.0
+    fusion_threshold_bytes: int = 64 << 20
+    fusion_inplace_bytes: int = 1 << 20
+    num_streams: int = 1
+    stall_check_time_s: float = 60.0
+    stall_shutdown_time_s: float = 0.0
+    cache_capacity: int = 1024
+    timeline: str | None = None
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+        """Defaults, then ``COMMLIB_*`` variables from ``environ`` (default ``os.environ``), then
+        ``overrides`` (argument values; ``None`` means "not given")."""
+        environ = os.environ if environ is None else environ
+        known = {f.env for f in FIELDS.values()}
+        unknown = sorted(k for k in environ if k.startswith("COMMLIB_") and k not in known)
+        if unknown:
+            raise ConfigError(
+                f"unknown environment variable(s) {', '.join(unknown)}; commlib reads: {', '.join(sorted(known))}"
+                " (see docs/configuration.md)"
+            )
+        values: dict[str, Any] = {}
+        for attr, field in FIELDS.items():
+            if field.env in environ:
+                raw = environ[field.env]
+                try:
+                    values[attr] = field.parse(raw)
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(f"{field.env}={raw!r} is invalid: {exc}") from None
+        for attr, value in overrides.items():
+            if attr not in FIELDS:
+                raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
+            if value is None:
+                continue
+            if isinstance(value, str) and attr not in ("timeline",):
+                try:
+                    value = FIELDS[attr].parse(value)
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError(f"{attr}={value!r} is invalid: {exc}") from None
+            values[attr] = value
+        config = cls(**values)
+        config._validate()
+        return config
+
+    def _validate(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of: {', '.join(ALGORITHMS)}")
+        if self.stall_shutdown_time_s and self.stall_shutdown_time_s < self.stall_check_time_s:
+            raise ConfigError(
+                "COMMLIB_STALL_SHUTDOWN_TIME must be 0 (off) or at least COMMLIB_STALL_CHECK_TIME "
+                f"({self.stall_shutdown_time_s} < {self.stall_check_time_s})"
+            )
+
+
+FIELDS: dict[str, _Field] = {
+    "algorithm": _Field("COMMLIB_ALGORITHM", _algorithm,
+                        "allreduce algorithm: " + ", ".join(ALGORITHMS) + " (default auto)"),
+    "local_size": _Field("COMMLIB_LOCAL_SIZE", _positive_int,
+                         "treat consecutive blocks of k ranks as one node (emulates multi-node shapes); "
+                         "default: MPI's shared-memory split"),
+    "torus_shape": _Field("COMMLIB_TORUS_SHAPE", parse_shape,
+                          "XxY grid of the torus2d algorithm; default X = ranks per node, Y = nodes"),
+    "ring_segment_bytes": _Field("COMMLIB_RING_SEGMENT", parse_size,
+                                 "pipeline segment of the ring algorithm, bytes (K/M/G suffix; default 1M)"),
+    "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
+                                  "auto: messages up to this size use a latency-optimal algorithm "
+                                  "(default 64K)"),
+    "cycle_time_ms": _Field("COMMLIB_CYCLE_TIME", _non_negative_float,
+                            "longest sleep of the background coordinator between polls, ms (default 1)"),
+    "fusion_threshold_bytes": _Field("COMMLIB_FUSION_THRESHOLD", parse_size,
+                                     "largest fused buffer, bytes; 0 disables fusion (default 64M)"),
+    "fusion_inplace_bytes": _Field("COMMLIB_FUSION_INPLACE", parse_size,
+                                   "tensors at least this large are reduced in place, never copied into "
+                                   "a fusion buffer (default 1M)"),
+    "num_streams": _Field("COMMLIB_NUM_STREAMS", _positive_int,
+                          "execution lanes, each with its own communicator (default 1)"),
+    "stall_check_time_s": _Field("COMMLIB_STALL_CHECK_TIME", _non_negative_float,
+                                 "seconds before rank 0 reports tensors some ranks have not submitted; "
+                                 "0 disables (default 60)"),
+    "stall_shutdown_time_s": _Field("COMMLIB_STALL_SHUTDOWN_TIME", _non_negative_float,
+                                    "seconds after which a stalled tensor fails on every rank; 0 disables "
+                                    "(default 0)"),
+    "cache_capacity": _Field("COMMLIB_CACHE_CAPACITY", _positive_int,
+                             "negotiated tensors remembered for the fast path (default 1024)"),
+    "timeline": _Field("COMMLIB_TIMELINE", _optional_path,
+                       "write a Chrome-trace JSON timeline to this path (default: off)"),
+}

@@ -1,0 +1,66 @@
+"""Launch a Python script on N real MPI processes under a timeout; kill the whole job if it hangs.
+
+Tests call :func:`run_mpi`; the script they launch asserts on every rank and exits non-zero on failure,
+which makes ``mpiexec`` fail the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+def mpiexec() -> str:
+    """The ``mpiexec`` beside this Python (the embedded MPICH wheel's), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("no mpiexec found: install the 'mpich' wheel or put your MPI's mpiexec on PATH")
+    return found
+
+
+class MPIJobFailed(AssertionError):
+    """The MPI job exited non-zero or timed out; the message carries its output."""
+
+
+def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
+            env: dict[str, str] | None = None, expect_fail: bool = False) -> str:
+    """Run ``python script args`` on ``nprocs`` ranks; return combined stdout+stderr.
+
+    ``script`` is a path, or a file name under ``tests/workers/``. On timeout the whole process group is
+    killed and :class:`MPIJobFailed` is raised, so no test can hang CI. With ``expect_fail`` the job must
+    exit non-zero (within the timeout) instead.
+    """
+    path = Path(script)
+    if not path.is_absolute() and not path.exists():
+        path = WORKERS / path
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH", "")]))
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    for key in [k for k in full_env if k.startswith("COMMLIB_")]:
+        del full_env[key]
+    full_env.update(env or {})
+    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+                            start_new_session=True, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise MPIJobFailed(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-6000:]}") from None
+    if expect_fail:
+        if proc.returncode == 0:
+            raise MPIJobFailed(f"expected failure but job succeeded: {' '.join(cmd)}\n{out[-6000:]}")
+    elif proc.returncode != 0:
+        raise MPIJobFailed(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}")
+    return out
