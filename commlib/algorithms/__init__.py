@@ -1,0 +1,62 @@
+"""Allreduce algorithms: pure schedules over a :class:`~commlib.transport.base.Transport`.
+
+``run_allreduce(ctx, buf, op, algorithm, codec)`` is the entry point; ``ALGORITHMS`` maps each public name
+(``config.ALGORITHMS`` minus ``auto``) to a function ``allreduce(ctx, buf, op, codec) -> overflow count``.
+No module here imports MPI.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compression import FLOAT32, WireCodec
+from ..config import ALGORITHMS as ALGORITHM_NAMES
+from ..errors import CommlibError, ConfigError
+from ..ops import ReduceOp, as_op
+from . import hierarchical, native, rabenseifner, recursive_doubling, ring, select, torus2d
+from .context import AlgorithmContext, TorusGrid
+
+ALGORITHMS = {
+    "native": native.allreduce,
+    "ring": ring.allreduce,
+    "recursive_doubling": recursive_doubling.allreduce,
+    "rabenseifner": rabenseifner.allreduce,
+    "hierarchical": hierarchical.allreduce,
+    "torus2d": torus2d.allreduce,
+}
+assert set(ALGORITHMS) | {"auto"} == set(ALGORITHM_NAMES)
+
+__all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "run_allreduce", "resolve"]
+
+
+def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int) -> str:
+    """The concrete algorithm ``algorithm`` stands for on a message of ``nbytes`` bytes."""
+    if algorithm not in ALGORITHM_NAMES:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; use one of: {', '.join(ALGORITHM_NAMES)}")
+    return select.choose(ctx, nbytes) if algorithm == "auto" else algorithm
+
+
+def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "auto",
+                  codec: WireCodec | None = None) -> int:
+    """Allreduce the 1-D C-contiguous ``buf`` in place on every rank; return how many values this rank
+    overflowed to inf while encoding for the wire (always 0 without a codec).
+
+    ``op`` Average reduces as Sum (the caller divides). With ``codec`` (float32 buffers only) the data
+    travels as ``codec.wire_dtype`` and accumulates in float32; every rank ends with identical values,
+    each exactly representable in the wire format. On one rank nothing happens, with or without a codec.
+    """
+    op = as_op(op).kernel_op
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise CommlibError(
+            f"allreduce buffer must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
+        )
+    if codec is not None and buf.dtype != FLOAT32:
+        raise TypeError(f"{codec!r} compresses float32 buffers, not {buf.dtype}")
+    name = resolve(ctx, algorithm, buf.nbytes)
+    if name == "native" and codec is not None:
+        native.allreduce(ctx, buf, op, codec)  # raises the explanation
+    if name == "torus2d":
+        ctx.torus()  # a bad COMMLIB_TORUS_SHAPE is an error on any number of ranks
+    if ctx.size == 1 or buf.size == 0:
+        return 0
+    return ALGORITHMS[name](ctx, buf, op, codec)

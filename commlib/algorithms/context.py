@@ -1,0 +1,119 @@
+"""AlgorithmContext: what an allreduce schedule may use - the transport, the node topology, scratch
+buffers, the configuration, and sub-groups (node, shard and torus groups) created once and reused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..buffers import ScratchPool
+from ..config import Config
+from ..errors import ConfigError
+from ..topology import Topology
+from ..transport.base import UNDEFINED, Transport
+
+
+@dataclasses.dataclass(frozen=True)
+class TorusGrid:
+    """The torus2d grid: ``rows`` holds the X ranks of this rank's row (this rank is ``rows.rank``),
+    ``cols`` the Y ranks of its column."""
+
+    shape: tuple[int, int]
+    rows: Transport
+    cols: Transport
+
+
+class AlgorithmContext:
+    """Everything a schedule needs besides the buffer. One per execution lane; not thread-safe.
+
+    Sub-groups are created by collective ``split`` calls the first time an algorithm needs them. Every
+    rank runs the same algorithm on the same call, so every rank reaches those splits together.
+    """
+
+    def __init__(self, transport: Transport, topology: Topology, config: Config,
+                 scratch: ScratchPool | None = None):
+        self.transport = transport
+        self.topology = topology
+        self.config = config
+        self.scratch = scratch if scratch is not None else ScratchPool()
+        self._intra: Transport | None = None
+        self._shard_groups: list[Transport | None] | None = None
+        self._torus: TorusGrid | None = None
+
+    @classmethod
+    def create(cls, transport: Transport, topology: Topology, config: Config) -> "AlgorithmContext":
+        if (topology.rank, topology.size) != (transport.rank, transport.size):
+            raise ValueError(
+                f"topology of rank {topology.rank}/{topology.size} does not describe transport rank "
+                f"{transport.rank}/{transport.size}; detect the topology on the communicator the transport "
+                "was made from"
+            )
+        return cls(transport, topology, config)
+
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def size(self) -> int:
+        return self.transport.size
+
+    def intra(self) -> Transport:
+        """The ranks of this rank's node, in local-rank order."""
+        if self._intra is None:
+            self._intra = self.transport.split(self.topology.cross_rank, self.rank)
+        return self._intra
+
+    def shard_groups(self) -> list[Transport | None]:
+        """For each of the L = max-ranks-per-node shards of the hierarchical algorithm, the group of
+        ranks (one per node, in node order) holding that shard, or None if this rank does not hold it.
+
+        On a node of k ranks, local rank r holds shards ``partition.offsets(L, k)[r:r + 2]``."""
+        if self._shard_groups is None:
+            from .partition import offsets  # local: keeps the context free of algorithm imports at load
+
+            topo = self.topology
+            width = topo.max_local_size
+            held = offsets(width, topo.local_size)
+            first, last = held[topo.local_rank], held[topo.local_rank + 1]
+            self._shard_groups = [
+                self.transport.split(0 if first <= j < last else UNDEFINED, topo.cross_rank)
+                for j in range(width)
+            ]
+        return self._shard_groups
+
+    def torus(self) -> TorusGrid:
+        """The X-by-Y grid of torus2d: ``config.torus_shape``, else X = ranks per node, Y = nodes."""
+        if self._torus is None:
+            topo, size = self.topology, self.size
+            if self.config.torus_shape is not None:
+                nx, ny = self.config.torus_shape
+                if nx * ny != size:
+                    raise ConfigError(
+                        f"COMMLIB_TORUS_SHAPE={nx}x{ny} has {nx * ny} positions but there are {size} ranks; "
+                        f"choose X and Y with X*Y = {size}"
+                    )
+                x, y = self.rank % nx, self.rank // nx
+            else:
+                if not topo.uniform:
+                    raise ConfigError(
+                        f"torus2d needs nodes of equal size by default, but they have {list(topo.node_sizes)} "
+                        "ranks; set COMMLIB_TORUS_SHAPE=XxY or use algorithm 'hierarchical'"
+                    )
+                nx, ny = topo.local_size, topo.cross_size
+                x, y = topo.local_rank, topo.cross_rank
+            rows = self.transport.split(y, x)
+            cols = self.transport.split(x, y)
+            self._torus = TorusGrid((nx, ny), rows, cols)
+        return self._torus
+
+    def close(self) -> None:
+        """Free the sub-groups (the transport itself belongs to the caller) and the scratch memory."""
+        groups: list[Transport | None] = [self._intra]
+        groups += self._shard_groups or []
+        if self._torus is not None:
+            groups += [self._torus.rows, self._torus.cols]
+        for group in groups:
+            if group is not None:
+                group.free()
+        self._intra, self._shard_groups, self._torus = None, None, None
+        self.scratch.clear()

@@ -1,0 +1,46 @@
+"""Hierarchical allreduce: reduce-scatter inside each node, allreduce each shard across nodes, allgather
+inside each node. Cross-node traffic is n/k per rank instead of n, and all shards cross in parallel.
+
+Cost (N nodes of k ranks): 2(k-1) alpha + 2(k-1)/k n beta_intra + [cross allreduce of n/k bytes on N
+ranks: ring 2(N-1) alpha + 2(N-1)/N (n/k) beta_inter, recursive doubling below the small-message size].
+
+Nodes may have different numbers of ranks. The buffer is cut into L shards, L = ranks on the largest node
+(``partition.offsets(count, L)``). On a node of k ranks local rank r holds the contiguous group of shards
+``partition.offsets(L, k)[r:r+2]``, so the intra-node reduce-scatter is a ring over uneven chunks. Shard j
+is then allreduced by the group of ranks holding it, one per node (``AlgorithmContext.shard_groups``); a
+rank holding several shards handles them in increasing j, which every group agrees on, so no cycle of
+waits can form. With a codec every phase carries the wire format (see ring.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compression import WireCodec
+from ..ops import ReduceOp
+from . import partition, recursive_doubling, ring
+
+
+def cross_allreduce(ctx, transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None) -> int:
+    """Allreduce over a cross-node group: recursive doubling for small shards, ring otherwise."""
+    if buf.nbytes <= ctx.config.small_message_bytes:
+        return recursive_doubling.allreduce(ctx, buf, op, codec, transport=transport)
+    return ring.allreduce(ctx, buf, op, codec, transport=transport)
+
+
+def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None, transport=None) -> int:
+    if transport is not None and transport is not ctx.transport:
+        raise ValueError("hierarchical runs on the context's own transport and topology")
+    topo, n = ctx.topology, buf.size
+    if topo.size == 1 or n == 0:
+        return 0
+    width = topo.max_local_size
+    shard = partition.offsets(n, width)
+    held = partition.offsets(width, topo.local_size)
+    chunks = [shard[g] for g in held]  # element boundaries of each local rank's shard group
+    intra = ctx.intra()
+    groups = ctx.shard_groups()  # collective on first use: every rank creates them here
+    overflow = ring.reduce_scatter_(ctx, intra, buf, op, chunks, codec)
+    for j in range(held[topo.local_rank], held[topo.local_rank + 1]):
+        overflow += cross_allreduce(ctx, groups[j], buf[shard[j]:shard[j + 1]], op, codec)
+    return overflow + ring.allgather_(ctx, intra, buf, chunks, codec)

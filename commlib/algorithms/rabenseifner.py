@@ -1,0 +1,74 @@
+"""Rabenseifner: recursive-halving reduce-scatter, then recursive-doubling allgather.
+
+Cost: 2 log2(p') alpha + 2 (p'-1)/p' n beta + (p'-1)/p' n gamma (+ one alpha and n beta each way for the
+fold when p is not a power of two, p' = 2^floor(log2 p)). Bandwidth-optimal with logarithmic latency.
+
+Any p and any count: the fold/unfold of :mod:`recursive_doubling` reduces p to p', the buffer is cut into
+p' blocks (``partition.offsets``, uneven allowed). At distance p'/2, p'/4, ..., 1 each rank keeps the half
+of its current block window that contains its own block, sends the other half to its partner and reduces
+the partner's copy of the kept half; it ends with its own block reduced. The allgather reverses the
+pattern, doubling the window each step. With a codec the reduce-scatter sends encoded halves, the owner
+encodes its finished block once (keeping the decoded value), and the allgather moves wire data only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+from ..compression import WireCodec
+from ..ops import ReduceOp
+from ..transport.base import Transport
+from . import partition
+from .recursive_doubling import Fold
+
+
+def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None,
+              transport: Transport | None = None) -> int:
+    """Rabenseifner allreduce of ``buf`` in place over ``transport`` (default: the context's)."""
+    transport = transport or ctx.transport
+    p, n = transport.size, buf.size
+    if p == 1 or n == 0:
+        return 0
+    fold = Fold(p, transport.rank)
+    overflow = fold.fold_(ctx, transport, buf, op, codec, "rab")
+    wire = None if codec is None else ctx.scratch.get("rab.wire_full", n, codec.wire_dtype)
+    me = fold.newrank
+    if me >= 0:
+        offs = partition.offsets(n, fold.pof2)
+        lo, hi = 0, fold.pof2  # window of blocks this rank is still responsible for
+        mask = fold.pof2 >> 1
+        while mask:
+            partner = fold.real(me ^ mask)
+            mid = lo + mask
+            keep, give = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
+            ks, ke = offs[keep[0]], offs[keep[1]]
+            gs, ge = offs[give[0]], offs[give[1]]
+            if codec is None:
+                tmp = ctx.scratch.get("rab.recv", ke - ks, buf.dtype)
+                transport.sendrecv(buf[gs:ge], partner, tmp, partner)
+                kernels.reduce_(buf[ks:ke], tmp, op)
+            else:
+                outgoing = ctx.scratch.get("rab.wire_send", ge - gs, codec.wire_dtype)
+                overflow += codec.encode(buf[gs:ge], outgoing)
+                transport.sendrecv(outgoing, partner, wire[ks:ke], partner)
+                codec.accumulate(buf[ks:ke], wire[ks:ke], op)
+            lo, hi = keep
+            mask >>= 1
+        if codec is not None:
+            own = slice(offs[me], offs[me + 1])
+            overflow += codec.encode(buf[own], wire[own])
+            codec.decode(wire[own], buf[own])
+        target = buf if codec is None else wire
+        mask = 1
+        while mask < fold.pof2:
+            peer = me ^ mask
+            mine, theirs = (me // mask) * mask, (peer // mask) * mask
+            ms, me_ = offs[mine], offs[mine + mask]
+            ts, te = offs[theirs], offs[theirs + mask]
+            transport.sendrecv(target[ms:me_], fold.real(peer), target[ts:te], fold.real(peer))
+            if codec is not None:
+                codec.decode(wire[ts:te], buf[ts:te])
+            mask <<= 1
+    fold.unfold_(transport, buf, wire, codec)
+    return overflow

@@ -1,0 +1,51 @@
+"""ScratchPool: named scratch arrays that are allocated once, grown geometrically and reused.
+
+Fresh memory costs a page fault per 4 KiB page on first touch; at 64 MiB that is more time than the
+transfer itself. A pool keeps one byte buffer per name, touches new memory once when it grows, and hands
+out typed views of it, so steady-state collectives allocate nothing and never fault.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_ALIGN = 64  # bytes; every view starts on a cache-line boundary
+
+
+class ScratchPool:
+    """Reusable scratch arrays, one per key. Not thread-safe: one pool per execution lane.
+
+    ``get(key, count, dtype)`` returns a 1-D view of ``count`` elements. The view stays valid until the
+    next ``get`` of the same key (which may reallocate); two live scratch arrays need two keys.
+
+    Example::
+
+        pool = ScratchPool()
+        tmp = pool.get("ring.recv", 1024, np.float32)  # first call allocates and touches 4 KiB
+        tmp = pool.get("ring.recv", 512, np.float32)   # reuses it: no allocation
+    """
+
+    def __init__(self, growth: float = 2.0):
+        self._growth = growth
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, key: str, count: int, dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = int(count) * dtype.itemsize
+        raw = self._buffers.get(key)
+        if raw is None or raw.size - _ALIGN < nbytes:
+            capacity = nbytes if raw is None else max(nbytes, int(raw.size * self._growth))
+            raw = np.empty(capacity + _ALIGN, dtype=np.uint8)
+            raw.fill(0)  # touch every page now, not inside a timed collective
+            self._buffers[key] = raw
+        offset = (-raw.ctypes.data) % _ALIGN
+        return raw[offset:offset + nbytes].view(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the pool."""
+        return sum(raw.size for raw in self._buffers.values())
+
+    def clear(self) -> None:
+        """Drop every buffer (the next ``get`` allocates again)."""
+        self._buffers.clear()

@@ -1,0 +1,57 @@
+"""The coordinator's control channel: small pickled messages between ranks, never blocking.
+
+Kept apart from the data communicators so that negotiation traffic can never match a collective's
+messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+_TAG = 7
+
+
+class ControlChannel:
+    """Non-blocking object messages over a communicator of its own."""
+
+    def __init__(self, comm: "MPI.Comm"):
+        self._comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self._sends: list[MPI.Request] = []
+
+    def post(self, dest: int, message: Any) -> None:
+        """Send ``message`` to ``dest`` without waiting for it to be received."""
+        self._sends.append(self._comm.isend(message, dest=dest, tag=_TAG))
+        if len(self._sends) > 64:
+            self._reap()
+
+    def receive_all(self) -> list[tuple[int, Any]]:
+        """Every message that has arrived, as (source, message), in arrival order per source."""
+        received = []
+        status = MPI.Status()
+        while True:
+            msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=_TAG, status=status)
+            if msg is None:
+                return received
+            received.append((status.Get_source(), msg.recv()))
+
+    def _reap(self) -> None:
+        self._sends = [r for r in self._sends if not r.Test()]
+
+    def flush(self) -> None:
+        """Wait until every posted message has been delivered (used at shutdown)."""
+        if self._sends:
+            MPI.Request.Waitall(self._sends)
+            self._sends = []
+
+    def close(self) -> None:
+        self._reap()
+        for request in self._sends:  # undeliverable at shutdown: a peer already left
+            try:
+                request.Cancel()
+            except MPI.Exception:
+                pass
+        self._sends = []
+        self._comm.Free()

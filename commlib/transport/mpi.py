@@ -1,0 +1,172 @@
+"""Transport over an mpi4py communicator. The only module of commlib's data path that imports MPI.
+
+Data movement ignores element types: a buffer travels as unsigned integers of its item size (float16 and
+bfloat16 as MPI_UINT16_T), or as bytes for other item sizes. Only ``allreduce_native_`` needs the real
+type: the standard MPI types for float32/float64/int8/uint8/int32/int64, and for float16/bfloat16 (which
+MPI has no standard reduction for) user-defined MPI ops that call ``commlib.kernels.reduce_``. Those ops
+are created on first use, kept by this transport and freed by :meth:`MPITransport.free`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import kernels
+from ..dtypes import BFLOAT16, FLOAT16
+from ..errors import CommlibError
+from ..ops import ReduceOp
+from .base import Transport
+
+# Pure data movement: unsigned integers of the element's size.
+_MOVE = {
+    1: (np.dtype(np.uint8), MPI.UINT8_T),
+    2: (np.dtype(np.uint16), MPI.UINT16_T),
+    4: (np.dtype(np.uint32), MPI.UINT32_T),
+    8: (np.dtype(np.uint64), MPI.UINT64_T),
+}
+
+# Reduction: the MPI type whose arithmetic matches the numpy dtype.
+_REDUCE_TYPES = {
+    np.dtype(np.float32): MPI.FLOAT,
+    np.dtype(np.float64): MPI.DOUBLE,
+    np.dtype(np.int8): MPI.INT8_T,
+    np.dtype(np.uint8): MPI.UINT8_T,
+    np.dtype(np.int32): MPI.INT32_T,
+    np.dtype(np.int64): MPI.INT64_T,
+}
+
+_MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+
+
+def _raw(buf: np.ndarray) -> tuple[np.ndarray, MPI.Datatype, int]:
+    """``buf`` as (array of unsigned ints, MPI type, elements of that type per element of ``buf``)."""
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise CommlibError(
+            f"transport buffers must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
+        )
+    if buf.dtype.hasobject:
+        raise CommlibError(f"cannot move arrays of Python objects (dtype {buf.dtype})")
+    move = _MOVE.get(buf.dtype.itemsize)
+    if move is not None:
+        return buf.view(move[0]), move[1], 1
+    return buf.view(np.uint8), MPI.BYTE, buf.dtype.itemsize
+
+
+def _spec(buf: np.ndarray) -> list:
+    view, mpitype, _ = _raw(buf)
+    return [view, mpitype]
+
+
+def _vspec(buf: np.ndarray, counts: Sequence[int]) -> list:
+    view, mpitype, factor = _raw(buf)
+    counts = [int(c) * factor for c in counts]
+    displs = np.concatenate(([0], np.cumsum(counts[:-1], dtype=np.int64))).tolist() if counts else []
+    return [view, (counts, displs), mpitype]
+
+
+def _half_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
+    def reduce_half(inbuf, inoutbuf, datatype):
+        kernels.reduce_(np.frombuffer(inoutbuf, dtype=dtype), np.frombuffer(inbuf, dtype=dtype), op)
+
+    return MPI.Op.Create(reduce_half, commute=True)
+
+
+class MPITransport(Transport):
+    """A :class:`Transport` over ``comm``. With ``owns_comm`` the communicator is freed by :meth:`free`."""
+
+    def __init__(self, comm: MPI.Comm, owns_comm: bool = False):
+        self._comm = comm
+        self._owns_comm = owns_comm
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._half_ops: dict[tuple[np.dtype, ReduceOp], MPI.Op] = {}
+
+    @classmethod
+    def duplicate(cls, comm: MPI.Comm) -> "MPITransport":
+        """A transport on a private duplicate of ``comm``, so its traffic never meets the caller's."""
+        return cls(comm.Dup(), owns_comm=True)
+
+    @property
+    def comm(self) -> MPI.Comm:
+        return self._comm
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def send(self, buf, dest, tag=0):
+        self._comm.Send(_spec(buf), dest, tag)
+
+    def recv(self, buf, source, tag=0):
+        self._comm.Recv(_spec(buf), source, tag)
+
+    def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
+        self._comm.Sendrecv(_spec(sendbuf), dest, tag, _spec(recvbuf), source, tag)
+
+    def isend(self, buf, dest, tag=0):
+        return self._comm.Isend(_spec(buf), dest, tag)
+
+    def irecv(self, buf, source, tag=0):
+        return self._comm.Irecv(_spec(buf), source, tag)
+
+    def waitall(self, requests):
+        MPI.Request.Waitall(list(requests))
+
+    def allreduce_native_(self, buf, op):
+        op = ReduceOp(op).kernel_op
+        if buf.ndim != 1 or not buf.flags.c_contiguous:
+            _raw(buf)  # raises the contiguity error
+        if buf.dtype in (FLOAT16, BFLOAT16):
+            key = (buf.dtype, op)
+            mpi_op = self._half_ops.get(key)
+            if mpi_op is None:
+                mpi_op = self._half_ops[key] = _half_op(buf.dtype, op)
+            self._comm.Allreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T], mpi_op)
+            return
+        mpitype = _REDUCE_TYPES.get(buf.dtype)
+        if mpitype is None:
+            raise CommlibError(f"native allreduce cannot reduce dtype {buf.dtype}")
+        self._comm.Allreduce(MPI.IN_PLACE, [buf, mpitype], _MPI_OPS[op])
+
+    def allgatherv(self, sendbuf, recvbuf, counts):
+        if len(counts) != self._size:
+            raise CommlibError(f"allgatherv needs one count per rank ({self._size}), got {len(counts)}")
+        self._comm.Allgatherv(_spec(sendbuf), _vspec(recvbuf, counts))
+
+    def bcast_(self, buf, root):
+        self._comm.Bcast(_spec(buf), root)
+
+    def alltoallv(self, sendbuf, sendcounts, recvbuf, recvcounts):
+        if len(sendcounts) != self._size or len(recvcounts) != self._size:
+            raise CommlibError(f"alltoallv needs one send and one receive count per rank ({self._size})")
+        self._comm.Alltoallv(_vspec(sendbuf, sendcounts), _vspec(recvbuf, recvcounts))
+
+    def barrier(self):
+        self._comm.Barrier()
+
+    def split(self, color, key):
+        comm = self._comm.Split(MPI.UNDEFINED if color is None else int(color), int(key))
+        if comm == MPI.COMM_NULL:
+            return None
+        return MPITransport(comm, owns_comm=True)
+
+    def free(self):
+        if MPI.Is_finalized():  # nothing left to release
+            self._half_ops.clear()
+            return
+        for mpi_op in self._half_ops.values():
+            mpi_op.Free()
+        self._half_ops.clear()
+        if self._owns_comm and self._comm != MPI.COMM_NULL:
+            self._comm.Free()
+            self._comm = MPI.COMM_NULL
+
+    def __repr__(self):
+        return f"MPITransport(rank={self._rank}, size={self._size})"
