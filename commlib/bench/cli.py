@@ -1,0 +1,134 @@
+"""``commlib-bench``: run under mpiexec; rank 0 prints the table and writes --json/--plot.
+
+Exit status: 0 when every checked value was right, 1 when any was wrong (after the table is printed),
+2 for a bad command line. An error on any rank aborts the whole job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import io
+import shlex
+import sys
+import traceback
+
+from . import progress as progress_bar
+from . import report
+from .collectives import collective as make_collective
+from .core import run_sweep
+from .lane import open_lane
+from .options import Options, parse_options
+
+
+def _commlib_version() -> str:
+    try:
+        return importlib.metadata.version("commlib")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _parse_on_every_rank(argv: list[str], rank: int) -> Options | int:
+    """Options, or the exit status of argparse (help or a usage error), printed by rank 0 only."""
+    quiet = rank != 0
+    sink = io.StringIO()
+    with contextlib.ExitStack() as stack:
+        if quiet:
+            stack.enter_context(contextlib.redirect_stdout(sink))
+            stack.enter_context(contextlib.redirect_stderr(sink))
+        try:
+            return parse_options(argv)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 2
+
+
+def _job_errors(options: Options, nranks: int) -> list[str]:
+    """Problems only visible once the job runs (the same verdict on every rank)."""
+    errors = []
+    if options.root >= nranks:
+        errors.append(f"-r/--root {options.root} is not a rank of this {nranks}-rank job")
+    if options.plot_path:
+        try:
+            report.check_plot_available()
+        except report.PlotUnavailable as exc:
+            errors.append(str(exc))
+    return errors
+
+
+def run(options: Options, comm, collective=None, command: str = "commlib-bench") -> int:
+    """Run the sweep of ``options`` on ``comm`` (collective); rank 0 prints. Returns the exit status.
+
+    ``collective`` defaults to the one named by ``options.collective``; passing another
+    :class:`~commlib.bench.collective.Collective` measures it with the same core."""
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    collective = collective if collective is not None else make_collective(options.collective)
+    config = options.config()
+    lane = open_lane(comm, config)
+    try:
+        topology = lane.topology
+        info = report.RunInfo(
+            collective=collective.name, commlib_version=_commlib_version(), mpi_version=_mpi_version(),
+            ranks=nranks, nodes=topology.cross_size, node_sizes=topology.node_sizes,
+            local_size_emulated=config.local_size is not None, dtype=options.dtype_name, op=options.op_name,
+            iters=options.iters, warmup_iters=options.warmup_iters, rounds=options.rounds,
+            check=options.check, compression=options.compression,
+            torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
+            algorithms=options.algorithms, command=command)
+        show_progress = rank == 0 and progress_bar.wanted(options.progress)
+        bar = progress_bar.ProgressBar(f"commlib-bench {collective.name}") if show_progress else None
+        if rank == 0:
+            print("\n".join(report.header(info)), flush=True)
+        results = []
+        for result in run_sweep(options, collective, comm, lane.engine, progress=bar):
+            results.append(result)
+            if rank == 0:
+                if bar is not None:
+                    bar.finish()
+                print(report.row(result, info), flush=True)
+        if rank == 0:
+            print("\n".join(report.footer(results, info)), flush=True)
+            if options.json_path:
+                report.write_json(options.json_path, results, info)
+                print(f"# JSON written to {options.json_path}", flush=True)
+            if options.plot_path:
+                report.write_plot(options.plot_path, results, info)
+                print(f"# plot written to {options.plot_path}", flush=True)
+        comm.Barrier()
+        return 1 if report.total_wrong(results) else 0
+    finally:
+        lane.close()
+
+
+def _mpi_version() -> str:
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().strip().splitlines()[0].strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``commlib-bench`` console script."""
+    from mpi4py import MPI
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    options = _parse_on_every_rank(argv, rank)
+    if isinstance(options, int):
+        return options
+    errors = _job_errors(options, comm.Get_size())
+    if errors:
+        if rank == 0:
+            for error in errors:
+                print(f"commlib-bench: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        return run(options, comm, command=shlex.join(["commlib-bench", *argv]))
+    except Exception:  # one rank failing would leave the others waiting: stop the whole job
+        sys.stderr.write(f"commlib-bench: rank {rank} failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        comm.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The benchmark core: buffers, warm-up, correctness check, interleaved timing, max over ranks.
+
+For each size, every algorithm runs ``warmup_iters`` untimed calls, then one checked call on fresh
+inputs, then ``iters`` timed calls split into ``rounds`` rounds. Within a round the algorithms take turns
+(A, B, C, A, B, C, ...), each timing a block of consecutive calls after a barrier, so machine noise lands
+on every algorithm alike. A block's time per call is the slowest rank's; an algorithm's time is the
+median over its rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import warnings
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..compression import Compression, CompressionOverflowWarning
+from ..ops import ReduceOp
+from .collective import Collective, Layout, exact_limit
+from .options import Options
+
+#: Called after every (size, algorithm) step with (steps done, steps in all).
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """One algorithm at one size. ``wrong`` is None when the check was off."""
+
+    algorithm: str
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeResult:
+    nbytes: int
+    count: int
+    measurements: tuple[Measurement, ...]
+
+
+def codec_of(options: Options):
+    """The WireCodec of ``--compression`` (None for none)."""
+    return getattr(Compression, options.compression)
+
+
+def check_limit(options: Options) -> int:
+    """Largest check value that the dtype, and the wire format if compressed, hold exactly."""
+    codec = codec_of(options)
+    limit = exact_limit(options.dtype)
+    return min(limit, exact_limit(codec.wire_dtype)) if codec is not None else limit
+
+
+def tolerance(expected: np.ndarray, dtype: np.dtype, op: ReduceOp, nranks: int, codec) -> np.ndarray | float:
+    """How far a correct result may be from ``expected``: 0 except where rounding is inherent.
+
+    Average divides by the number of ranks, which rounds (allow 2 ulps); float16 compression divides by the
+    number of ranks before encoding, which rounds each contribution (allow n float16 epsilons of the
+    magnitude). Every other result is an exact integer in the dtype and must match exactly."""
+    if dtype.kind in "iu":
+        return 0.0
+    tol = 0.0
+    if op is ReduceOp.AVERAGE:
+        tol = 2 * float(np.finfo(dtype).eps) * np.abs(expected)
+    if codec is not None:
+        tol = tol + nranks * float(np.finfo(codec.wire_dtype).eps) * np.maximum(np.abs(expected), 1.0)
+    return tol
+
+
+def count_wrong(result: np.ndarray, expected: np.ndarray, tol) -> int:
+    """Elements of ``result`` farther than ``tol`` from ``expected`` (NaN counts as wrong)."""
+    if result.shape != expected.shape:
+        return int(max(result.size, expected.size))
+    if result.dtype.kind in "iu":
+        return int(np.count_nonzero(result.astype(np.int64) != expected))
+    diff = np.abs(result.astype(np.float64) - expected)
+    return int(np.count_nonzero(~(diff <= tol)))
+
+
+class _Arena:
+    """Two buffers sized for the largest step, allocated and touched once: fresh pages on every size
+    would add page-fault time to the first calls."""
+
+    def __init__(self, dtype: np.dtype, count: int):
+        self.pristine = np.zeros(count, dtype=dtype)
+        self.work = np.zeros(count, dtype=dtype)
+
+    def views(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.pristine[:count], self.work[:count]
+
+
+def layouts(options: Options, collective: Collective, nranks: int) -> list[Layout]:
+    """The sweep's distinct layouts, in size order (sizes that round to the same elements run once)."""
+    seen, result = set(), []
+    for nbytes in options.sizes():
+        layout = collective.layout(nbytes, options.dtype.itemsize, nranks)
+        if layout.nbytes not in seen:
+            seen.add(layout.nbytes)
+            result.append(layout)
+    return result
+
+
+def _block_lengths(iters: int, rounds: int) -> list[int]:
+    base, extra = divmod(iters, rounds)
+    return [base + (1 if r < extra else 0) for r in range(rounds)]
+
+
+def run_sweep(options: Options, collective: Collective, comm, engine,
+              progress: ProgressFn | None = None) -> Iterator[SizeResult]:
+    """Measure every size of ``options`` on every algorithm, yielding each size's results as it finishes;
+    collective over ``comm`` (every rank yields the same results).
+
+    ``comm`` is an mpi4py communicator used only for the benchmark's own barriers and reductions of times
+    and error counts; the collectives themselves run on ``engine``."""
+    from mpi4py import MPI
+
+    rank, nranks = comm.Get_rank(), comm.Get_size()
+    steps = layouts(options, collective, nranks)
+    algorithms = options.algorithms
+    codec, limit = codec_of(options), check_limit(options)
+    arena = _Arena(options.dtype, max(layout.send_count for layout in steps))
+    blocks = _block_lengths(options.iters, options.rounds)
+    done, total = 0, len(steps) * len(algorithms)
+    root = options.root
+
+    def call(algorithm: str, send: np.ndarray, layout: Layout) -> np.ndarray:
+        return collective.run(engine, send, layout, options.op, algorithm, codec, root)
+
+    for layout in steps:
+        pristine, work = arena.views(layout.send_count)
+        collective.fill(pristine, rank, nranks, options.op, root, limit)
+
+        with warnings.catch_warnings():
+            # Repeated in-place reductions grow the values; overflow here is expected and not checked.
+            warnings.simplefilter("ignore", CompressionOverflowWarning)
+            for algorithm in algorithms:
+                np.copyto(work, pristine)
+                for _ in range(options.warmup_iters):
+                    call(algorithm, work, layout)
+
+        wrong = np.zeros(len(algorithms), dtype=np.int64)
+        if options.check:
+            expected = collective.expected(layout, rank, nranks, options.op, root, limit)
+            tol = tolerance(expected, options.dtype, options.op, nranks, codec)
+            for a, algorithm in enumerate(algorithms):
+                np.copyto(work, pristine)
+                wrong[a] = count_wrong(call(algorithm, work, layout), expected, tol)
+            del expected, tol
+
+        times = np.zeros((len(blocks), len(algorithms)), dtype=np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CompressionOverflowWarning)
+            for r, length in enumerate(blocks):
+                for a, algorithm in enumerate(algorithms):
+                    np.copyto(work, pristine)
+                    comm.Barrier()
+                    start = time.perf_counter()
+                    for _ in range(length):
+                        call(algorithm, work, layout)
+                    times[r, a] = (time.perf_counter() - start) / length
+                    if r == len(blocks) - 1:
+                        done += 1
+                        if progress is not None:
+                            progress(done, total)
+
+        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # the slowest rank's time of every block
+        comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)  # wrong elements over all ranks
+        factor = collective.bus_factor(nranks)
+        measurements = []
+        for a, algorithm in enumerate(algorithms):
+            seconds = statistics.median(times[:, a].tolist())
+            algbw = layout.nbytes / seconds / 1e9
+            measurements.append(Measurement(
+                algorithm=algorithm, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
+                wrong=int(wrong[a]) if options.check else None))
+        yield SizeResult(nbytes=layout.nbytes, count=layout.count, measurements=tuple(measurements))

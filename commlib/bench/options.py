@@ -1,0 +1,238 @@
+"""The command line of commlib-bench: nccl-tests' flags, parsed once into one immutable :class:`Options`.
+
+Every check of an option against another happens here, so an incompatible combination fails before any
+MPI traffic with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+
+from ..config import ALGORITHMS, Config, parse_shape, parse_size
+from ..dtypes import BFLOAT16, FLOAT16
+from ..errors import ConfigError
+from ..ops import ReduceOp
+
+#: -d names: nccl-tests' first, then numpy's.
+DTYPES = {
+    "float": np.dtype(np.float32), "float32": np.dtype(np.float32),
+    "half": FLOAT16, "float16": FLOAT16,
+    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
+    "double": np.dtype(np.float64), "float64": np.dtype(np.float64),
+    "int8": np.dtype(np.int8), "char": np.dtype(np.int8),
+    "uint8": np.dtype(np.uint8),
+    "int32": np.dtype(np.int32), "int": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+}
+
+#: -o names as nccl-tests spells them.
+OPS = {"sum": ReduceOp.SUM, "prod": ReduceOp.PRODUCT, "min": ReduceOp.MIN, "max": ReduceOp.MAX,
+       "avg": ReduceOp.AVERAGE}
+
+COMPRESSIONS = ("none", "fp16", "bf16")
+
+COLLECTIVE_NAMES = ("allreduce", "allgather", "broadcast", "reducescatter", "alltoall")
+
+
+class UsageError(ValueError):
+    """An option, or a combination of options, that commlib-bench cannot run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Everything one run of commlib-bench needs; built by :func:`parse_options`."""
+
+    collective: str = "allreduce"
+    minbytes: int = 32 << 20
+    maxbytes: int = 32 << 20
+    stepfactor: int = 2
+    iters: int = 20
+    warmup_iters: int = 5
+    rounds: int = 5
+    root: int = 0
+    check: bool = True
+    op: ReduceOp = ReduceOp.SUM
+    dtype: np.dtype = np.dtype(np.float32)
+    algorithms: tuple[str, ...] = ("native",)
+    local_size: int | None = None
+    torus_shape: tuple[int, int] | None = None
+    compression: str = "none"
+    json_path: str | None = None
+    plot_path: str | None = None
+    progress: bool | None = None  # None: only when stderr is a terminal
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype as the table prints it (nccl-tests' name)."""
+        for name, dtype in DTYPES.items():
+            if dtype == self.dtype:
+                return name
+        return str(self.dtype)
+
+    @property
+    def op_name(self) -> str:
+        return next(name for name, op in OPS.items() if op is self.op)
+
+    def sizes(self) -> list[int]:
+        """The byte counts of the sweep, before each collective rounds them to whole elements."""
+        sizes, size = [], self.minbytes
+        while size <= self.maxbytes:
+            sizes.append(size)
+            if self.stepfactor == 1:
+                break
+            size *= self.stepfactor
+        return sizes
+
+    def config(self) -> Config:
+        """commlib's configuration with this run's node size and torus shape applied on top of COMMLIB_*."""
+        return Config.load(local_size=self.local_size, torus_shape=self.torus_shape)
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return value
+
+
+def _choice(table: dict):
+    def parse(text: str):
+        key = text.strip().lower()
+        if key not in table:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of: {', '.join(table)}")
+        return table[key]
+    return parse
+
+
+def _algorithms(text: str) -> tuple[str, ...]:
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return tuple(a for a in ALGORITHMS if a != "auto") + ("auto",)
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown algorithm(s) {', '.join(unknown) or repr(text)}; use 'all' or a comma list of: "
+            + ", ".join(ALGORITHMS))
+    return tuple(dict.fromkeys(names))  # keep order, drop repeats
+
+
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        return parse_shape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="commlib-bench",
+        description="Bandwidth and correctness of commlib's collectives over a range of sizes, every "
+                    "allreduce algorithm side by side with MPI's own. Run it under mpiexec; rank 0 prints.",
+        epilog="Example: mpiexec -n 2 commlib-bench -b 4K -e 64M -f 2 --algo all --json out.json")
+    add = parser.add_argument
+    add("-C", "--collective", default="allreduce", choices=COLLECTIVE_NAMES,
+        help="collective to measure (default allreduce)")
+    add("-b", "--minbytes", type=_size, default=32 << 20, help="smallest size, bytes, K/M/G suffix (default 32M)")
+    add("-e", "--maxbytes", type=_size, default=None, help="largest size (default: minbytes)")
+    add("-f", "--stepfactor", type=_positive, default=2, help="multiply the size by this each step (default 2)")
+    add("-n", "--iters", type=_positive, default=20, help="timed iterations per algorithm and size (default 20)")
+    add("-w", "--warmup_iters", type=_non_negative, default=5,
+        help="untimed iterations per algorithm and size first (default 5)")
+    add("--rounds", type=_positive, default=5,
+        help="split the timed iterations into this many interleaved rounds (default 5; at most -n)")
+    add("-r", "--root", type=_non_negative, default=0, help="root rank of broadcast (default 0)")
+    add("-c", "--check", type=int, choices=(0, 1), default=1, help="check the results (default 1)")
+    add("-o", "--op", type=_choice(OPS), default=ReduceOp.SUM, help="sum, prod, min, max or avg (default sum)")
+    add("-d", "--datatype", type=_choice(DTYPES), default=np.dtype(np.float32),
+        help="float, half, bfloat16, double, int8, uint8, int32, int64 or a numpy name (default float)")
+    add("--algo", type=_algorithms, default=None,
+        help="allreduce algorithms, comma separated, or 'all' (default native); one of: " + ", ".join(ALGORITHMS))
+    add("--local-size", type=_positive, default=None, metavar="K",
+        help="treat consecutive blocks of K ranks as one node (emulates several nodes)")
+    add("--torus", type=_shape, default=None, metavar="XxY", help="grid of the torus2d algorithm")
+    add("--compression", choices=COMPRESSIONS, default="none",
+        help="wire format of float32 allreduce (not with native) (default none)")
+    add("--json", dest="json_path", default=None, metavar="FILE", help="write every result as JSON to FILE")
+    add("--plot", dest="plot_path", default=None, metavar="FILE",
+        help="draw busbw against size per algorithm to a PNG (needs matplotlib: pip install commlib[bench])")
+    progress = parser.add_mutually_exclusive_group()
+    progress.add_argument("--progress", dest="progress", action="store_true", default=None,
+                          help="show a progress bar on stderr (default: only when stderr is a terminal)")
+    progress.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
+    return parser
+
+
+def parse_options(argv: list[str] | None = None) -> Options:
+    """Parse and validate ``argv``; a bad flag or combination exits with status 2 and a message."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return validate(args)
+    except (UsageError, ConfigError) as exc:
+        parser.error(str(exc))
+        raise  # parser.error exits; this keeps type checkers quiet
+
+
+def validate(args: argparse.Namespace) -> Options:
+    """Turn parsed arguments into :class:`Options`, rejecting combinations that cannot run."""
+    maxbytes = args.minbytes if args.maxbytes is None else args.maxbytes
+    if args.minbytes < 1:
+        raise UsageError(f"-b/--minbytes must be at least 1 byte (got {args.minbytes})")
+    if maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+    algorithms = args.algo
+    if args.collective != "allreduce":
+        if algorithms is not None:
+            raise UsageError(f"--algo chooses allreduce algorithms; {args.collective} has one implementation")
+        if args.compression != "none":
+            raise UsageError(f"--compression applies to allreduce only, not {args.collective}")
+        algorithms = ("engine",)
+    elif algorithms is None:
+        algorithms = ("native",)
+    if args.compression != "none":
+        if args.datatype != np.dtype(np.float32):
+            raise UsageError(f"--compression {args.compression} compresses float32 buffers; "
+                             f"drop it or use -d float (got -d {args.datatype})")
+        if "native" in algorithms:
+            raise UsageError(f"--compression {args.compression} cannot apply to native (MPI's own allreduce "
+                             "sends float32); leave native out of --algo or use --compression none")
+    reduces = args.collective in ("allreduce", "reducescatter")
+    if reduces and args.op is ReduceOp.AVERAGE and args.datatype.kind in "iu":
+        raise UsageError(f"-o avg needs a floating type, not {args.datatype} (the mean is not an integer)")
+    if args.root and args.collective != "broadcast":
+        raise UsageError(f"-r/--root applies to broadcast, not {args.collective}")
+    if not reduces and args.op is not ReduceOp.SUM:
+        raise UsageError(f"-o applies to reductions; {args.collective} does not reduce")
+    options = Options(
+        collective=args.collective, minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor,
+        iters=args.iters, warmup_iters=args.warmup_iters, rounds=min(args.rounds, args.iters), root=args.root,
+        check=bool(args.check), op=args.op, dtype=args.datatype, algorithms=tuple(algorithms),
+        local_size=args.local_size, torus_shape=args.torus, compression=args.compression,
+        json_path=args.json_path, plot_path=args.plot_path, progress=args.progress)
+    if options.stepfactor == 1 and options.minbytes != options.maxbytes:
+        raise UsageError("-f 1 would never reach -e; use -f 2 or larger, or -e equal to -b")
+    options.config()  # COMMLIB_* and --local-size/--torus must agree before anything runs
+    return options

@@ -1,0 +1,185 @@
+"""What commlib-bench writes: the text table (``#`` metadata, one row per size, footer), JSON and a plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+from .core import SizeResult
+
+# Widths of the fixed columns and of each algorithm's group (time, algbw, busbw, #wrong).
+_FIXED = (12, 12, 9, 5)
+_GROUP = (11, 8, 8, 7)
+_GROUP_WIDTH = sum(_GROUP) + len(_GROUP)  # one space before each column
+
+
+@dataclasses.dataclass(frozen=True)
+class RunInfo:
+    """The ``#`` metadata lines, also written to JSON."""
+
+    collective: str
+    commlib_version: str
+    mpi_version: str
+    ranks: int
+    nodes: int
+    node_sizes: tuple[int, ...]
+    local_size_emulated: bool
+    dtype: str
+    op: str
+    iters: int
+    warmup_iters: int
+    rounds: int
+    check: bool
+    compression: str
+    torus: str | None
+    algorithms: tuple[str, ...]
+    command: str
+
+
+def header(info: RunInfo) -> list[str]:
+    nodes = (f"{info.nodes} node(s) of {'/'.join(map(str, info.node_sizes))} rank(s)"
+             + (" (emulated with --local-size)" if info.local_size_emulated else " (MPI shared-memory split)"))
+    lines = [
+        f"# commlib-bench {info.collective}: {info.command}",
+        f"# commlib {info.commlib_version}; MPI: {info.mpi_version}",
+        f"# ranks {info.ranks}, {nodes}",
+        f"# dtype {info.dtype}, op {info.op}, iters {info.iters} in {info.rounds} interleaved round(s), "
+        f"warmup {info.warmup_iters}, check {'on' if info.check else 'off'}, compression {info.compression}"
+        + (f", torus {info.torus}" if info.torus else ""),
+        "# time: median over rounds of the slowest rank's time per call; algbw = size / time; "
+        "busbw = algbw * bus factor",
+        "#",
+    ]
+    fixed = sum(_FIXED) + len(_FIXED) - 1
+    lines.append("#" + " " * (fixed - 1) + "".join(f" {name:^{_GROUP_WIDTH - 1}}" for name in info.algorithms))
+    columns = "".join(f" {'time(us)':>{_GROUP[0]}} {'algbw':>{_GROUP[1]}} {'busbw':>{_GROUP[2]}} "
+                      f"{'#wrong':>{_GROUP[3]}}" for _ in info.algorithms)
+    lines.append(f"#{'size':>{_FIXED[0] - 1}} {'count':>{_FIXED[1]}} {'type':>{_FIXED[2]}} "
+                 f"{'op':>{_FIXED[3]}}{columns}")
+    units = "".join(f" {'':>{_GROUP[0]}} {'(GB/s)':>{_GROUP[1]}} {'(GB/s)':>{_GROUP[2]}} {'':>{_GROUP[3]}}"
+                    for _ in info.algorithms)
+    lines.append(f"#{'(B)':>{_FIXED[0] - 1}} {'(elements)':>{_FIXED[1]}} {'':>{_FIXED[2]}} "
+                 f"{'':>{_FIXED[3]}}{units}")
+    return lines
+
+
+def row(result: SizeResult, info: RunInfo) -> str:
+    cells = [f"{result.nbytes:>{_FIXED[0]}} {result.count:>{_FIXED[1]}} {info.dtype:>{_FIXED[2]}} "
+             f"{info.op:>{_FIXED[3]}}"]
+    for m in result.measurements:
+        wrong = "N/A" if m.wrong is None else str(m.wrong)
+        cells.append(f" {m.time_us:>{_GROUP[0]}.1f} {m.algbw_gbs:>{_GROUP[1]}.3f} {m.busbw_gbs:>{_GROUP[2]}.3f} "
+                     f"{wrong:>{_GROUP[3]}}")
+    return "".join(cells)
+
+
+def total_wrong(results: Sequence[SizeResult]) -> int:
+    return sum(m.wrong or 0 for r in results for m in r.measurements)
+
+
+def average_busbw(results: Sequence[SizeResult], algorithm: str) -> float:
+    values = [m.busbw_gbs for r in results for m in r.measurements if m.algorithm == algorithm]
+    return sum(values) / len(values) if values else 0.0
+
+
+def winners(results: Sequence[SizeResult]) -> list[dict]:
+    """Per size: the algorithm with the highest busbw, and its busbw over native's (None without native)."""
+    rows = []
+    for r in results:
+        best = max(r.measurements, key=lambda m: m.busbw_gbs)
+        native = next((m for m in r.measurements if m.algorithm == "native"), None)
+        best_other = max((m for m in r.measurements if m.algorithm != "native"), key=lambda m: m.busbw_gbs,
+                         default=None)
+        rows.append({
+            "nbytes": r.nbytes,
+            "best": best.algorithm,
+            "best_busbw_gbs": best.busbw_gbs,
+            "best_commlib": best_other.algorithm if best_other else None,
+            "best_commlib_vs_native": (best_other.busbw_gbs / native.busbw_gbs
+                                       if native and best_other and native.busbw_gbs > 0 else None),
+        })
+    return rows
+
+
+def footer(results: Sequence[SizeResult], info: RunInfo) -> list[str]:
+    lines = ["#", "# Average bus bandwidth (GB/s): " + ", ".join(
+        f"{a} {average_busbw(results, a):.3f}" for a in info.algorithms)]
+    wrong = total_wrong(results)
+    if info.check:
+        lines.append(f"# Wrong values: {wrong} " + ("OK" if wrong == 0 else "FAILED"))
+    else:
+        lines.append("# Wrong values: not checked (-c 0)")
+    if len(info.algorithms) > 1:
+        has_native = "native" in info.algorithms
+        lines.append("#")
+        lines.append("# Fastest per size" + (", and the best non-native algorithm's busbw / native's busbw"
+                                             if has_native else ""))
+        lines.append(f"#{'size(B)':>{_FIXED[0] - 1}} {'fastest':>20} {'busbw':>8}"
+                     + (f" {'best commlib':>20} {'x native':>9}" if has_native else ""))
+        for w in winners(results):
+            line = f"#{w['nbytes']:>{_FIXED[0] - 1}} {w['best']:>20} {w['best_busbw_gbs']:>8.3f}"
+            if has_native:
+                ratio = w["best_commlib_vs_native"]
+                line += f" {w['best_commlib'] or '-':>20} {('%.2f' % ratio) if ratio is not None else '-':>9}"
+            lines.append(line)
+    return lines
+
+
+def to_json(results: Sequence[SizeResult], info: RunInfo) -> dict:
+    return {
+        "metadata": dataclasses.asdict(info),
+        "results": [
+            {"nbytes": r.nbytes, "count": r.count,
+             "algorithms": {m.algorithm: {"time_us": m.time_us, "algbw_gbs": m.algbw_gbs,
+                                          "busbw_gbs": m.busbw_gbs, "wrong": m.wrong}
+                            for m in r.measurements}}
+            for r in results
+        ],
+        "average_busbw_gbs": {a: average_busbw(results, a) for a in info.algorithms},
+        "winners": winners(results),
+        "wrong_total": total_wrong(results) if info.check else None,
+    }
+
+
+def write_json(path: str, results: Sequence[SizeResult], info: RunInfo) -> None:
+    with open(path, "w") as f:
+        json.dump(to_json(results, info), f, indent=2)
+        f.write("\n")
+
+
+class PlotUnavailable(RuntimeError):
+    """--plot was given but matplotlib is not installed."""
+
+
+def check_plot_available() -> None:
+    """Fail before the sweep, not after it, when --plot cannot be honoured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise PlotUnavailable("--plot needs matplotlib, which is not installed; "
+                              "pip install 'commlib[bench]' (or pip install matplotlib), or drop --plot") from None
+
+
+def write_plot(path: str, results: Sequence[SizeResult], info: RunInfo) -> None:
+    """busbw against size, one line per algorithm, log-scaled size axis, as a PNG."""
+    check_plot_available()
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    sizes = [r.nbytes for r in results]
+    for algorithm in info.algorithms:
+        busbw = [next(m.busbw_gbs for m in r.measurements if m.algorithm == algorithm) for r in results]
+        ax.plot(sizes, busbw, marker="o", label=algorithm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"commlib-bench {info.collective}: {info.ranks} ranks, {info.dtype} {info.op}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
