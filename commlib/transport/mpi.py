@@ -75,9 +75,13 @@ def _half_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
 
 
 class MPITransport(Transport):
-    """A :class:`Transport` over ``comm``. With ``owns_comm`` the communicator is freed by :meth:`free`."""
+    """A :class:`Transport` over ``comm``, which it owns: :meth:`free` frees it (never a predefined
+    communicator such as COMM_WORLD). Pass ``owns_comm=False`` to keep the communicator alive.
 
-    def __init__(self, comm: MPI.Comm, owns_comm: bool = False):
+    Give each transport a communicator of its own (``MPITransport.duplicate(comm)``) so that its traffic
+    never matches the application's or another lane's messages."""
+
+    def __init__(self, comm: MPI.Comm, owns_comm: bool = True):
         self._comm = comm
         self._owns_comm = owns_comm
         self._rank = comm.Get_rank()
@@ -164,9 +168,10 @@ class MPITransport(Transport):
         for mpi_op in self._half_ops.values():
             mpi_op.Free()
         self._half_ops.clear()
-        if self._owns_comm and self._comm != MPI.COMM_NULL:
+        predefined = self._comm in (MPI.COMM_NULL, MPI.COMM_WORLD, MPI.COMM_SELF)
+        if self._owns_comm and not predefined:
             self._comm.Free()
-            self._comm = MPI.COMM_NULL
+        self._comm = MPI.COMM_NULL
 
     def __repr__(self):
         return f"MPITransport(rank={self._rank}, size={self._size})"

@@ -1,0 +1,199 @@
+"""Engine: one execution lane - a Transport, its AlgorithmContext, and the collectives the API runs.
+
+The coordinator has already checked that every rank asked for the same operation with matching dtypes
+and shapes; the engine validates what one rank can see (dtype, op, contiguity) and executes. Each
+collective reads top to bottom: validate, prescale, reduce, postscale.
+
+Example (on every rank)::
+
+    engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm), Config.load())
+    grads = np.ones(1000, np.float32)
+    engine.allreduce_(grads, Average)      # grads now holds the mean over ranks
+    engine.close()
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from . import kernels
+from .algorithms import AlgorithmContext, partition, run_allreduce
+from .compression import FLOAT32, WireCodec, warn_overflow
+from .config import Config
+from .dtypes import FLOAT16, check_contiguous, check_reducible
+from .errors import CommlibError
+from .ops import ReduceOp, as_op
+from .topology import Topology
+from .transport.base import Transport
+
+_COUNT = np.dtype(np.int64)
+
+
+class Engine:
+    """Collectives over ``transport`` (this lane's own communicator; the engine frees it on ``close``).
+
+    Not thread-safe: one engine per lane, used by one thread at a time."""
+
+    def __init__(self, transport: Transport, topology: Topology, config: Config):
+        self.transport = transport
+        self.topology = topology
+        self.config = config
+        self.context = AlgorithmContext.create(transport, topology, config)
+
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def size(self) -> int:
+        return self.transport.size
+
+    # -- allreduce --------------------------------------------------------------------------------------
+    def allreduce_(self, buf: np.ndarray, op=ReduceOp.SUM, algorithm: str | None = None,
+                   prescale: float = 1.0, postscale: float = 1.0, codec: WireCodec | None = None,
+                   name: str = "tensor") -> np.ndarray:
+        """Reduce the C-contiguous ``buf`` in place across all ranks and return it.
+
+        Args:
+            op: ``Sum``, ``Average`` (sum, then divided by the number of ranks), ``Min``, ``Max``, ``Product``.
+            algorithm: one of ``config.ALGORITHMS``; None means ``config.algorithm``.
+            prescale, postscale: factors applied before and after the reduction (floating dtypes only).
+            codec: a ``WireCodec`` (float32 buffers only): data travels in half precision.
+            name: names the tensor in errors and warnings.
+
+        Warning: with ``Compression.fp16`` and Sum/Average, values are divided by the number of ranks
+        before encoding (so partial sums stay in float16's range) and multiplied back after (Sum only);
+        a value whose magnitude divided by the number of ranks still exceeds 65504 becomes inf and this
+        rank is warned (``CompressionOverflowWarning``).
+        """
+        op = as_op(op)
+        check_contiguous(buf, name)
+        check_reducible(buf, op, name)
+        if codec is not None and buf.dtype != FLOAT32:
+            raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {buf.dtype}; pass codec=None")
+        if (prescale != 1.0 or postscale != 1.0) and buf.dtype.kind in "iu":
+            raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {buf.dtype}")
+        size = self.size
+        average = op is ReduceOp.AVERAGE and size > 1
+        # Divide first so that no partial sum of in-range inputs can exceed float16's range on the wire.
+        predivide = (codec is not None and codec.wire_dtype == FLOAT16 and size > 1
+                     and op.kernel_op is ReduceOp.SUM)
+        pre = prescale / size if predivide else prescale
+        post = postscale
+        if predivide and not average:
+            post *= size  # Sum: undo the division
+        elif average and not predivide:
+            post /= size
+        flat = buf.reshape(-1)
+        if pre != 1.0:
+            kernels.scale_(flat, pre)
+        overflow = run_allreduce(self.context, flat, op.kernel_op, algorithm or self.config.algorithm, codec)
+        if post != 1.0:
+            kernels.scale_(flat, post)
+        if overflow:
+            warn_overflow(name, overflow, codec)
+        return buf
+
+    # -- data movement ----------------------------------------------------------------------------------
+    def _row_counts(self, rows: int) -> list[int]:
+        """Every rank's number of rows (first dimension)."""
+        mine = np.array([rows], _COUNT)
+        every = np.empty(self.size, _COUNT)
+        self.transport.allgatherv(mine, every, [1] * self.size)
+        return every.tolist()
+
+    def allgather(self, arr: np.ndarray, name: str = "tensor") -> np.ndarray:
+        """Concatenate every rank's ``arr`` along the first dimension (which may differ between ranks;
+        the other dimensions must match). A non-contiguous ``arr`` is copied first."""
+        arr = _at_least_1d(arr, name)
+        rows = self._row_counts(arr.shape[0])
+        row = _row_size(arr)
+        out = np.empty((sum(rows),) + arr.shape[1:], arr.dtype)
+        self.transport.allgatherv(np.ascontiguousarray(arr).reshape(-1), out.reshape(-1),
+                                  [r * row for r in rows])
+        return out
+
+    def broadcast_(self, arr: np.ndarray, root: int, name: str = "tensor") -> np.ndarray:
+        """Overwrite ``arr`` on every rank with ``root``'s ``arr`` (same shape everywhere); return it."""
+        check_contiguous(arr, name)
+        if not 0 <= root < self.size:
+            raise CommlibError(f"{name}: broadcast root {root} is not a rank (0..{self.size - 1})")
+        if self.size > 1 and arr.size:
+            self.transport.bcast_(arr.reshape(-1), root)
+        return arr
+
+    def reducescatter(self, arr: np.ndarray, op=ReduceOp.SUM, name: str = "tensor") -> np.ndarray:
+        """Reduce ``arr`` across ranks and return this rank's block of rows: the first dimension is cut
+        with ``partition.offsets`` (earlier ranks take the extra rows). ``Average`` divides by the size."""
+        op = as_op(op)
+        arr = _at_least_1d(arr, name)
+        check_reducible(arr, op, name)
+        rows = partition.offsets(arr.shape[0], self.size)
+        row = _row_size(arr)
+        work = np.array(arr, order="C", copy=True).reshape(-1)
+        if self.size > 1:
+            from .algorithms import ring
+
+            ring.reduce_scatter_(self.context, self.transport, work, op.kernel_op, [r * row for r in rows])
+        mine = work[rows[self.rank] * row:rows[self.rank + 1] * row]
+        out = mine.reshape((rows[self.rank + 1] - rows[self.rank],) + arr.shape[1:]).copy()
+        if op is ReduceOp.AVERAGE and self.size > 1:
+            kernels.scale_(out.reshape(-1), 1.0 / self.size)
+        return out
+
+    def alltoall(self, arr: np.ndarray, splits: Sequence[int] | None = None,
+                 name: str = "tensor") -> tuple[np.ndarray, np.ndarray]:
+        """Send ``splits[i]`` consecutive rows of ``arr`` to rank i; return (the rows received, in rank
+        order, and how many came from each rank). ``splits=None`` sends equal shares (the first
+        dimension must divide by the number of ranks)."""
+        arr = _at_least_1d(arr, name)
+        size, nrows = self.size, arr.shape[0]
+        if splits is None:
+            if nrows % size:
+                raise CommlibError(
+                    f"{name}: alltoall without splits needs a first dimension divisible by {size} ranks, "
+                    f"got {nrows}; pass splits"
+                )
+            splits = [nrows // size] * size
+        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+        if len(splits) != size or min(splits) < 0 or sum(splits) != nrows:
+            raise CommlibError(
+                f"{name}: alltoall splits {splits} must be {size} non-negative row counts adding up to the "
+                f"first dimension {nrows}"
+            )
+        received = np.empty(size, _COUNT)
+        self.transport.alltoallv(np.array(splits, _COUNT), [1] * size, received, [1] * size)
+        row = _row_size(arr)
+        out = np.empty((int(received.sum()),) + arr.shape[1:], arr.dtype)
+        self.transport.alltoallv(np.ascontiguousarray(arr).reshape(-1), [s * row for s in splits],
+                                 out.reshape(-1), [int(r) * row for r in received])
+        return out, received
+
+    def barrier(self) -> None:
+        self.transport.barrier()
+
+    def close(self) -> None:
+        """Free the sub-groups, the scratch memory and the transport. Idempotent."""
+        if self.context is not None:
+            self.context.close()
+            self.transport.free()
+            self.context = None
+
+    def __repr__(self) -> str:
+        return f"Engine(rank={self.rank}, size={self.size}, {self.topology})"
+
+
+def _at_least_1d(arr: np.ndarray, name: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
+    if arr.ndim == 0:
+        raise CommlibError(f"{name}: this collective works on the first dimension; got a 0-d array "
+                           "(reshape it to (1,))")
+    return arr
+
+
+def _row_size(arr: np.ndarray) -> int:
+    """Elements per row (product of the dimensions after the first)."""
+    return int(np.prod(arr.shape[1:], dtype=np.int64))
