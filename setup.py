@@ -2,9 +2,12 @@
 
 from setuptools import Extension, find_packages, setup
 
+# The SIMD loops (csrc/kernels_x86.c) carry their own target attributes and run only after a CPU check,
+# so the module is built for the baseline architecture and still uses AVX2/F16C where the CPU has them.
 kernels = Extension(
     "commlib._kernels",
-    sources=["csrc/kernels.c"],
+    sources=["csrc/kernels.c", "csrc/kernels_portable.c", "csrc/kernels_x86.c"],
+    depends=["csrc/kernels.h"],
     extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"],
 )
 

@@ -1,42 +1,144 @@
 """Elementwise kernels: in-place reduction, scaling and float32 <-> float16/bfloat16 conversion.
 
-TEMPORARY numpy implementation with the final signatures; replaced by the C extension
-``commlib._kernels`` (csrc/). Callers depend only on these signatures.
+A checked front end to the C extension ``commlib._kernels`` (csrc/, documented in docs/kernels.md).
+Every function takes C-contiguous numpy arrays with the same number of elements (any shape), writes
+into the destination in place, and releases the GIL while it loops.
+
+Half types (float16, ``ml_dtypes.bfloat16``) are computed in float32 and rounded once, to nearest even;
+conversions keep inf and NaN (a NaN stays a NaN, made quiet). Integer sums and products wrap around like
+numpy's. Min and Max propagate NaN like ``np.minimum``/``np.maximum``.
+
+Each function takes a keyword-only ``portable=False``: ``True`` runs the portable C loops instead of the
+AVX2/F16C ones (the results are bit-identical; tests check this). :func:`cpu_features` tells what the
+CPU offers and whether the SIMD loops are in use.
+
+Example::
+
+    >>> import numpy as np
+    >>> from commlib import kernels
+    >>> from commlib.ops import ReduceOp
+    >>> a = np.ones(4, np.float16); kernels.reduce_(a, np.full(4, 2, np.float16), ReduceOp.SUM); a
+    array([3., 3., 3., 3.], dtype=float16)
 """
+
+from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import BFLOAT16, FLOAT16
-from .ops import ReduceOp
+from . import _kernels
+from .dtypes import BFLOAT16, FLOAT16, UnsupportedDtypeError, check_contiguous
+from .ops import ReduceOp, as_op
 
-_NUMPY_OPS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PRODUCT: np.multiply,
+FLOAT32 = np.dtype(np.float32)
+
+#: The C extension's number for each dtype it reduces.
+_CODES = {
+    FLOAT16: _kernels.FLOAT16,
+    BFLOAT16: _kernels.BFLOAT16,
+    FLOAT32: _kernels.FLOAT32,
+    np.dtype(np.float64): _kernels.FLOAT64,
+    np.dtype(np.int8): _kernels.INT8,
+    np.dtype(np.uint8): _kernels.UINT8,
+    np.dtype(np.int32): _kernels.INT32,
+    np.dtype(np.int64): _kernels.INT64,
 }
+_HALF_CODES = {FLOAT16: _kernels.FLOAT16, BFLOAT16: _kernels.BFLOAT16}
+_FLOAT_CODES = {dt: code for dt, code in _CODES.items() if dt.kind == "f" or dt == BFLOAT16}
 
 
-def reduce_(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
+def _array(arr, name: str) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
+    check_contiguous(arr, name)
+    return arr
+
+
+def _writable(arr, name: str) -> np.ndarray:
+    _array(arr, name)
+    if not arr.flags.writeable:
+        raise ValueError(f"{name}: array is read-only; the kernels write into it in place (pass a copy)")
+    return arr
+
+
+def _same_size(dst: np.ndarray, src: np.ndarray) -> None:
+    if dst.size != src.size:
+        raise ValueError(
+            f"dst has {dst.size} elements (shape {dst.shape}) but src has {src.size} (shape {src.shape}); "
+            "they must match"
+        )
+
+
+def _code(table: dict, arr: np.ndarray, name: str, what: str) -> int:
+    code = table.get(arr.dtype)
+    if code is None:
+        supported = ", ".join(str(d) for d in table)
+        raise UnsupportedDtypeError(f"{name}: dtype {arr.dtype} is not supported by {what}; use one of: {supported}")
+    return code
+
+
+def _half_code(arr: np.ndarray, name: str, what: str) -> int:
+    return _code(_HALF_CODES, arr, name, what)
+
+
+def _f32(arr: np.ndarray, name: str, what: str) -> None:
+    if arr.dtype != FLOAT32:
+        raise UnsupportedDtypeError(f"{name}: {what} needs a float32 array, got {arr.dtype}")
+
+
+def reduce_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, portable: bool = False) -> None:
     """``dst = dst op src`` elementwise, in place; same dtype and size. Average reduces as Sum."""
-    _NUMPY_OPS[op.kernel_op](dst, src, out=dst)
+    _writable(dst, "dst")
+    _array(src, "src")
+    code = _code(_CODES, dst, "dst", "reduce_")
+    if src.dtype != dst.dtype:
+        raise TypeError(f"reduce_: dst is {dst.dtype} but src is {src.dtype}; they must have the same dtype")
+    _same_size(dst, src)
+    _kernels.reduce(dst, src, code, int(as_op(op).kernel_op), portable)
 
 
-def reduce_widened_(dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
+def reduce_widened_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, portable: bool = False) -> None:
     """``dst = dst op float32(src)`` for float32 ``dst`` and float16/bfloat16 ``src``."""
-    _NUMPY_OPS[op.kernel_op](dst, src.astype(np.float32), out=dst)
+    _writable(dst, "dst")
+    _array(src, "src")
+    _f32(dst, "dst", "reduce_widened_")
+    code = _half_code(src, "src", "reduce_widened_")
+    _same_size(dst, src)
+    _kernels.reduce_widened(dst, src, code, int(as_op(op).kernel_op), portable)
 
 
-def scale_(buf: np.ndarray, factor: float) -> None:
-    """``buf *= factor`` in place (floating dtypes)."""
-    np.multiply(buf, buf.dtype.type(factor), out=buf)
+def scale_(buf: np.ndarray, factor: float, *, portable: bool = False) -> None:
+    """``buf *= factor`` in place (floating dtypes).
+
+    float64 multiplies by ``factor``; float32, float16 and bfloat16 by ``float32(factor)``, the half types
+    in float32 and rounded once. Integer buffers raise :class:`UnsupportedDtypeError` (a TypeError): there
+    is no single right rounding for them; scale in a floating type instead."""
+    _writable(buf, "buf")
+    code = _code(_FLOAT_CODES, buf, "buf", "scale_ (floating dtypes only)")
+    _kernels.scale(buf, code, float(factor), portable)
 
 
-def to_half(src: np.ndarray, dst: np.ndarray, scale: float = 1.0) -> None:
-    """``dst = half(src * scale)``: float32 to float16 or bfloat16, round to nearest even."""
-    dst[...] = (src * np.float32(scale)).astype(dst.dtype)
+def to_half(src: np.ndarray, dst: np.ndarray, scale: float = 1.0, *, portable: bool = False) -> int:
+    """``dst = half(src * float32(scale))``: float32 to float16 or bfloat16 (by ``dst.dtype``), rounded to
+    nearest even. Returns how many finite products ``src * scale`` became inf (0 for bfloat16 unless they
+    exceed its largest finite value, about 3.39e38)."""
+    _array(src, "src")
+    _writable(dst, "dst")
+    _f32(src, "src", "to_half")
+    code = _half_code(dst, "dst", "to_half")
+    _same_size(dst, src)
+    return _kernels.to_half(src, dst, code, float(scale), portable)
 
 
-def from_half(src: np.ndarray, dst: np.ndarray, scale: float = 1.0) -> None:
-    """``dst = float32(src) * scale``: float16 or bfloat16 to float32."""
-    np.multiply(src.astype(np.float32), np.float32(scale), out=dst)
+def from_half(src: np.ndarray, dst: np.ndarray, scale: float = 1.0, *, portable: bool = False) -> None:
+    """``dst = float32(src) * float32(scale)``: float16 or bfloat16 to float32 (exact when scale is 1)."""
+    _array(src, "src")
+    _writable(dst, "dst")
+    code = _half_code(src, "src", "from_half")
+    _f32(dst, "dst", "from_half")
+    _same_size(dst, src)
+    _kernels.from_half(src, dst, code, float(scale), portable)
+
+
+def cpu_features() -> dict:
+    """What the CPU offers (``f16c``, ``avx2``, ``avx512f``) and whether the SIMD loops run (``simd``)."""
+    return _kernels.cpu_features()

@@ -1,0 +1,430 @@
+/* commlib._kernels: the Python entry points of the elementwise kernels.
+ *
+ * Buffers come in through the buffer protocol (no numpy C API). commlib/kernels.py checks dtypes and
+ * shapes and passes the element type as a ck_dtype number; this file re-checks everything that memory
+ * safety depends on (C-contiguity, writability, alignment, equal element counts, no partial overlap),
+ * picks the SIMD or the portable loop, and runs it with the GIL released.
+ *
+ * Dispatch: the CPU is probed once, when the module is imported, and kept in the module state. Each
+ * call takes a `portable` flag that forces the portable loops (tests use it to check that both paths
+ * agree); there is no global switch.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "kernels.h"
+
+/* Loops shorter than this (in elements) keep the GIL: releasing and re-taking it costs more than they
+ * take (numpy uses a similar threshold). */
+#define CK_GIL_RELEASE_MIN 4096
+
+typedef struct {
+    int f16c;
+    int avx2;
+    int avx512f;
+    int simd; /* AVX2 and F16C both usable: the kernels_x86.c loops may run */
+} ck_state;
+
+static const char *const ck_dtype_names[CK_NUM_DTYPES] = {
+    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
+};
+static const size_t ck_itemsizes[CK_NUM_DTYPES] = {2, 2, 4, 8, 1, 1, 4, 8};
+
+static ck_state *get_state(PyObject *module) { return (ck_state *)PyModule_GetState(module); }
+
+/* ---- argument parsing ---- */
+
+static int parse_dtype(PyObject *obj, ck_dtype *out)
+{
+    long v = PyLong_AsLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (v < 0 || v >= CK_NUM_DTYPES) {
+        PyErr_Format(PyExc_ValueError, "unknown kernel dtype code %ld", v);
+        return -1;
+    }
+    *out = (ck_dtype)v;
+    return 0;
+}
+
+static int parse_half(PyObject *obj, ck_dtype *out)
+{
+    if (parse_dtype(obj, out) < 0) {
+        return -1;
+    }
+    if (*out != CK_FLOAT16 && *out != CK_BFLOAT16) {
+        PyErr_Format(PyExc_TypeError, "expected a float16 or bfloat16 buffer, got %s", ck_dtype_names[*out]);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_op(PyObject *obj, ck_op *out)
+{
+    long v = PyLong_AsLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (v != CK_SUM && v != CK_MIN && v != CK_MAX && v != CK_PRODUCT) {
+        PyErr_Format(PyExc_ValueError, "unknown kernel op %ld (Sum=0, Min=2, Max=3, Product=4)", v);
+        return -1;
+    }
+    *out = (ck_op)v;
+    return 0;
+}
+
+static int check_nargs(const char *fname, Py_ssize_t nargs, Py_ssize_t expected)
+{
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", fname, expected, nargs);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- buffers ---- */
+
+/* Get a C-contiguous (and, for dst, writable) buffer of `itemsize`-byte elements, aligned to them. */
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name, size_t itemsize)
+{
+    int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_ValueError, "%s: need a %sC-contiguous buffer: %S", name,
+                     writable ? "writable " : "", value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    if ((size_t)view->len % itemsize != 0 || (uintptr_t)view->buf % itemsize != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: buffer of %zd bytes at %p is not made of aligned %zu-byte elements; "
+                     "pass an aligned copy (np.require(x, requirements='CA'))",
+                     name, view->len, view->buf, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* The two buffers must have the same element count and be either the same memory or disjoint. */
+static int check_pair(const Py_buffer *dst, size_t dst_item, const Py_buffer *src, size_t src_item)
+{
+    size_t nd = (size_t)dst->len / dst_item, ns = (size_t)src->len / src_item;
+    if (nd != ns) {
+        PyErr_Format(PyExc_ValueError, "dst has %zu elements but src has %zu; they must match", nd, ns);
+        return -1;
+    }
+    uintptr_t d0 = (uintptr_t)dst->buf, d1 = d0 + (uintptr_t)dst->len;
+    uintptr_t s0 = (uintptr_t)src->buf, s1 = s0 + (uintptr_t)src->len;
+    int same = d0 == s0 && d1 == s1;
+    if (!same && d0 < s1 && s0 < d1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "dst and src overlap partially; pass the same array, or disjoint ones");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- entry points ---- */
+
+PyDoc_STRVAR(reduce_doc, "reduce(dst, src, dtype, op, portable)\n--\n\n"
+                         "dst = dst op src in place; dtype is the kernel dtype code of both buffers.");
+
+static PyObject *ck_py_reduce(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype dt;
+    ck_op op;
+    int portable;
+    if (check_nargs("reduce", nargs, 5) < 0 || parse_dtype(args[2], &dt) < 0 || parse_op(args[3], &op) < 0
+        || (portable = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    size_t item = ck_itemsizes[dt];
+    Py_buffer dst, src;
+    if (get_buffer(args[0], &dst, 1, "dst", item) < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[1], &src, 0, "src", item) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (check_pair(&dst, item, &src, item) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    size_t n = (size_t)dst.len / item;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+    int done = 0;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        done = ck_reduce_avx2(dt, op, dst.buf, src.buf, n);
+    }
+#endif
+    if (!done) {
+        ck_reduce_portable(dt, op, dst.buf, src.buf, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(reduce_widened_doc, "reduce_widened(dst_f32, src_half, half_dtype, op, portable)\n--\n\n"
+                                 "dst = dst op float32(src) in place, for a float32 dst and a half src.");
+
+static PyObject *ck_py_reduce_widened(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype half;
+    ck_op op;
+    int portable;
+    if (check_nargs("reduce_widened", nargs, 5) < 0 || parse_half(args[2], &half) < 0
+        || parse_op(args[3], &op) < 0 || (portable = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    Py_buffer dst, src;
+    if (get_buffer(args[0], &dst, 1, "dst", 4) < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[1], &src, 0, "src", 2) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (check_pair(&dst, 4, &src, 2) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    size_t n = (size_t)dst.len / 4;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+    int done = 0;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        done = ck_reduce_widened_avx2(half, op, (float *)dst.buf, src.buf, n);
+    }
+#endif
+    if (!done) {
+        ck_reduce_widened_portable(half, op, (float *)dst.buf, src.buf, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(scale_doc, "scale(buf, dtype, factor, portable)\n--\n\n"
+                        "buf *= factor in place, for a floating buffer.");
+
+static PyObject *ck_py_scale(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype dt;
+    int portable;
+    if (check_nargs("scale", nargs, 4) < 0 || parse_dtype(args[1], &dt) < 0) {
+        return NULL;
+    }
+    double factor = PyFloat_AsDouble(args[2]);
+    if ((factor == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[3])) < 0) {
+        return NULL;
+    }
+    if (dt != CK_FLOAT16 && dt != CK_BFLOAT16 && dt != CK_FLOAT32 && dt != CK_FLOAT64) {
+        PyErr_Format(PyExc_TypeError, "scale takes a floating buffer, not %s", ck_dtype_names[dt]);
+        return NULL;
+    }
+    size_t item = ck_itemsizes[dt];
+    Py_buffer buf;
+    if (get_buffer(args[0], &buf, 1, "buf", item) < 0) {
+        return NULL;
+    }
+    size_t n = (size_t)buf.len / item;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+    int done = 0;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        done = ck_scale_avx2(dt, buf.buf, factor, n);
+    }
+#endif
+    if (!done) {
+        ck_scale_portable(dt, buf.buf, factor, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(to_half_doc, "to_half(src_f32, dst_half, half_dtype, scale, portable) -> int\n--\n\n"
+                          "dst = half(src * float32(scale)), round to nearest even; returns how many\n"
+                          "finite products became inf.");
+
+static PyObject *ck_py_to_half(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype half;
+    int portable;
+    if (check_nargs("to_half", nargs, 5) < 0 || parse_half(args[2], &half) < 0) {
+        return NULL;
+    }
+    double scale = PyFloat_AsDouble(args[3]);
+    if ((scale == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (get_buffer(args[1], &dst, 1, "dst", 2) < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[0], &src, 0, "src", 4) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (check_pair(&dst, 2, &src, 4) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    size_t n = (size_t)dst.len / 2, overflow = 0;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        overflow = ck_to_half_avx2(half, (const float *)src.buf, dst.buf, (float)scale, n);
+    } else
+#endif
+    {
+        overflow = ck_to_half_portable(half, (const float *)src.buf, dst.buf, (float)scale, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return PyLong_FromSize_t(overflow);
+}
+
+PyDoc_STRVAR(from_half_doc, "from_half(src_half, dst_f32, half_dtype, scale, portable)\n--\n\n"
+                            "dst = float32(src) * float32(scale).");
+
+static PyObject *ck_py_from_half(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype half;
+    int portable;
+    if (check_nargs("from_half", nargs, 5) < 0 || parse_half(args[2], &half) < 0) {
+        return NULL;
+    }
+    double scale = PyFloat_AsDouble(args[3]);
+    if ((scale == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (get_buffer(args[1], &dst, 1, "dst", 4) < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[0], &src, 0, "src", 2) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (check_pair(&dst, 4, &src, 2) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    size_t n = (size_t)dst.len / 4;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        ck_from_half_avx2(half, src.buf, (float *)dst.buf, (float)scale, n);
+    } else
+#endif
+    {
+        ck_from_half_portable(half, src.buf, (float *)dst.buf, (float)scale, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(cpu_features_doc, "cpu_features() -> dict\n--\n\n"
+                               "What the CPU offers ('f16c', 'avx2', 'avx512f') and whether the SIMD\n"
+                               "loops run ('simd': AVX2 and F16C, on x86-64 builds).");
+
+static PyObject *ck_py_cpu_features(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    ck_state *st = get_state(module);
+    return Py_BuildValue("{s:O,s:O,s:O,s:O}", "f16c", st->f16c ? Py_True : Py_False, "avx2",
+                         st->avx2 ? Py_True : Py_False, "avx512f", st->avx512f ? Py_True : Py_False, "simd",
+                         st->simd ? Py_True : Py_False);
+}
+
+static PyMethodDef ck_methods[] = {
+    {"reduce", (PyCFunction)(void (*)(void))ck_py_reduce, METH_FASTCALL, reduce_doc},
+    {"reduce_widened", (PyCFunction)(void (*)(void))ck_py_reduce_widened, METH_FASTCALL, reduce_widened_doc},
+    {"scale", (PyCFunction)(void (*)(void))ck_py_scale, METH_FASTCALL, scale_doc},
+    {"to_half", (PyCFunction)(void (*)(void))ck_py_to_half, METH_FASTCALL, to_half_doc},
+    {"from_half", (PyCFunction)(void (*)(void))ck_py_from_half, METH_FASTCALL, from_half_doc},
+    {"cpu_features", ck_py_cpu_features, METH_NOARGS, cpu_features_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static int ck_exec(PyObject *module)
+{
+    ck_state *st = get_state(module);
+    st->f16c = st->avx2 = st->avx512f = st->simd = 0;
+#if defined(CK_HAVE_X86)
+    __builtin_cpu_init();
+    st->f16c = __builtin_cpu_supports("f16c") != 0;
+    st->avx2 = __builtin_cpu_supports("avx2") != 0;
+    st->avx512f = __builtin_cpu_supports("avx512f") != 0;
+    st->simd = st->f16c && st->avx2;
+#endif
+    static const struct {
+        const char *name;
+        int code;
+    } codes[] = {
+        {"FLOAT16", CK_FLOAT16}, {"BFLOAT16", CK_BFLOAT16}, {"FLOAT32", CK_FLOAT32}, {"FLOAT64", CK_FLOAT64},
+        {"INT8", CK_INT8},       {"UINT8", CK_UINT8},       {"INT32", CK_INT32},     {"INT64", CK_INT64},
+    };
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        if (PyModule_AddIntConstant(module, codes[i].name, codes[i].code) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyModuleDef_Slot ck_slots[] = {
+    {Py_mod_exec, (void *)ck_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef ck_module = {
+    PyModuleDef_HEAD_INIT,
+    "commlib._kernels",
+    "Elementwise kernels of commlib (see commlib/kernels.py for the checked, documented API).",
+    sizeof(ck_state),
+    ck_methods,
+    ck_slots,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModuleDef_Init(&ck_module); }

@@ -1,0 +1,147 @@
+/* Portable C loops: the reference for every kernel, the path on non-x86 CPUs, and the tails of the SIMD
+ * loops. Integer arithmetic goes through unsigned types so that overflow wraps (as in numpy) instead of
+ * being undefined behaviour. */
+#include "kernels.h"
+
+/* One reduction loop per (element type, operation): d[i] = d[i] op s[i]. */
+#define CK_LOOP(T, EXPR)                                                                                 \
+    do {                                                                                                 \
+        T *d = (T *)dst;                                                                                 \
+        const T *s = (const T *)src;                                                                     \
+        for (size_t i = 0; i < n; i++) {                                                                 \
+            T a = d[i], b = s[i];                                                                        \
+            d[i] = (EXPR);                                                                               \
+        }                                                                                                \
+    } while (0)
+
+#define CK_FLOAT_LOOPS(T)                                                                                \
+    switch (op) {                                                                                        \
+    case CK_SUM: CK_LOOP(T, a + b); return;                                                              \
+    case CK_PRODUCT: CK_LOOP(T, a * b); return;                                                          \
+    case CK_MIN: CK_LOOP(T, CK_MINF(a, b)); return;                                                      \
+    case CK_MAX: CK_LOOP(T, CK_MAXF(a, b)); return;                                                      \
+    }                                                                                                    \
+    return
+
+/* Signed integers wrap through the unsigned type U of the same width. */
+#define CK_INT_LOOPS(T, U)                                                                               \
+    switch (op) {                                                                                        \
+    case CK_SUM: CK_LOOP(T, (T)(U)((U)a + (U)b)); return;                                                \
+    case CK_PRODUCT: CK_LOOP(T, (T)(U)((U)a * (U)b)); return; /* uint8 promotes to int: no overflow */   \
+    case CK_MIN: CK_LOOP(T, a < b ? a : b); return;                                                      \
+    case CK_MAX: CK_LOOP(T, a > b ? a : b); return;                                                      \
+    }                                                                                                    \
+    return
+
+/* Half types: widen both to float32, operate, round once. */
+#define CK_HALF_LOOPS(TO_F32, FROM_F32)                                                                  \
+    switch (op) {                                                                                        \
+    case CK_SUM: CK_LOOP(uint16_t, FROM_F32(TO_F32(a) + TO_F32(b))); return;                             \
+    case CK_PRODUCT: CK_LOOP(uint16_t, FROM_F32(TO_F32(a) * TO_F32(b))); return;                         \
+    case CK_MIN: CK_LOOP(uint16_t, FROM_F32(CK_MINF(TO_F32(a), TO_F32(b)))); return;                     \
+    case CK_MAX: CK_LOOP(uint16_t, FROM_F32(CK_MAXF(TO_F32(a), TO_F32(b)))); return;                     \
+    }                                                                                                    \
+    return
+
+static void reduce_f16(ck_op op, void *dst, const void *src, size_t n) { CK_HALF_LOOPS(ck_f16_to_f32, ck_f32_to_f16); }
+static void reduce_bf16(ck_op op, void *dst, const void *src, size_t n) { CK_HALF_LOOPS(ck_bf16_to_f32, ck_f32_to_bf16); }
+static void reduce_f32(ck_op op, void *dst, const void *src, size_t n) { CK_FLOAT_LOOPS(float); }
+static void reduce_f64(ck_op op, void *dst, const void *src, size_t n) { CK_FLOAT_LOOPS(double); }
+static void reduce_i8(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(int8_t, uint8_t); }
+static void reduce_u8(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(uint8_t, uint8_t); }
+static void reduce_i32(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(int32_t, uint32_t); }
+static void reduce_i64(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(int64_t, uint64_t); }
+
+void ck_reduce_portable(ck_dtype dt, ck_op op, void *dst, const void *src, size_t n)
+{
+    switch (dt) {
+    case CK_FLOAT16: reduce_f16(op, dst, src, n); return;
+    case CK_BFLOAT16: reduce_bf16(op, dst, src, n); return;
+    case CK_FLOAT32: reduce_f32(op, dst, src, n); return;
+    case CK_FLOAT64: reduce_f64(op, dst, src, n); return;
+    case CK_INT8: reduce_i8(op, dst, src, n); return;
+    case CK_UINT8: reduce_u8(op, dst, src, n); return;
+    case CK_INT32: reduce_i32(op, dst, src, n); return;
+    case CK_INT64: reduce_i64(op, dst, src, n); return;
+    default: return; /* kernels.c validates dt */
+    }
+}
+
+/* d[i] = d[i] op float32(s[i]) for float32 d and half s. */
+#define CK_WIDENED_LOOPS(TO_F32)                                                                         \
+    do {                                                                                                 \
+        const uint16_t *s = (const uint16_t *)src;                                                       \
+        switch (op) {                                                                                    \
+        case CK_SUM: for (size_t i = 0; i < n; i++) dst[i] = dst[i] + TO_F32(s[i]); return;              \
+        case CK_PRODUCT: for (size_t i = 0; i < n; i++) dst[i] = dst[i] * TO_F32(s[i]); return;          \
+        case CK_MIN:                                                                                     \
+            for (size_t i = 0; i < n; i++) { float b = TO_F32(s[i]); dst[i] = CK_MINF(dst[i], b); }      \
+            return;                                                                                      \
+        case CK_MAX:                                                                                     \
+            for (size_t i = 0; i < n; i++) { float b = TO_F32(s[i]); dst[i] = CK_MAXF(dst[i], b); }      \
+            return;                                                                                      \
+        }                                                                                                \
+    } while (0)
+
+void ck_reduce_widened_portable(ck_dtype half, ck_op op, float *dst, const void *src, size_t n)
+{
+    if (half == CK_FLOAT16) {
+        CK_WIDENED_LOOPS(ck_f16_to_f32);
+    } else {
+        CK_WIDENED_LOOPS(ck_bf16_to_f32);
+    }
+}
+
+/* buf *= factor; float32 and the half types multiply by float32(factor) (halves round once). */
+void ck_scale_portable(ck_dtype dt, void *buf, double factor, size_t n)
+{
+    float f = (float)factor;
+    if (dt == CK_FLOAT64) {
+        double *b = (double *)buf;
+        for (size_t i = 0; i < n; i++) b[i] *= factor;
+    } else if (dt == CK_FLOAT32) {
+        float *b = (float *)buf;
+        for (size_t i = 0; i < n; i++) b[i] *= f;
+    } else if (dt == CK_FLOAT16) {
+        uint16_t *b = (uint16_t *)buf;
+        for (size_t i = 0; i < n; i++) b[i] = ck_f32_to_f16(ck_f16_to_f32(b[i]) * f);
+    } else if (dt == CK_BFLOAT16) {
+        uint16_t *b = (uint16_t *)buf;
+        for (size_t i = 0; i < n; i++) b[i] = ck_f32_to_bf16(ck_bf16_to_f32(b[i]) * f);
+    }
+}
+
+/* dst = half(src * scale); returns how many finite products became inf. scale == 1 skips the multiply
+ * (x * 1 == x). */
+size_t ck_to_half_portable(ck_dtype half, const float *src, void *dst, float scale, size_t n)
+{
+    uint16_t *d = (uint16_t *)dst;
+    uint32_t limit = half == CK_FLOAT16 ? CK_F16_OVERFLOW_BITS : CK_BF16_OVERFLOW_BITS;
+    size_t overflow = 0;
+    for (size_t i = 0; i < n; i++) {
+        float y = scale == 1.0f ? src[i] : src[i] * scale;
+        uint32_t a = ck_f32_bits(y) & 0x7fffffffu;
+        overflow += (a >= limit) & (a < 0x7f800000u);
+        d[i] = half == CK_FLOAT16 ? ck_f32_to_f16(y) : ck_f32_to_bf16(y);
+    }
+    return overflow;
+}
+
+/* dst = float32(src) * scale. */
+void ck_from_half_portable(ck_dtype half, const void *src, float *dst, float scale, size_t n)
+{
+    const uint16_t *s = (const uint16_t *)src;
+    if (half == CK_FLOAT16) {
+        if (scale == 1.0f) {
+            for (size_t i = 0; i < n; i++) dst[i] = ck_f16_to_f32(s[i]);
+        } else {
+            for (size_t i = 0; i < n; i++) dst[i] = ck_f16_to_f32(s[i]) * scale;
+        }
+    } else {
+        if (scale == 1.0f) {
+            for (size_t i = 0; i < n; i++) dst[i] = ck_bf16_to_f32(s[i]);
+        } else {
+            for (size_t i = 0; i < n; i++) dst[i] = ck_bf16_to_f32(s[i]) * scale;
+        }
+    }
+}

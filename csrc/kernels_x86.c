@@ -1,0 +1,282 @@
+/* AVX2 + F16C loops for x86-64, compiled for those instruction sets with a target attribute and called
+ * only after kernels.c has checked the CPU (__builtin_cpu_supports). Each loop does 8 float32 lanes at a
+ * time and hands the remaining n % 8 elements to the portable loop, whose scalar code computes exactly
+ * the same thing (see kernels.h), so results do not depend on the path or on the buffer length. */
+#include "kernels.h"
+
+#if defined(CK_HAVE_X86)
+
+#include <immintrin.h>
+
+#define CK_TARGET __attribute__((target("avx2,f16c")))
+#define CK_INLINE static inline __attribute__((always_inline)) CK_TARGET
+
+/* ---- 8 elements of each type <-> 8 float32 lanes ---- */
+
+CK_INLINE __m256 load_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
+CK_INLINE void store_f32(void *p, __m256 v) { _mm256_storeu_ps((float *)p, v); }
+
+CK_INLINE __m256 load_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+CK_INLINE void store_f16(void *p, __m256 v)
+{
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+CK_INLINE __m256 load_bf16(const void *p)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+/* Round to nearest even by adding 0x7fff plus the lowest kept bit; a NaN keeps its top bits, made quiet. */
+CK_INLINE void store_bf16(void *p, __m256 v)
+{
+    __m256i x = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+    __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+    __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    /* every lane holds a value < 0x10000, so the unsigned-saturating pack is exact */
+    __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)p, packed);
+}
+
+/* ---- the operations, matching CK_MAXF/CK_MINF: MAXPS returns its second operand unless the first is
+ * strictly greater, so only a NaN in the first operand needs a blend ---- */
+
+CK_INLINE __m256 op_sum(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+CK_INLINE __m256 op_product(__m256 a, __m256 b) { return _mm256_mul_ps(a, b); }
+CK_INLINE __m256 op_max(__m256 a, __m256 b)
+{
+    return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+CK_INLINE __m256 op_min(__m256 a, __m256 b)
+{
+    return _mm256_blendv_ps(_mm256_min_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+
+/* d[i] = d[i] op s[i] on DST_T-typed dst and SRC_T-typed src; returns how many elements it did (a
+ * multiple of 8), the caller finishes the tail with the portable loop. Two vectors per iteration keep
+ * both load ports busy. */
+#define CK_DEFINE_REDUCE(NAME, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, OP)                                  \
+    static CK_TARGET size_t NAME(void *dst, const void *src, size_t n)                                  \
+    {                                                                                                    \
+        char *d = (char *)dst;                                                                           \
+        const char *s = (const char *)src;                                                               \
+        size_t i = 0;                                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                                   \
+            __m256 r0 = OP(DLOAD(d + i * DSIZE), SLOAD(s + i * SSIZE));                                  \
+            __m256 r1 = OP(DLOAD(d + (i + 8) * DSIZE), SLOAD(s + (i + 8) * SSIZE));                      \
+            DSTORE(d + i * DSIZE, r0);                                                                   \
+            DSTORE(d + (i + 8) * DSIZE, r1);                                                             \
+        }                                                                                                \
+        for (; i + 8 <= n; i += 8) {                                                                     \
+            DSTORE(d + i * DSIZE, OP(DLOAD(d + i * DSIZE), SLOAD(s + i * SSIZE)));                       \
+        }                                                                                                \
+        return i;                                                                                        \
+    }
+
+#define CK_DEFINE_REDUCE_OPS(PREFIX, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD)                                \
+    CK_DEFINE_REDUCE(PREFIX##_sum, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_sum)                          \
+    CK_DEFINE_REDUCE(PREFIX##_product, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_product)                  \
+    CK_DEFINE_REDUCE(PREFIX##_min, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_min)                          \
+    CK_DEFINE_REDUCE(PREFIX##_max, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_max)
+
+CK_DEFINE_REDUCE_OPS(reduce_f32, 4, 4, load_f32, store_f32, load_f32)
+CK_DEFINE_REDUCE_OPS(reduce_f16, 2, 2, load_f16, store_f16, load_f16)
+CK_DEFINE_REDUCE_OPS(reduce_bf16, 2, 2, load_bf16, store_bf16, load_bf16)
+CK_DEFINE_REDUCE_OPS(widen_f16, 4, 2, load_f32, store_f32, load_f16)
+CK_DEFINE_REDUCE_OPS(widen_bf16, 4, 2, load_f32, store_f32, load_bf16)
+
+typedef size_t (*ck_simd_loop)(void *dst, const void *src, size_t n);
+
+static ck_simd_loop pick(ck_op op, ck_simd_loop sum, ck_simd_loop product, ck_simd_loop min, ck_simd_loop max)
+{
+    switch (op) {
+    case CK_SUM: return sum;
+    case CK_PRODUCT: return product;
+    case CK_MIN: return min;
+    case CK_MAX: return max;
+    }
+    return NULL;
+}
+
+int ck_reduce_avx2(ck_dtype dt, ck_op op, void *dst, const void *src, size_t n)
+{
+    ck_simd_loop loop;
+    size_t item;
+    switch (dt) {
+    case CK_FLOAT32:
+        loop = pick(op, reduce_f32_sum, reduce_f32_product, reduce_f32_min, reduce_f32_max);
+        item = 4;
+        break;
+    case CK_FLOAT16:
+        loop = pick(op, reduce_f16_sum, reduce_f16_product, reduce_f16_min, reduce_f16_max);
+        item = 2;
+        break;
+    case CK_BFLOAT16:
+        loop = pick(op, reduce_bf16_sum, reduce_bf16_product, reduce_bf16_min, reduce_bf16_max);
+        item = 2;
+        break;
+    default:
+        return 0; /* float64 and integers: the portable loops, vectorised by the compiler */
+    }
+    if (loop == NULL) {
+        return 0;
+    }
+    size_t done = loop(dst, src, n);
+    ck_reduce_portable(dt, op, (char *)dst + done * item, (const char *)src + done * item, n - done);
+    return 1;
+}
+
+int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src, size_t n)
+{
+    ck_simd_loop loop = half == CK_FLOAT16
+                            ? pick(op, widen_f16_sum, widen_f16_product, widen_f16_min, widen_f16_max)
+                            : pick(op, widen_bf16_sum, widen_bf16_product, widen_bf16_min, widen_bf16_max);
+    if (loop == NULL) {
+        return 0;
+    }
+    size_t done = loop(dst, src, n);
+    ck_reduce_widened_portable(half, op, dst + done, (const char *)src + done * 2, n - done);
+    return 1;
+}
+
+/* ---- scale: buf *= factor ---- */
+
+#define CK_DEFINE_SCALE(NAME, SIZE, LOAD, STORE)                                                         \
+    static CK_TARGET size_t NAME(void *buf, float factor, size_t n)                                      \
+    {                                                                                                    \
+        char *b = (char *)buf;                                                                           \
+        __m256 f = _mm256_set1_ps(factor);                                                               \
+        size_t i = 0;                                                                                    \
+        for (; i + 8 <= n; i += 8) {                                                                     \
+            STORE(b + i * SIZE, _mm256_mul_ps(LOAD(b + i * SIZE), f));                                   \
+        }                                                                                                \
+        return i;                                                                                        \
+    }
+
+CK_DEFINE_SCALE(scale_f32, 4, load_f32, store_f32)
+CK_DEFINE_SCALE(scale_f16, 2, load_f16, store_f16)
+CK_DEFINE_SCALE(scale_bf16, 2, load_bf16, store_bf16)
+
+static CK_TARGET size_t scale_f64(void *buf, double factor, size_t n)
+{
+    double *b = (double *)buf;
+    __m256d f = _mm256_set1_pd(factor);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        _mm256_storeu_pd(b + i, _mm256_mul_pd(_mm256_loadu_pd(b + i), f));
+    }
+    return i;
+}
+
+int ck_scale_avx2(ck_dtype dt, void *buf, double factor, size_t n)
+{
+    size_t done, item;
+    switch (dt) {
+    case CK_FLOAT64: done = scale_f64(buf, factor, n); item = 8; break;
+    case CK_FLOAT32: done = scale_f32(buf, (float)factor, n); item = 4; break;
+    case CK_FLOAT16: done = scale_f16(buf, (float)factor, n); item = 2; break;
+    case CK_BFLOAT16: done = scale_bf16(buf, (float)factor, n); item = 2; break;
+    default: return 0;
+    }
+    ck_scale_portable(dt, (char *)buf + done * item, factor, n - done);
+    return 1;
+}
+
+/* ---- conversions ---- */
+
+/* dst = half(src * scale) for the first multiple of 8 elements, counting the finite products that round
+ * to inf: |y| (as bits) in [limit, inf). The count is kept per lane (subtracting the all-ones compare
+ * masks) and summed once per block, so that no lane can overflow. */
+#define CK_DEFINE_TO_HALF(NAME, STORE, LIMIT, SCALED)                                                   \
+    static CK_TARGET size_t NAME(const float *src, void *dst, float scale, size_t n, size_t *overflow)   \
+    {                                                                                                    \
+        char *d = (char *)dst;                                                                           \
+        const __m256 sv = _mm256_set1_ps(scale);                                                         \
+        const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);                                          \
+        const __m256i below = _mm256_set1_epi32((int)((LIMIT) - 1u));                                    \
+        const __m256i inf = _mm256_set1_epi32(0x7f800000);                                               \
+        size_t total = 0, i = 0;                                                                         \
+        while (i + 8 <= n) {                                                                             \
+            size_t block_end = n - i > ((size_t)1 << 28) ? i + ((size_t)1 << 28) : n;                   \
+            __m256i count = _mm256_setzero_si256();                                                      \
+            for (; i + 8 <= block_end; i += 8) {                                                         \
+                __m256 y = _mm256_loadu_ps(src + i);                                                     \
+                if (SCALED) y = _mm256_mul_ps(y, sv);                                                    \
+                __m256i a = _mm256_and_si256(_mm256_castps_si256(y), abs_mask);                          \
+                __m256i over = _mm256_and_si256(_mm256_cmpgt_epi32(a, below), _mm256_cmpgt_epi32(inf, a)); \
+                count = _mm256_sub_epi32(count, over);                                                   \
+                STORE(d + i * 2, y);                                                                     \
+            }                                                                                            \
+            uint32_t lanes[8];                                                                           \
+            _mm256_storeu_si256((__m256i *)lanes, count);                                                \
+            for (int k = 0; k < 8; k++) total += lanes[k];                                               \
+        }                                                                                                \
+        *overflow = total;                                                                               \
+        return i;                                                                                        \
+    }
+
+CK_DEFINE_TO_HALF(to_f16_unscaled, store_f16, CK_F16_OVERFLOW_BITS, 0)
+CK_DEFINE_TO_HALF(to_f16_scaled, store_f16, CK_F16_OVERFLOW_BITS, 1)
+CK_DEFINE_TO_HALF(to_bf16_unscaled, store_bf16, CK_BF16_OVERFLOW_BITS, 0)
+CK_DEFINE_TO_HALF(to_bf16_scaled, store_bf16, CK_BF16_OVERFLOW_BITS, 1)
+
+size_t ck_to_half_avx2(ck_dtype half, const float *src, void *dst, float scale, size_t n)
+{
+    size_t overflow, done;
+    if (half == CK_FLOAT16) {
+        done = scale == 1.0f ? to_f16_unscaled(src, dst, scale, n, &overflow)
+                             : to_f16_scaled(src, dst, scale, n, &overflow);
+    } else {
+        done = scale == 1.0f ? to_bf16_unscaled(src, dst, scale, n, &overflow)
+                             : to_bf16_scaled(src, dst, scale, n, &overflow);
+    }
+    return overflow + ck_to_half_portable(half, src + done, (char *)dst + done * 2, scale, n - done);
+}
+
+#define CK_DEFINE_FROM_HALF(NAME, LOAD, SCALED)                                                          \
+    static CK_TARGET size_t NAME(const void *src, float *dst, float scale, size_t n)                     \
+    {                                                                                                    \
+        const char *s = (const char *)src;                                                               \
+        const __m256 sv = _mm256_set1_ps(scale);                                                         \
+        size_t i = 0;                                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                                   \
+            __m256 y0 = LOAD(s + i * 2), y1 = LOAD(s + (i + 8) * 2);                                     \
+            if (SCALED) {                                                                                \
+                y0 = _mm256_mul_ps(y0, sv);                                                              \
+                y1 = _mm256_mul_ps(y1, sv);                                                              \
+            }                                                                                            \
+            _mm256_storeu_ps(dst + i, y0);                                                               \
+            _mm256_storeu_ps(dst + i + 8, y1);                                                           \
+        }                                                                                                \
+        for (; i + 8 <= n; i += 8) {                                                                     \
+            __m256 y = LOAD(s + i * 2);                                                                  \
+            if (SCALED) y = _mm256_mul_ps(y, sv);                                                        \
+            _mm256_storeu_ps(dst + i, y);                                                                \
+        }                                                                                                \
+        return i;                                                                                        \
+    }
+
+CK_DEFINE_FROM_HALF(from_f16_unscaled, load_f16, 0)
+CK_DEFINE_FROM_HALF(from_f16_scaled, load_f16, 1)
+CK_DEFINE_FROM_HALF(from_bf16_unscaled, load_bf16, 0)
+CK_DEFINE_FROM_HALF(from_bf16_scaled, load_bf16, 1)
+
+void ck_from_half_avx2(ck_dtype half, const void *src, float *dst, float scale, size_t n)
+{
+    size_t done;
+    if (half == CK_FLOAT16) {
+        done = scale == 1.0f ? from_f16_unscaled(src, dst, scale, n) : from_f16_scaled(src, dst, scale, n);
+    } else {
+        done = scale == 1.0f ? from_bf16_unscaled(src, dst, scale, n) : from_bf16_scaled(src, dst, scale, n);
+    }
+    ck_from_half_portable(half, (const char *)src + done * 2, dst + done, scale, n - done);
+}
+
+#else
+/* Not x86-64: this file compiles to nothing and kernels.c always takes the portable loops. ISO C wants
+ * at least one declaration per translation unit. */
+typedef int ck_x86_unused;
+#endif
