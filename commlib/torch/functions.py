@@ -1,0 +1,89 @@
+"""Bringing every rank to the same starting point: parameters, optimizer state, Python objects."""
+
+from __future__ import annotations
+
+import torch
+
+import commlib as _cl
+
+from . import collectives as C
+
+
+def broadcast_object(obj=None, root_rank=0, name=None):
+    """Return ``root_rank``'s picklable ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
+    return _cl.broadcast_object(obj, root_rank=root_rank, name=name)
+
+
+def allgather_object(obj, name=None):
+    """Return the list of every rank's picklable ``obj``, in rank order."""
+    return _cl.allgather_object(obj, name=name)
+
+
+def broadcast_parameters(params, root_rank):
+    """Overwrite parameters on every rank with ``root_rank``'s, in place.
+
+    ``params`` is ``model.state_dict()`` (a dict, broadcast in sorted key order, so buffers such as
+    BatchNorm statistics come along), ``model.named_parameters()`` or ``model.parameters()``.
+
+    Example::
+
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    """
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    else:
+        items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    handles = []
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name or 'an entry'} is a {type(tensor).__name__}, "
+                            "not a tensor; pass model.state_dict(), model.named_parameters() or a list of tensors")
+        handles.append(C.broadcast_async_(tensor, root_rank,
+                                          name=None if name is None else f"broadcast_parameters.{name}"))
+    for handle in handles:
+        C.synchronize(handle)
+
+
+def broadcast_optimizer_state(optimizer, root_rank):
+    """Give every rank ``root_rank``'s optimizer state and hyperparameters (learning rate, betas, ...).
+
+    Works for state that does not exist yet (Adam before its first step: every rank ends with no state,
+    and all create it identically on their first step) and for state that exists only on the root
+    (resumed from a checkpoint there). Tensors travel by broadcast; the structure and any non-tensor
+    values (scalars, tuples, nested lists) travel pickled with :func:`broadcast_object`. Unlike Horovod
+    it never runs a step with zero gradients to create the state, so parameters are never touched.
+    """
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state takes a torch optimizer, not {type(optimizer).__name__}")
+    state_dict = optimizer.state_dict()
+    layout = None
+    if _cl.rank() == root_rank:
+        layout = {
+            "param_groups": state_dict["param_groups"],
+            "state": {pid: {key: (("tensor", tuple(v.shape), v.dtype) if torch.is_tensor(v) else ("value", v))
+                            for key, v in entries.items()}
+                      for pid, entries in state_dict["state"].items()},
+        }
+    layout = broadcast_object(layout, root_rank, name="broadcast_optimizer_state.layout")
+
+    tensors = {}
+    for pid, entries in layout["state"].items():
+        for key, (kind, *spec) in entries.items():
+            if kind != "tensor":
+                continue
+            if _cl.rank() == root_rank:
+                tensors[pid, key] = state_dict["state"][pid][key].contiguous()
+            else:
+                shape, dtype = spec
+                tensors[pid, key] = torch.empty(shape, dtype=dtype)
+    handles = [C.broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{pid}.{key}")
+               for (pid, key), t in tensors.items()]
+    for handle in handles:
+        C.synchronize(handle)
+
+    if _cl.rank() != root_rank:
+        new_state = {pid: {key: tensors[pid, key] if kind == "tensor" else spec[0]
+                           for key, (kind, *spec) in entries.items()}
+                     for pid, entries in layout["state"].items()}
+        optimizer.load_state_dict({"state": new_state, "param_groups": layout["param_groups"]})

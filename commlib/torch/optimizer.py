@@ -1,0 +1,355 @@
+"""DistributedOptimizer: average gradients over ranks while backward runs, then step the wrapped optimizer.
+
+How it works. Each parameter gets a post-accumulate-grad hook. When backward has produced a parameter's
+gradient for the k-th time (k = ``backward_passes_per_step``), the hook starts an in-place asynchronous
+allreduce of ``p.grad``, so communication overlaps the rest of backward. ``step()`` first calls
+``synchronize()``, which waits for all of them, then steps the wrapped optimizer.
+
+Every rank submits exactly one allreduce per communication unit (a parameter, or a group of parameters
+with ``groups=``) per step, under the same name: units whose gradient backward did not produce on this
+rank (unused branches, frozen-by-control-flow layers) are sent as zeros from ``synchronize()``, so ranks
+never wait for each other's missing tensors.
+
+Wrapping instead of subclassing. Horovod builds a new class with ``type(...)`` that inherits from the
+wrapped optimizer's class. This module wraps instead: :class:`DistributedOptimizer` is a
+``torch.optim.Optimizer`` (``isinstance`` holds, LR schedulers accept it) whose ``param_groups``,
+``state`` and ``defaults`` *are* the wrapped optimizer's, and which delegates ``state_dict``,
+``load_state_dict``, ``add_param_group`` and any other attribute to it. ``isinstance(opt, torch.optim.SGD)``
+is therefore False; use ``opt.optimizer`` for the wrapped object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+
+import torch
+
+import commlib as _cl
+
+from . import collectives as C
+from .collectives import Average, Compression
+from ..ops import as_op
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Wrap ``optimizer`` so that ``step()`` applies gradients averaged (``op``) over all ranks.
+
+    Arguments:
+        optimizer: any ``torch.optim.Optimizer``.
+        named_parameters: ``model.named_parameters()``; names the allreduces (they must match across
+            ranks). Every parameter of ``optimizer`` must be named, names must be unique. Default: names
+            from the position in ``param_groups``.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (half precision on the wire only).
+        backward_passes_per_step: backward passes accumulated locally before gradients are communicated.
+        op: ``Average`` (default) or ``Sum`` (or Min/Max/Product).
+        gradient_predivide_factor: with ``Average``, gradients are scaled by ``1/f`` before the sum and by
+            ``f/size`` after it (helps against float16 overflow in the sum).
+        groups: ``None``; an int n: parameters are split into n groups, each reduced as one grouped
+            allreduce once all its gradients are ready; or a list of lists of parameters (the rest are
+            reduced alone).
+        sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified for the
+            allreduce and made sparse again; without it a sparse gradient is an error.
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1 * hvd.size()),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        for x, y in batches:
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+    For gradient clipping, synchronize first and skip the synchronization in ``step``::
+
+        loss.backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with opt.skip_synchronize():
+            opt.step()
+    """
+
+    # torch.optim.Optimizer.__init__ is deliberately not called: param_groups, state and defaults belong
+    # to the wrapped optimizer and are exposed through the properties below.
+    def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, groups=None,
+                 sparse_as_dense=False):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
+        self._optimizer = optimizer
+        op = as_op(op)
+        if gradient_predivide_factor != 1.0 and op is not Average:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average "
+                             f"(got op={op.name}); it splits the averaging before and after the sum")
+        if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+        self.op = op
+        self.compression = compression
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = bool(sparse_as_dense)
+
+        self._named = _named_parameters(optimizer, named_parameters)
+        self._names = {}           # parameter -> allreduce name
+        self._units = []           # tuples of parameters reduced together
+        self._unit_of = {}         # parameter -> its unit
+        self._delay = {}           # parameter -> backward passes left before it is communicated
+        self._ready = Counter()    # unit -> members whose gradient is final for this step
+        self._handles = {}         # unit -> (Handle, densified sparse gradients)
+        self._seen = set()         # parameters whose gradient arrived since the last synchronize
+        self._hooks = []
+        self._synchronized = False
+        self._should_synchronize = True
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        for p in params:
+            self._names[p] = self._named[p]
+        for unit in _form_units(params, self._names, groups):
+            self._add_unit(unit)
+
+    # --- delegation to the wrapped optimizer ----------------------------------------------------------------
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The wrapped optimizer."""
+        return self._optimizer
+
+    @property
+    def param_groups(self):
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value):
+        self._optimizer.param_groups = value
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, value):
+        self._optimizer.state = value
+
+    @property
+    def defaults(self):
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value):
+        self._optimizer.defaults = value
+
+    def __getattr__(self, name):
+        # Only reached for attributes the wrapper does not have: hyperparameters, hook registries, ...
+        if name.startswith("__") or name == "_optimizer":
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __getstate__(self):
+        raise TypeError("a DistributedOptimizer cannot be pickled (it holds autograd hooks); "
+                        "save optimizer.state_dict() instead")
+
+    def __repr__(self):
+        return f"DistributedOptimizer({self._optimizer!r})"
+
+    def state_dict(self):
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict):
+        """Load the wrapped optimizer's state; gradients in flight are dropped (call it between steps)."""
+        self._reset()
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group):
+        """Add a parameter group to the wrapped optimizer; its parameters are reduced one by one, named
+        from ``named_parameters`` when given there, else by position (the same on every rank)."""
+        self._optimizer.add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        for j, p in enumerate(self.param_groups[-1]["params"]):
+            if p.requires_grad and p not in self._unit_of:
+                self._names[p] = self._named.get(p, f"allreduce.noname.{index}.{j}")
+                self._add_unit((p,))
+
+    # --- hooks and communication --------------------------------------------------------------------------
+
+    def _add_unit(self, unit):
+        self._units.append(unit)
+        for p in unit:
+            self._unit_of[p] = unit
+            self._delay[p] = self.backward_passes_per_step
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+
+    def _on_gradient(self, p):
+        if self._delay[p] == 0:
+            raise AssertionError(
+                f"the gradient of {self._names[p]!r} was computed more than backward_passes_per_step="
+                f"{self.backward_passes_per_step} times before step()/synchronize(); increase "
+                "backward_passes_per_step to accumulate gradients locally, or call step() after each backward")
+        self._seen.add(p)
+        self._synchronized = False
+        self._delay[p] -= 1
+        if self._delay[p] == 0:
+            unit = self._unit_of[p]
+            self._ready[unit] += 1
+            if self._ready[unit] == len(unit):
+                self._handles[unit] = self._start(unit)
+
+    def _start(self, unit):
+        """Start the in-place allreduce of the unit's gradients (zeros where backward produced none)."""
+        grads, densified = [], []
+        for p in unit:
+            grad = p.grad
+            if grad is None:
+                grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            elif grad.is_sparse:
+                if not self.sparse_as_dense:
+                    raise NotImplementedError(
+                        f"the gradient of {self._names[p]!r} is sparse; commlib reduces dense tensors: pass "
+                        "sparse_as_dense=True to DistributedOptimizer")
+                grad = grad.to_dense()
+                densified.append((p, grad))
+            elif not grad.is_contiguous():
+                grad = p.grad = grad.contiguous()
+            grads.append(grad)
+        if self.op is Average:
+            # Divide part before the sum and the rest after it (commlib's Average divides by size after).
+            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        else:
+            prescale = postscale = 1.0
+        kwargs = dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                      compression=self.compression)
+        if len(unit) == 1:
+            handle = C.allreduce_async_(grads[0], name=self._names[unit[0]], **kwargs)
+        else:
+            handle = C.grouped_allreduce_async_(grads, name="group." + self._names[unit[0]], **kwargs)
+        return handle, densified
+
+    def synchronize(self):
+        """Wait until every gradient is averaged over ranks (starting the ones backward did not produce)."""
+        try:
+            for unit in self._units:
+                if unit not in self._handles:
+                    self._handles[unit] = self._start(unit)
+            for handle, densified in self._handles.values():
+                C.synchronize(handle)
+                for p, dense in densified:
+                    p.grad = dense.to_sparse()
+        finally:
+            self._reset()
+        self._synchronized = True
+
+    def _reset(self):
+        self._handles.clear()
+        self._seen.clear()
+        self._ready.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        self._synchronized = False
+
+    def set_backward_passes_per_step(self, passes):
+        """Change how many backward passes are accumulated before gradients are communicated."""
+        if self._seen:
+            raise AssertionError("set_backward_passes_per_step() was called between backward() and step()")
+        self.backward_passes_per_step = int(passes)
+        self._reset()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within this context ``step()`` does not synchronize (you called ``synchronize()`` yourself)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Synchronize the gradients (unless done already or skipped), then step the wrapped optimizer.
+
+        With a ``closure`` (LBFGS style), the gradients the closure's backward produces are synchronized
+        before the wrapped optimizer uses them."""
+        if closure is not None:
+            if self._seen or self._handles:
+                self.synchronize()
+
+            def synchronized_closure():
+                with torch.enable_grad():
+                    loss = closure()
+                self.synchronize()
+                return loss
+
+            return self._optimizer.step(synchronized_closure)
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        return self._optimizer.step()
+
+    def zero_grad(self, set_to_none=True):
+        """Zero the gradients; an error between ``backward()`` and ``step()``/``synchronize()``, where it
+        would race with the allreduces writing into them (or discard accumulated passes)."""
+        if self._seen or self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(); the gradients are being reduced in place. Call zero_grad() before "
+                "the forward pass (or after step()).")
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def _named_parameters(optimizer, named_parameters):
+    """parameter -> name, checked: tuples, unique names, every optimizer parameter named."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}"
+                for i, group in enumerate(optimizer.param_groups) for j, p in enumerate(group["params"])}
+    named_parameters = list(named_parameters)
+    if any(not (isinstance(item, tuple) and len(item) == 2) for item in named_parameters):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
+                         "model.named_parameters()")
+    counts = Counter(name for name, _ in named_parameters)
+    duplicates = sorted(name for name, n in counts.items() if n > 1)
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique; duplicated: {', '.join(duplicates)}")
+    names = {}
+    for name, p in named_parameters:
+        names.setdefault(p, name)
+    unnamed = [f"param_groups[{i}]['params'][{j}] (shape {tuple(p.shape)})"
+               for i, group in enumerate(optimizer.param_groups)
+               for j, p in enumerate(group["params"]) if p not in names]
+    if unnamed:
+        raise ValueError(f"named_parameters does not name {len(unnamed)} of the optimizer's parameters: "
+                         f"{', '.join(unnamed[:10])}{' ...' if len(unnamed) > 10 else ''}; pass "
+                         "model.named_parameters() of the model whose parameters the optimizer updates")
+    return names
+
+
+def _form_units(params, names, groups):
+    """The communication units: one per parameter, or Horovod's ``groups``."""
+    if groups is None:
+        return [(p,) for p in params]
+    if isinstance(groups, list):
+        seen = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must be a list of lists of parameters (torch.Tensor)")
+                if p in seen:
+                    raise ValueError(f"parameter {names.get(p, tuple(p.shape))!r} appears in more than one group")
+                seen.add(p)
+        wanted = set(params)
+        units = [tuple(p for p in group if p in wanted) for group in groups]
+        units = [u for u in units if u]
+        units += [(p,) for p in params if p not in seen]
+        return units
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups should be a positive integer or a list of lists of parameters, got {groups!r}")
+    # Use rank 0's parameter order so every rank forms the same groups.
+    order = _cl.broadcast_object([names[p] for p in params], root_rank=0, name="DistributedOptimizer.groups")
+    position = {name: i for i, name in enumerate(order)}
+    ordered = sorted(params, key=lambda p: position.get(names[p], len(position)))
+    base, extra = divmod(len(ordered), groups)
+    units, start = [], 0
+    for g in range(groups):
+        stop = start + base + (1 if g < extra else 0)
+        if stop > start:
+            units.append(tuple(ordered[start:stop]))
+        start = stop
+    return units

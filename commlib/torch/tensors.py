@@ -1,0 +1,69 @@
+"""torch tensors <-> numpy arrays without copies, and the checks a tensor passes before it is communicated.
+
+commlib's collectives work on C-contiguous numpy arrays on the host. A contiguous CPU tensor *is* such an
+array (``tensor.detach().numpy()`` shares its memory), so nothing is copied in either direction. bfloat16
+has no numpy type in torch's bridge; it travels as its 16-bit pattern viewed as ``ml_dtypes.bfloat16``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..dtypes import BFLOAT16
+from ..errors import CommlibError
+
+#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate.
+NUMPY_DTYPES = {
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: BFLOAT16,
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.int8: np.dtype(np.int8),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+}
+
+
+class DeviceNotSupportedError(CommlibError, ValueError):
+    """The tensor lives on a device commlib has no backend for (only CPU tensors are supported)."""
+
+
+def check_tensor(tensor, name: str | None, what: str) -> None:
+    """Raise a clear error unless ``tensor`` is a contiguous CPU tensor of a supported dtype."""
+    label = f"{what} of tensor {name!r}" if name else what
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{label}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        if tensor.device.type == "cuda":
+            raise DeviceNotSupportedError(
+                f"{label}: the tensor is on {tensor.device}, but commlib.torch is built without a CUDA backend "
+                "(cuda_built() is False); move it to the CPU with tensor.cpu() before communicating it")
+        raise DeviceNotSupportedError(
+            f"{label}: the tensor is on device {tensor.device}; commlib.torch only communicates CPU tensors")
+    if tensor.is_sparse:
+        raise TypeError(f"{label}: sparse tensors cannot be communicated; pass tensor.to_dense()")
+    if tensor.dtype not in NUMPY_DTYPES:
+        supported = ", ".join(str(d).replace("torch.", "") for d in NUMPY_DTYPES)
+        raise TypeError(f"{label}: dtype {tensor.dtype} is not supported; supported dtypes: {supported}")
+    if not tensor.is_contiguous():
+        raise ValueError(
+            f"{label}: the tensor is not contiguous (shape: {tuple(tensor.shape)}, strides: {tensor.stride()}); "
+            "commlib communicates tensors in place and never copies behind your back: pass tensor.contiguous()")
+
+
+def as_array(tensor: torch.Tensor, name: str | None = None, what: str = "collective") -> np.ndarray:
+    """The numpy array sharing ``tensor``'s memory, after :func:`check_tensor`."""
+    check_tensor(tensor, name, what)
+    data = tensor.detach()
+    if data.dtype is torch.bfloat16:
+        return data.view(torch.int16).numpy().view(BFLOAT16)
+    return data.numpy()
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """The torch tensor sharing ``array``'s memory (the inverse of :func:`as_array`)."""
+    if array.dtype == BFLOAT16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
