@@ -7,7 +7,6 @@ Exit status: 0 when every checked value was right, 1 when any was wrong (after t
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import io
 import shlex
 import sys
@@ -22,10 +21,9 @@ from .options import Options, parse_options
 
 
 def _commlib_version() -> str:
-    try:
-        return importlib.metadata.version("commlib")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    import commlib
+
+    return commlib.__version__
 
 
 def _parse_on_every_rank(argv: list[str], rank: int) -> Options | int:

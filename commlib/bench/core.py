@@ -15,6 +15,7 @@ import time
 import warnings
 from typing import Callable, Iterator
 
+import ml_dtypes
 import numpy as np
 
 from ..compression import Compression, CompressionOverflowWarning
@@ -56,6 +57,10 @@ def check_limit(options: Options) -> int:
     return min(limit, exact_limit(codec.wire_dtype)) if codec is not None else limit
 
 
+def _eps(dtype: np.dtype) -> float:
+    return float(ml_dtypes.finfo(dtype).eps)  # ml_dtypes' finfo also knows bfloat16
+
+
 def tolerance(expected: np.ndarray, dtype: np.dtype, op: ReduceOp, nranks: int, codec) -> np.ndarray | float:
     """How far a correct result may be from ``expected``: 0 except where rounding is inherent.
 
@@ -66,9 +71,9 @@ def tolerance(expected: np.ndarray, dtype: np.dtype, op: ReduceOp, nranks: int, 
         return 0.0
     tol = 0.0
     if op is ReduceOp.AVERAGE:
-        tol = 2 * float(np.finfo(dtype).eps) * np.abs(expected)
+        tol = 2 * _eps(dtype) * np.abs(expected)
     if codec is not None:
-        tol = tol + nranks * float(np.finfo(codec.wire_dtype).eps) * np.maximum(np.abs(expected), 1.0)
+        tol = tol + nranks * _eps(codec.wire_dtype) * np.maximum(np.abs(expected), 1.0)
     return tol
 
 
