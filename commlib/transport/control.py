@@ -37,6 +37,10 @@ class ControlChannel:
                 return received
             received.append((status.Get_source(), msg.recv()))
 
+    def ibarrier(self) -> "MPI.Request":
+        """A non-blocking barrier over the channel's ranks."""
+        return self._comm.Ibarrier()
+
     def _reap(self) -> None:
         self._sends = [r for r in self._sends if not r.Test()]
 

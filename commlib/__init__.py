@@ -1,0 +1,20 @@
+"""commlib: a communication layer for data-parallel training.
+
+``import commlib as cl``; ``cl.init()``; then ``cl.allreduce``, ``cl.allreduce_async_``,
+``cl.synchronize`` and the other collectives, named as in horovod.torch. See README.md and docs/.
+"""
+
+from .api import (
+    allgather, allgather_async, allgather_object, allreduce, allreduce_, allreduce_async,
+    allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+    broadcast_async_, broadcast_object, cross_rank, cross_size, grouped_allreduce, grouped_allreduce_,
+    grouped_allreduce_async, grouped_allreduce_async_, init, is_initialized, join, local_rank, local_size,
+    mpi_threads_supported, poll, rank, reducescatter, reducescatter_async, shutdown, size, start_timeline,
+    stop_timeline, synchronize,
+)
+from .compression import Compression, CompressionOverflowWarning
+from .coordinator.requests import Handle
+from .errors import CollectiveError, CommlibError, ConfigError
+from .ops import Average, Max, Min, Product, ReduceOp, Sum
+
+__version__ = "0.1.0"

@@ -1,0 +1,173 @@
+"""Executing agreed responses on execution lanes.
+
+A lane is an :class:`~commlib.engine.Engine` on a communicator of its own. With one lane, responses run
+inline in whichever thread drives the coordinator (no thread hand-off: the lowest latency). With k > 1
+lanes, each lane has a thread and a queue; response number i runs on lane i mod k on every rank, so the
+same collective meets on the same communicator everywhere, and one lane packs or compresses while another
+communicates.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable
+
+import numpy as np
+
+from ..buffers import ScratchPool
+from ..compression import Compression, codec_for
+from ..errors import CollectiveError
+from ..ops import ReduceOp
+from .fusion import pack, unpack
+from .requests import Entry, Kind, Response
+
+_CODECS = {"none": None, "fp16": Compression.fp16, "bf16": Compression.bf16}
+
+Finish = Callable[[Response, list, BaseException | None], None]
+
+
+class Lane:
+    """One engine plus the scratch memory of its fusion buffer."""
+
+    def __init__(self, index: int, engine, timeline):
+        self.index = index
+        self.engine = engine
+        self.timeline = timeline
+        self._scratch = ScratchPool()
+
+    def execute(self, response: Response, entries: list[Entry | None]) -> None:
+        """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
+        joined rank, which contributes zeros)."""
+        kind = response.kind
+        if kind is Kind.ALLREDUCE:
+            self._allreduce(response, entries)
+            return
+        entry = entries[0]
+        meta = response.metas[0]
+        with self._span("communicate", meta.name, response):
+            engine = self.engine
+            if kind is Kind.ALLGATHER:
+                entry.handle.set_result(engine.allgather(entry.array))
+            elif kind is Kind.BROADCAST:
+                engine.broadcast_(entry.output, meta.root)
+                entry.handle.set_result(entry.output)
+            elif kind is Kind.REDUCESCATTER:
+                entry.handle.set_result(engine.reducescatter(entry.array, ReduceOp(meta.op)))
+            elif kind is Kind.ALLTOALL:
+                entry.handle.set_result(engine.alltoall(entry.array, entry.splits))
+            elif kind is Kind.BARRIER:
+                engine.barrier()
+                entry.handle.set_result(None)
+            else:
+                raise CollectiveError(f"unexpected response kind {kind!r}")
+
+    def _allreduce(self, response: Response, entries: list[Entry | None]) -> None:
+        meta = response.metas[0]
+        outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
+                   for e, m in zip(entries, response.metas)]
+        codec = codec_for(_CODECS[meta.compression], np.dtype(meta.dtype), meta.name)
+        kwargs = dict(algorithm=meta.algorithm or None, prescale=meta.prescale, postscale=meta.postscale,
+                      codec=codec, name=meta.name)
+        op = ReduceOp(meta.op)
+        if len(outputs) == 1:
+            with self._span("communicate", meta.name, response):
+                self.engine.allreduce_(outputs[0].reshape(-1), op, **kwargs)
+        else:
+            names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
+            total = sum(o.size for o in outputs)
+            fused = self._scratch.get("fusion", total, meta.dtype)
+            with self._span("pack", names, response):
+                pack(outputs, fused)
+            with self._span("communicate", names, response, tensors=len(outputs)):
+                self.engine.allreduce_(fused, op, **kwargs)
+            with self._span("unpack", names, response):
+                unpack(fused, outputs)
+        for entry, output in zip(entries, outputs):
+            if entry is not None:
+                entry.handle.set_result(output)
+
+    def _span(self, phase: str, name: str, response: Response, **args):
+        return _Span(self.timeline, phase, 1 + self.index, tensor=name,
+                     algorithm=response.metas[0].algorithm or "default", lane=self.index, **args)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class _Span:
+    """Context manager recording one timeline event (no-op without a timeline)."""
+
+    __slots__ = ("_timeline", "_phase", "_row", "_args", "_start")
+
+    def __init__(self, timeline, phase, row, **args):
+        self._timeline, self._phase, self._row, self._args = timeline, phase, row, args
+
+    def __enter__(self):
+        if self._timeline is not None:
+            self._start = self._timeline.now()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timeline is not None:
+            self._timeline.span(self._phase, self._start, self._timeline.now(), self._row, **self._args)
+        return False
+
+
+class LaneSet:
+    """Runs responses on lanes: inline with one lane, on one thread per lane otherwise."""
+
+    def __init__(self, lanes: list[Lane], finish: Finish):
+        self.lanes = lanes
+        self._finish = finish
+        self._sequence = 0
+        self._queues: list[queue.SimpleQueue] = []
+        self._threads: list[threading.Thread] = []
+        if len(lanes) > 1:
+            for lane in lanes:
+                q: queue.SimpleQueue = queue.SimpleQueue()
+                thread = threading.Thread(target=self._serve, args=(lane, q), daemon=True,
+                                          name=f"commlib-lane-{lane.index}")
+                self._queues.append(q)
+                self._threads.append(thread)
+                thread.start()
+
+    @property
+    def threaded(self) -> bool:
+        return bool(self._threads)
+
+    def run(self, response: Response, entries: list[Entry | None]) -> None:
+        """Execute now (one lane) or queue on lane ``sequence mod lanes``."""
+        index = self._sequence % len(self.lanes)
+        self._sequence += 1
+        if not self._threads:
+            self._execute(self.lanes[0], response, entries)
+        else:
+            self._queues[index].put((response, entries))
+
+    def _execute(self, lane: Lane, response: Response, entries: list[Entry | None]) -> None:
+        try:
+            lane.execute(response, entries)
+        except BaseException as exc:  # reported on the handles, and to the coordinator
+            self._finish(response, entries, exc)
+        else:
+            self._finish(response, entries, None)
+
+    def _serve(self, lane: Lane, q: queue.SimpleQueue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            self._execute(lane, *item)
+
+    def set_timeline(self, timeline) -> None:
+        for lane in self.lanes:
+            lane.timeline = timeline
+
+    def close(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
+        for lane in self.lanes:
+            lane.close()

@@ -1,0 +1,199 @@
+"""Rank 0's ready table: which named tensors every rank has submitted, and whether they match.
+
+Two paths feed it. A name negotiated before has a cache id on every rank (assigned by rank 0 in a
+response, so all ranks agree on it); a rank whose new request equals its cached request sends only the
+id, and rank 0 sets that rank's bit in a (ranks x capacity) bit matrix. A column whose bits are set for
+every active rank is ready: one bitwise AND over the matrix decides all cached tensors at once. Anything
+else (a first negotiation, a changed shape, a cache that is full) arrives as full metadata and is matched
+field by field, so a disagreement can be reported with every rank's value.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .requests import Kind, Meta, Response
+
+
+class ReadyTable:
+    """Collects requests from all ranks on rank 0 and turns complete ones into responses."""
+
+    def __init__(self, size: int, cache_capacity: int):
+        self.size = size
+        self._pending: dict[str, dict[int, Meta]] = {}
+        self._first_seen: dict[str, float] = {}
+        self._cache_metas: list[Meta] = []
+        self._cache_ids: dict[str, int] = {}
+        self._capacity = cache_capacity
+        self._bits = np.zeros((size, cache_capacity), dtype=bool)
+        self._bits_dirty = False
+        self._joined: list[int] = []
+        self._gone: dict[int, str] = {}
+        self._warned: dict[str, float] = {}
+
+    # ---- input -------------------------------------------------------------------------------------
+
+    def add_full(self, rank: int, meta: Meta, now: float) -> None:
+        """A request that arrived with its metadata."""
+        cache_id = self._cache_ids.get(meta.name)
+        if cache_id is not None and self._bits[:, cache_id].any():
+            # Other ranks hit the cache for this name while this one did not: compare in full.
+            for other in np.flatnonzero(self._bits[:, cache_id]):
+                self._pending.setdefault(meta.name, {})[int(other)] = self._cache_metas[cache_id]
+            self._bits[:, cache_id] = False
+        self._pending.setdefault(meta.name, {})[rank] = meta
+        self._first_seen.setdefault(meta.name, now)
+
+    def add_cached(self, rank: int, cache_ids, now: float) -> None:
+        """Requests that arrived as cache ids (their metadata equals the negotiated one)."""
+        for cache_id in cache_ids:
+            name = self._cache_metas[cache_id].name
+            if name in self._pending:  # this name is being compared in full: join that comparison
+                self._pending[name][rank] = self._cache_metas[cache_id]
+            else:
+                self._bits[rank, cache_id] = True
+                self._bits_dirty = True
+            self._first_seen.setdefault(name, now)
+
+    def join(self, rank: int) -> None:
+        if rank not in self._joined:
+            self._joined.append(rank)
+
+    def rank_gone(self, rank: int, reason: str) -> None:
+        """``rank`` shut down or failed: whatever still needs it fails on every rank."""
+        self._gone[rank] = reason
+
+    # ---- output ------------------------------------------------------------------------------------
+
+    def take_ready(self) -> list[Response]:
+        """Responses for everything now decided: complete and matching, mismatched, or impossible."""
+        waiting_for = [r for r in range(self.size) if r not in self._joined]
+        responses: list[Response] = []
+        if self._bits_dirty:
+            self._bits_dirty = False
+            rows = self._bits[waiting_for] if waiting_for else self._bits[:0]
+            ready = np.flatnonzero(rows.all(axis=0) & self._bits.any(axis=0)) if waiting_for else []
+            for cache_id in ready:
+                meta = self._cache_metas[cache_id]
+                self._bits[:, cache_id] = False
+                self._first_seen.pop(meta.name, None)
+                responses.append(self._decide_joined(meta) or Response(meta.kind, [meta], joined=tuple(self._joined)))
+        for name in list(self._pending):
+            by_rank = self._pending[name]
+            response = self._decide(name, by_rank, waiting_for)
+            if response is not None:
+                del self._pending[name]
+                self._first_seen.pop(name, None)
+                responses.append(response)
+        responses.extend(self._decide_gone())
+        if self._joined and len(self._joined) == self.size:
+            last = self._joined[-1]
+            self._joined = []
+            responses.append(Response(Kind.JOIN, [], last_joined=last))
+        return responses
+
+    def _decide(self, name: str, by_rank: dict[int, Meta], waiting_for: list[int]) -> Response | None:
+        errors = [f"rank {r}: {m.error}" for r, m in sorted(by_rank.items()) if m.error]
+        if errors:
+            return Response(Kind.ALLREDUCE, [next(iter(by_rank.values()))],
+                            error=f"tensor {name!r} is invalid on some ranks: " + "; ".join(errors))
+        if not all(r in by_rank for r in waiting_for):
+            return None
+        mismatch = describe_mismatch(name, by_rank)
+        metas = [by_rank[min(by_rank)]]
+        if mismatch:
+            return Response(metas[0].kind, metas, error=mismatch)
+        joined = self._decide_joined(metas[0])
+        if joined:
+            return joined
+        cache_ids = ()
+        if name not in self._cache_ids and len(self._cache_metas) < self._capacity \
+                and metas[0].kind is not Kind.BARRIER:
+            cache_ids = ((name, len(self._cache_metas)),)
+            self._cache_ids[name] = len(self._cache_metas)
+            self._cache_metas.append(metas[0])
+        return Response(metas[0].kind, metas, joined=tuple(self._joined), cache_ids=cache_ids)
+
+    def _decide_joined(self, meta: Meta) -> Response | None:
+        """Only allreduce can run while some ranks have joined (they contribute zeros)."""
+        if self._joined and meta.kind is not Kind.ALLREDUCE:
+            return Response(meta.kind, [meta], error=(
+                f"tensor {meta.name!r}: {meta.kind.label} cannot run while rank(s) {sorted(self._joined)} "
+                "have joined; only allreduce continues with zeros from joined ranks"))
+        return None
+
+    def _decide_gone(self) -> list[Response]:
+        if not self._gone:
+            return []
+        responses = []
+        why = "; ".join(f"rank {r} {reason}" for r, reason in sorted(self._gone.items()))
+        for name in list(self._pending):
+            meta = next(iter(self._pending.pop(name).values()))
+            self._first_seen.pop(name, None)
+            responses.append(Response(meta.kind, [meta], error=f"tensor {name!r} cannot complete: {why}"))
+        for cache_id in np.flatnonzero(self._bits.any(axis=0)):
+            meta = self._cache_metas[cache_id]
+            self._bits[:, cache_id] = False
+            self._first_seen.pop(meta.name, None)
+            responses.append(Response(meta.kind, [meta], error=f"tensor {meta.name!r} cannot complete: {why}"))
+        return responses
+
+    # ---- stall inspection ------------------------------------------------------------------------------
+
+    def stalled(self, older_than: float, now: float) -> list[tuple[str, list[int]]]:
+        """(name, missing ranks) for tensors some ranks submitted more than ``older_than`` s ago."""
+        out = []
+        for name, since in self._first_seen.items():
+            if now - since < older_than:
+                continue
+            if name in self._pending:
+                present = set(self._pending[name])
+            else:
+                present = set(np.flatnonzero(self._bits[:, self._cache_ids[name]]).tolist())
+            missing = [r for r in range(self.size) if r not in present and r not in self._joined]
+            if missing:
+                out.append((name, missing))
+        return out
+
+    def fail_stalled(self, older_than: float, now: float) -> list[Response]:
+        """Error responses for tensors stalled longer than ``older_than`` seconds."""
+        responses = []
+        for name, missing in self.stalled(older_than, now):
+            if name in self._pending:
+                meta = next(iter(self._pending.pop(name).values()))
+            else:
+                cache_id = self._cache_ids[name]
+                meta = self._cache_metas[cache_id]
+                self._bits[:, cache_id] = False
+            self._first_seen.pop(name, None)
+            responses.append(Response(meta.kind, [meta], error=(
+                f"tensor {name!r} stalled: rank(s) {missing} did not submit it within {older_than:g} s "
+                "(COMMLIB_STALL_SHUTDOWN_TIME); check that every rank calls the same collectives")))
+        return responses
+
+    def should_warn(self, name: str, now: float, every: float) -> bool:
+        last = self._warned.get(name)
+        if last is not None and now - last < every:
+            return False
+        self._warned[name] = now
+        return True
+
+    def has_pending(self) -> bool:
+        return bool(self._first_seen) or bool(self._joined)
+
+
+def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:
+    """'' if every rank's request agrees, else a message naming each field and every rank's value."""
+    fields = {r: m.matched_fields() for r, m in by_rank.items()}
+    first = fields[min(fields)]
+    problems = []
+    for key in first:
+        values = {r: f[key] for r, f in sorted(fields.items())}
+        if len(set(map(repr, values.values()))) > 1:
+            listing = ", ".join(f"rank {r}: {v}" for r, v in values.items())
+            problems.append(f"mismatched {key.replace('_', ' ')} ({listing})")
+    if not problems:
+        return ""
+    return f"tensor {name!r}: " + "; ".join(problems) + ". Every rank must submit the same collective."

@@ -1,0 +1,139 @@
+"""What a rank submits (Request), what the ranks must agree on (Meta), and what rank 0 answers (Response)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+
+class Kind(enum.IntEnum):
+    """The collective a request asks for."""
+
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    REDUCESCATTER = 3
+    ALLTOALL = 4
+    BARRIER = 5
+    JOIN = 6
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class Meta:
+    """Everything about a request that every rank must agree on. Sent to rank 0 in full the first time a
+    name is negotiated; afterwards a cache id stands for it. ``error`` carries a local validation failure
+    so that rank 0 can fail the tensor on every rank instead of leaving the others waiting."""
+
+    name: str
+    kind: Kind
+    dtype: str
+    shape: tuple
+    op: int = 0
+    root: int = -1
+    prescale: float = 1.0
+    postscale: float = 1.0
+    compression: str = "none"
+    algorithm: str = ""
+    error: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def fusion_key(self) -> tuple:
+        """Allreduces with equal keys may share one fused buffer."""
+        return (self.dtype, self.op, self.prescale, self.postscale, self.compression, self.algorithm)
+
+    def matched_fields(self) -> dict[str, Any]:
+        """The fields that must be equal on every rank (allgather and alltoall may differ in the first
+        dimension)."""
+        shape = self.shape[1:] if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL) else self.shape
+        fields = {"operation": self.kind.label, "dtype": self.dtype, "shape": shape}
+        if self.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER):
+            fields.update(op=self.op, prescale_factor=self.prescale, postscale_factor=self.postscale)
+        if self.kind is Kind.ALLREDUCE:
+            fields.update(compression=self.compression, algorithm=self.algorithm or "default")
+        if self.kind is Kind.BROADCAST:
+            fields["root_rank"] = self.root
+        return fields
+
+
+@dataclasses.dataclass
+class Response:
+    """Rank 0's decision, executed by every rank in the order received.
+
+    ``metas`` are the agreed requests (one, or several fused allreduces). ``error`` set: the tensors fail
+    on every rank with that message. ``joined`` are ranks that contribute zeros. ``cache_ids`` holds
+    (name, id) pairs: fast-path ids for newly negotiated names. ``last_joined`` completes a join."""
+
+    kind: Kind
+    metas: list[Meta]
+    error: str = ""
+    joined: tuple = ()
+    cache_ids: tuple = ()
+    last_joined: int = -1
+
+
+class Handle:
+    """The result of an asynchronous call; pass it to ``poll`` or ``synchronize``."""
+
+    __slots__ = ("name", "_event", "_result", "_error", "_parts")
+
+    def __init__(self, name: str, parts: list["Handle"] | None = None):
+        self.name = name
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._parts = parts
+
+    def done(self) -> bool:
+        if self._parts is not None:
+            return all(p.done() for p in self._parts)
+        return self._event.is_set()
+
+    def wait_briefly(self, seconds: float) -> bool:
+        if self._parts is not None:
+            return all(p._event.wait(seconds) for p in self._parts)
+        return self._event.wait(seconds)
+
+    def set_result(self, result: Any) -> None:
+        self._result = result
+        self._event.set()
+
+    def set_error(self, error: BaseException) -> None:
+        if not self._event.is_set():
+            self._error = error
+            self._event.set()
+
+    def result(self) -> Any:
+        """The output (raises the collective's error). Only valid once done."""
+        if self._parts is not None:
+            return [p.result() for p in self._parts]
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<commlib handle {self.name!r} {state}>"
+
+
+@dataclasses.dataclass
+class Entry:
+    """A submitted request on its own rank: the metadata plus the arrays it reads and writes."""
+
+    meta: Meta
+    array: np.ndarray | None
+    output: np.ndarray | None
+    handle: Handle
+    splits: np.ndarray | None = None
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
