@@ -84,14 +84,27 @@ def test_other_collectives_are_right(tmp_path, collective):
     assert data["results"][0]["count"] == (3 if collective != "broadcast" else 1)
 
 
+def test_algo_all_leaves_out_what_the_shape_refuses_with_a_note(tmp_path):
+    # Nodes of 2 and 1 ranks: torus2d (no --torus) refuses; with compression native refuses too.
+    data, out = bench(3, tmp_path, "-b", "4", "-e", "16K", "-f", "64", "-n", "2", "-w", "1", "--local-size", "2",
+                      "--algo", "all", "--compression", "fp16")
+    expected = [a for a in ALL if a not in ("native", "torus2d")]
+    assert_all_right(data, expected, 3)
+    assert set(data["metadata"]["skipped"]) == {"native", "torus2d"}
+    assert "# skipped torus2d: torus2d needs nodes of equal size" in out
+
+
 def test_bad_flags_are_clear_errors(tmp_path):
     out = run_mpi(2, "bench_cli.py", "--algo", "ring,bogus", expect_fail=True, timeout=60)
     assert "unknown algorithm(s) bogus" in out
     assert out.count("unknown algorithm(s) bogus") == 1, "only rank 0 should print the error"
-    out = run_mpi(1, "bench_cli.py", "--compression", "fp16", "--algo", "native,ring", expect_fail=True, timeout=60)
+    out = run_mpi(1, "bench_cli.py", "--compression", "fp16", "--algo", "native,ring", expect_fail=True,
+                  timeout=60)
     assert "cannot apply to native" in out
     out = run_mpi(2, "bench_cli.py", "-C", "broadcast", "-r", "5", expect_fail=True, timeout=60)
     assert "-r/--root 5 is not a rank of this 2-rank job" in out
+    out = run_mpi(4, "bench_cli.py", "--algo", "ring,torus2d", "--torus", "3x2", expect_fail=True, timeout=60)
+    assert "torus2d cannot run here" in out and "X*Y = 4" in out
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -7,6 +7,7 @@ Exit status: 0 when every checked value was right, 1 when any was wrong (after t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import shlex
 import sys
@@ -15,7 +16,7 @@ import traceback
 from . import progress as progress_bar
 from . import report
 from .collectives import collective as make_collective
-from .core import run_sweep
+from .core import refusals, run_sweep
 from .lane import open_lane
 from .options import Options, parse_options
 
@@ -63,6 +64,18 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
     config = options.config()
     lane = open_lane(comm, config)
     try:
+        refused = refusals(options, collective, lane.engine)
+        if refused and not options.all_algorithms:
+            if rank == 0:
+                for algorithm, reason in refused.items():
+                    print(f"commlib-bench: error: {algorithm} cannot run here: {reason}", file=sys.stderr)
+            return 2
+        if len(refused) == len(options.algorithms):
+            if rank == 0:
+                print("commlib-bench: error: no algorithm of --algo all can run here", file=sys.stderr)
+            return 2
+        usable = tuple(a for a in options.algorithms if a not in refused)
+        options = dataclasses.replace(options, algorithms=usable)
         topology = lane.topology
         info = report.RunInfo(
             collective=collective.name, commlib_version=_commlib_version(), mpi_version=_mpi_version(),
@@ -71,7 +84,7 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
             iters=options.iters, warmup_iters=options.warmup_iters, rounds=options.rounds,
             check=options.check, compression=options.compression,
             torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
-            algorithms=options.algorithms, command=command)
+            algorithms=options.algorithms, skipped=refused, command=command)
         show_progress = rank == 0 and progress_bar.wanted(options.progress)
         bar = progress_bar.ProgressBar(f"commlib-bench {collective.name}") if show_progress else None
         if rank == 0:

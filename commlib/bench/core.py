@@ -1,6 +1,7 @@
 """The benchmark core: buffers, warm-up, correctness check, interleaved timing, max over ranks.
 
-For each size, every algorithm runs ``warmup_iters`` untimed calls, then one checked call on fresh
+First every algorithm runs once at the largest size (creating its scratch buffers and sub-groups).
+Then, for each size, every algorithm runs ``warmup_iters`` untimed calls, then one checked call on fresh
 inputs, then ``iters`` timed calls split into ``rounds`` rounds. Within a round the algorithms take turns
 (A, B, C, A, B, C, ...), each timing a block of consecutive calls after a barrier, so machine noise lands
 on every algorithm alike. A block's time per call is the slowest rank's; an algorithm's time is the
@@ -19,6 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ..compression import Compression, CompressionOverflowWarning
+from ..errors import ConfigError
 from ..ops import ReduceOp
 from .collective import Collective, Layout, exact_limit
 from .options import Options
@@ -110,6 +112,24 @@ def layouts(options: Options, collective: Collective, nranks: int) -> list[Layou
     return result
 
 
+def refusals(options: Options, collective: Collective, engine) -> dict[str, str]:
+    """The algorithms that refuse this job's shape (e.g. torus2d on nodes of unequal size), with their
+    reasons. Collective over the engine: each algorithm runs once on one element.
+
+    An algorithm refuses with a ConfigError before any communication, and its verdict depends only on
+    the topology and configuration, which every rank shares - so every rank reaches the same verdict."""
+    if collective.name != "allreduce":
+        return {}
+    reasons = {}
+    codec = codec_of(options)
+    for algorithm in options.algorithms:
+        try:
+            engine.allreduce_(np.ones(1, options.dtype), options.op, algorithm=algorithm, codec=codec)
+        except ConfigError as exc:
+            reasons[algorithm] = str(exc)
+    return reasons
+
+
 def _block_lengths(iters: int, rounds: int) -> list[int]:
     base, extra = divmod(iters, rounds)
     return [base + (1 if r < extra else 0) for r in range(rounds)]
@@ -135,6 +155,17 @@ def run_sweep(options: Options, collective: Collective, comm, engine,
 
     def call(algorithm: str, send: np.ndarray, layout: Layout) -> np.ndarray:
         return collective.run(engine, send, layout, options.op, algorithm, codec, root)
+
+    # Before anything is timed, each algorithm runs once at the largest size, so the scratch buffers and
+    # sub-communicators it creates on first use exist already (the first size would pay for them).
+    largest = max(steps, key=lambda s: s.send_count)
+    pristine, work = arena.views(largest.send_count)
+    collective.fill(pristine, rank, nranks, options.op, root, limit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CompressionOverflowWarning)
+        for algorithm in algorithms:
+            np.copyto(work, pristine)
+            call(algorithm, work, largest)
 
     for layout in steps:
         pristine, work = arena.views(layout.send_count)

@@ -57,6 +57,7 @@ class Options:
     op: ReduceOp = ReduceOp.SUM
     dtype: np.dtype = np.dtype(np.float32)
     algorithms: tuple[str, ...] = ("native",)
+    all_algorithms: bool = False  # --algo all: leave out, with a note, the algorithms this shape refuses
     local_size: int | None = None
     torus_shape: tuple[int, int] | None = None
     compression: str = "none"
@@ -216,7 +217,7 @@ def validate(args: argparse.Namespace) -> Options:
         if args.datatype != np.dtype(np.float32):
             raise UsageError(f"--compression {args.compression} compresses float32 buffers; "
                              f"drop it or use -d float (got -d {args.datatype})")
-        if "native" in algorithms:
+        if "native" in algorithms and args.algo != _algorithms("all"):  # all: left out with a note
             raise UsageError(f"--compression {args.compression} cannot apply to native (MPI's own allreduce "
                              "sends float32); leave native out of --algo or use --compression none")
     reduces = args.collective in ("allreduce", "reducescatter")
@@ -230,6 +231,7 @@ def validate(args: argparse.Namespace) -> Options:
         collective=args.collective, minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor,
         iters=args.iters, warmup_iters=args.warmup_iters, rounds=min(args.rounds, args.iters), root=args.root,
         check=bool(args.check), op=args.op, dtype=args.datatype, algorithms=tuple(algorithms),
+        all_algorithms=args.algo == _algorithms("all"),
         local_size=args.local_size, torus_shape=args.torus, compression=args.compression,
         json_path=args.json_path, plot_path=args.plot_path, progress=args.progress)
     if options.stepfactor == 1 and options.minbytes != options.maxbytes:

@@ -34,6 +34,7 @@ class RunInfo:
     compression: str
     torus: str | None
     algorithms: tuple[str, ...]
+    skipped: dict[str, str]  # algorithm -> why this job's shape refuses it
     command: str
 
 
@@ -47,6 +48,7 @@ def header(info: RunInfo) -> list[str]:
         f"# dtype {info.dtype}, op {info.op}, iters {info.iters} in {info.rounds} interleaved round(s), "
         f"warmup {info.warmup_iters}, check {'on' if info.check else 'off'}, compression {info.compression}"
         + (f", torus {info.torus}" if info.torus else ""),
+        *[f"# skipped {algorithm}: {reason}" for algorithm, reason in info.skipped.items()],
         "# time: median over rounds of the slowest rank's time per call; algbw = size / time; "
         "busbw = algbw * bus factor",
         "#",
@@ -161,6 +163,14 @@ def check_plot_available() -> None:
                               "pip install 'commlib[bench]' (or pip install matplotlib), or drop --plot") from None
 
 
+def human_size(nbytes: float) -> str:
+    """4096 -> '4K', 67108864 -> '64M' (powers of 1024, as -b/-e take them)."""
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes:g}"
+
+
 def write_plot(path: str, results: Sequence[SizeResult], info: RunInfo) -> None:
     """busbw against size, one line per algorithm, log-scaled size axis, as a PNG."""
     check_plot_available()
@@ -168,6 +178,7 @@ def write_plot(path: str, results: Sequence[SizeResult], info: RunInfo) -> None:
 
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(8, 5))
     sizes = [r.nbytes for r in results]
@@ -175,6 +186,7 @@ def write_plot(path: str, results: Sequence[SizeResult], info: RunInfo) -> None:
         busbw = [next(m.busbw_gbs for m in r.measurements if m.algorithm == algorithm) for r in results]
         ax.plot(sizes, busbw, marker="o", label=algorithm)
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: human_size(x)))
     ax.set_xlabel("size (bytes)")
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title(f"commlib-bench {info.collective}: {info.ranks} ranks, {info.dtype} {info.op}")
