@@ -1,0 +1,212 @@
+"""Worker: every allreduce algorithm x op x dtype x size against numpy references, on this job's ranks.
+
+    mpiexec -n P python algo_check.py [--local-size K]
+
+Inputs are seeded by (rank, case), so every rank computes every rank's input and the reference. Checks
+also that all ranks end with bitwise identical results. Exits non-zero (MPI_Abort) on the first failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from commlib.algorithms import ALGORITHMS, AlgorithmContext, run_allreduce
+from commlib.compression import Compression
+from commlib.config import Config
+from commlib.dtypes import BFLOAT16, FLOAT16, REDUCIBLE
+from commlib.errors import CommlibError, ConfigError
+from commlib.ops import ReduceOp
+from commlib.topology import Topology
+from commlib.transport.mpi import MPITransport
+
+OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
+EPS = {FLOAT16: 2.0 ** -11, BFLOAT16: 2.0 ** -8, np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** -53}
+
+
+def make_input(rank: int, dtype: np.dtype, op: ReduceOp, n: int, case: int) -> np.ndarray:
+    rng = np.random.default_rng([rank, case, n, int(op)])
+    if dtype.kind in "iu":
+        if op is ReduceOp.PRODUCT:
+            low, high = (0, 4) if dtype.kind == "u" else (-2, 3)
+        else:
+            info = np.iinfo(dtype)
+            bound = min(info.max // 8, 10 ** 12)
+            low, high = (0, bound) if dtype.kind == "u" else (-bound, bound)
+        return rng.integers(low, high, n).astype(dtype)
+    if op is ReduceOp.PRODUCT:
+        return rng.uniform(0.5, 1.5, n).astype(dtype)
+    return (rng.standard_normal(n) * 4).astype(dtype)
+
+
+def reference(inputs: list[np.ndarray], op: ReduceOp) -> np.ndarray:
+    stack = np.stack(inputs)
+    wide = stack.astype(np.float64) if stack.dtype.kind not in "iu" else stack
+    func = {ReduceOp.SUM: np.sum, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}[op]
+    return func(wide, axis=0)
+
+
+def tolerance(inputs, op, eps, steps):
+    """Bound of ``steps`` roundings of relative size ``eps`` on the partial results."""
+    stack = np.abs(np.stack(inputs).astype(np.float64))
+    if op is ReduceOp.SUM:
+        return steps * eps * stack.sum(axis=0) + 1e-30
+    if op is ReduceOp.PRODUCT:
+        return steps * eps * stack.prod(axis=0) * 2 + 1e-30
+    return np.zeros(stack.shape[1:])  # min/max only select values: exact
+
+
+class Checker:
+    def __init__(self, comm):
+        self.comm = comm
+        self.p = comm.size
+        self.rank = comm.rank
+        self.checks = 0
+
+    def identical(self, buf: np.ndarray, what: str) -> None:
+        digest = hashlib.sha1(buf.tobytes()).hexdigest()
+        every = self.comm.allgather(digest)
+        if len(set(every)) != 1:
+            raise AssertionError(f"{what}: ranks ended with different results (digests {every})")
+
+    def allreduce(self, ctx, algorithm, dtype, op, n, case, codec=None):
+        p = self.p
+        inputs = [make_input(r, dtype, op, n, case) for r in range(p)]
+        buf = inputs[self.rank].copy()
+        what = f"{algorithm} {dtype} {op.name} n={n} codec={codec} p={p}"
+        run_allreduce(ctx, buf, op, algorithm, codec)
+        if n == 0:
+            assert buf.size == 0, what
+            self.checks += 1
+            return
+        ref = reference(inputs, op)
+        if dtype.kind in "iu" and codec is None:
+            expected = ref.astype(dtype)
+            if not np.array_equal(buf, expected):
+                bad = np.flatnonzero(buf != expected)[:5]
+                raise AssertionError(f"{what}: wrong at {bad.tolist()}: got {buf[bad]}, want {expected[bad]}")
+        else:
+            if codec is not None:
+                eps, steps = EPS[codec.wire_dtype], 2 * p + 2
+            elif dtype in (FLOAT16, BFLOAT16):
+                eps, steps = EPS[dtype], p + 1  # input exact, one rounding per reduction step
+            else:
+                eps, steps = EPS[dtype], 2 * p
+            tol = tolerance(inputs, op, eps, steps)
+            if p == 1:
+                tol = np.zeros_like(tol)
+            if op in (ReduceOp.MIN, ReduceOp.MAX) and codec is not None and p > 1:
+                tol = np.abs(ref) * eps  # the result crossed the wire once
+            err = np.abs(buf.astype(np.float64) - ref)
+            if not np.all(err <= tol):
+                i = int(np.argmax(err - tol))
+                raise AssertionError(f"{what}: element {i} is {buf[i]}, want {ref[i]} (error {err[i]:.3g} > {tol[i]:.3g})")
+        self.identical(buf, what)
+        self.checks += 1
+
+
+def expect_error(kind, fragment, func, what):
+    try:
+        func()
+    except kind as exc:
+        if fragment not in str(exc):
+            raise AssertionError(f"{what}: error {exc!r} does not mention {fragment!r}") from None
+        return
+    raise AssertionError(f"{what}: expected {kind.__name__}, nothing was raised")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local-size", type=int, default=None)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    check = Checker(comm)
+    p = comm.size
+    topology = Topology.detect(comm, args.local_size)
+    contexts = []
+
+    def context(**settings):
+        config = Config.load({}, local_size=args.local_size, **settings)
+        ctx = AlgorithmContext.create(MPITransport.duplicate(comm), topology, config)
+        contexts.append(ctx)
+        return ctx
+
+    small = context(ring_segment_bytes=1024, small_message_bytes=256)  # several segments already at 1K
+    large = context(ring_segment_bytes=256 << 10)
+    algorithms = ["auto"] + list(ALGORITHMS)
+    if not topology.uniform:
+        algorithms.remove("torus2d")  # default grid needs equal nodes: checked as an error below
+    sizes = sorted({0, 1, max(p - 1, 0), p + 1, 7, 13, 1031})
+
+    # Every algorithm x op x dtype x size.
+    case = 0
+    for algorithm in algorithms:
+        for dtype in REDUCIBLE:
+            for op in OPS:
+                for n in sizes:
+                    case += 1
+                    check.allreduce(small, algorithm, dtype, op, n, case)
+    # Codecs on float32, every algorithm that supports them.
+    for algorithm in [a for a in algorithms if a != "native"]:
+        for codec in (Compression.fp16, Compression.bf16):
+            for op in OPS:
+                for n in (0, 1, p + 1, 1031):
+                    case += 1
+                    check.allreduce(small, algorithm, np.dtype(np.float32), op, n, case, codec)
+    # A few MiB: many pipeline segments per ring step.
+    big = 3 * (1 << 18) + 13  # 3 MiB of float32 plus a remainder
+    for algorithm in algorithms:
+        case += 1
+        check.allreduce(large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, case)
+        if algorithm != "native":
+            case += 1
+            check.allreduce(large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, case, Compression.bf16)
+    check.allreduce(large, "ring", BFLOAT16, ReduceOp.SUM, big, case + 1)
+
+    # torus2d on explicit grid shapes.
+    for nx in [d for d in range(1, p + 1) if p % d == 0]:
+        ctx = context(torus_shape=(nx, p // nx), ring_segment_bytes=1024)
+        for dtype in (np.dtype(np.float32), np.dtype(np.int32), FLOAT16):
+            for n in sizes:
+                case += 1
+                check.allreduce(ctx, "torus2d", dtype, ReduceOp.SUM, n, case)
+        check.allreduce(ctx, "torus2d", np.dtype(np.float32), ReduceOp.SUM, 1031, case + 1, Compression.fp16)
+
+    # Errors, raised on every rank alike.
+    f32 = np.ones(8, np.float32)
+    expect_error(ConfigError, "unknown algorithm", lambda: run_allreduce(small, f32, ReduceOp.SUM, "bogus"),
+                 "bad algorithm name")
+    bad_grid = context(torus_shape=(p + 1, 1))
+    expect_error(ConfigError, "COMMLIB_TORUS_SHAPE", lambda: run_allreduce(bad_grid, f32, ReduceOp.SUM, "torus2d"),
+                 "bad torus shape")
+    if not topology.uniform:
+        expect_error(ConfigError, "COMMLIB_TORUS_SHAPE", lambda: run_allreduce(small, f32, ReduceOp.SUM, "torus2d"),
+                     "default torus on uneven nodes")
+    expect_error(ConfigError, "native", lambda: run_allreduce(small, f32, ReduceOp.SUM, "native", Compression.fp16),
+                 "native with a codec")
+    expect_error(CommlibError, "contiguous", lambda: run_allreduce(small, np.ones(8, np.float32)[::2], ReduceOp.SUM, "ring"),
+                 "non-contiguous buffer")
+    expect_error(TypeError, "float32", lambda: run_allreduce(small, np.ones(8), ReduceOp.SUM, "ring", Compression.bf16),
+                 "codec on float64")
+
+    for ctx in contexts:
+        ctx.close()
+        ctx.transport.free()
+    total = comm.allreduce(check.checks)
+    if comm.rank == 0:
+        print(f"algo_check ok: {check.checks} allreduce checks per rank ({total} total) on {p} ranks, {topology}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
