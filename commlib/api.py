@@ -15,7 +15,7 @@ import numpy as np
 from .compression import Compression, WireCodec, codec_for
 from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
-from .dtypes import check_contiguous, check_reducible
+from .dtypes import check_contiguous, check_reducible, dtype_name
 from .errors import CommlibError
 from .ops import Average, ReduceOp, Sum, as_op
 from .runtime import Runtime
@@ -140,7 +140,7 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         errors.append(_validated(_algorithm, algorithm))
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
-    meta = Meta(name, Kind.ALLREDUCE, output.dtype.name, tuple(output.shape), int(op),
+    meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),
                 prescale=float(prescale_factor), postscale=float(postscale_factor),
                 compression=compression.name if compression is not None else "none",
                 algorithm=(algorithm or "").lower() if not any(errors) else "",
@@ -258,7 +258,7 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
     elif kind is Kind.ALLTOALL and array.ndim and array.shape[0] % runtime.size:
         errors.append(f"{name}: alltoall without splits needs the first dimension ({array.shape[0]}) to be "
                       f"divisible by the number of ranks ({runtime.size}); pass splits=")
-    meta = Meta(name, kind, array.dtype.name, tuple(array.shape), int(op), root=root,
+    meta = Meta(name, kind, dtype_name(array.dtype), tuple(array.shape), int(op), root=root,
                 error="; ".join(e for e in errors if e))
     return _submit(runtime, meta, array, output, splits, wait=wait)
 

@@ -21,6 +21,14 @@ REDUCIBLE = (
     np.dtype(np.int64),
 )
 
+_REDUCIBLE_SET = frozenset(REDUCIBLE)
+_NAMES = {d: d.name for d in REDUCIBLE}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name`` (which numpy recomputes on every access), looked up for the common types."""
+    return _NAMES.get(dtype) or dtype.name
+
 
 class UnsupportedDtypeError(CommlibError, TypeError):
     """The array's element type cannot take part in the requested operation."""
@@ -28,7 +36,7 @@ class UnsupportedDtypeError(CommlibError, TypeError):
 
 def check_reducible(array: np.ndarray, op: ReduceOp, name: str = "tensor") -> None:
     """Raise a clear error if ``array`` cannot be reduced with ``op``."""
-    if array.dtype not in REDUCIBLE:
+    if array.dtype not in _REDUCIBLE_SET:
         supported = ", ".join(str(d) for d in REDUCIBLE)
         raise UnsupportedDtypeError(
             f"{name}: dtype {array.dtype} cannot be reduced; supported dtypes: {supported}"

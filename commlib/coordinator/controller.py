@@ -5,9 +5,10 @@ Negotiation protocol
 Rank 0 coordinates; every message travels on the control channel (a communicator of its own), and no
 message ever blocks, so an idle rank sleeps instead of spinning in a collective.
 
-1. Request.  When a tensor is submitted, its rank sends ``("req", metas, cache_ids)`` to rank 0: full
+1. Request.  When a tensor is submitted, its rank sends ``("req", metas, hits)`` to rank 0: full
    metadata (name, operation, dtype, shape, op, root, scale factors, compression, algorithm) for names
-   not negotiated before, and only the cache id for names whose request equals the cached one. A local
+   not negotiated before, and for names whose request equals the cached one only a bit in ``hits``, a
+   bit vector indexed by cache id. A local
    validation failure travels as metadata with ``error`` set, so that every rank learns of it.
 2. Ready table.  Rank 0 records full requests per name and cached ones as bits in a (ranks x cache)
    matrix (:mod:`.negotiation`). A name is ready when every rank that has not joined has submitted it; a
@@ -179,7 +180,7 @@ class Coordinator:
         return busy
 
     def _announce(self) -> None:
-        full, cached, joining = [], [], False
+        full, cached, joining = [], 0, False
         now = time.monotonic()
         while self._incoming:
             entry = self._incoming.popleft()
@@ -190,7 +191,7 @@ class Coordinator:
             self._undecided.add(meta.name)
             hit = self._cache.get(meta.name)
             if hit is not None and hit[1] == meta:
-                cached.append(hit[0])
+                cached |= 1 << hit[0]
             else:
                 full.append(meta)
         if self._coordinator_gone:

@@ -1,9 +1,9 @@
 """Rank 0's ready table: which named tensors every rank has submitted, and whether they match.
 
 Two paths feed it. A name negotiated before has a cache id on every rank (assigned by rank 0 in a
-response, so all ranks agree on it); a rank whose new request equals its cached request sends only the
-id, and rank 0 sets that rank's bit in a (ranks x capacity) bit matrix. A column whose bits are set for
-every active rank is ready: one bitwise AND over the matrix decides all cached tensors at once. Anything
+response, so all ranks agree on it); a rank whose new requests equal its cached ones sends only a bit
+vector of their ids, which rank 0 ORs into that rank's vector. The bitwise AND of the vectors of all
+active ranks is the set of cached tensors ready everywhere: one AND decides them all at once. Anything
 else (a first negotiation, a changed shape, a cache that is full) arrives as full metadata and is matched
 field by field, so a disagreement can be reported with every rank's value.
 """
@@ -11,8 +11,6 @@ field by field, so a disagreement can be reported with every rank's value.
 from __future__ import annotations
 
 import time
-
-import numpy as np
 
 from .requests import Kind, Meta, Response
 
@@ -27,7 +25,8 @@ class ReadyTable:
         self._cache_metas: list[Meta] = []
         self._cache_ids: dict[str, int] = {}
         self._capacity = cache_capacity
-        self._bits = np.zeros((size, cache_capacity), dtype=bool)
+        # One bit vector per rank (a Python int: bit k = cached tensor k submitted and not yet run).
+        self._bits = [0] * size
         self._bits_dirty = False
         self._joined: list[int] = []
         self._gone: dict[int, str] = {}
@@ -38,24 +37,35 @@ class ReadyTable:
     def add_full(self, rank: int, meta: Meta, now: float) -> None:
         """A request that arrived with its metadata."""
         cache_id = self._cache_ids.get(meta.name)
-        if cache_id is not None and self._bits[:, cache_id].any():
-            # Other ranks hit the cache for this name while this one did not: compare in full.
-            for other in np.flatnonzero(self._bits[:, cache_id]):
-                self._pending.setdefault(meta.name, {})[int(other)] = self._cache_metas[cache_id]
-            self._bits[:, cache_id] = False
+        if cache_id is not None:
+            # Other ranks may have hit the cache for this name while this one did not: compare in full.
+            for other in self._ranks_with(cache_id):
+                self._pending.setdefault(meta.name, {})[other] = self._cache_metas[cache_id]
+            self._clear(cache_id)
         self._pending.setdefault(meta.name, {})[rank] = meta
         self._first_seen.setdefault(meta.name, now)
 
-    def add_cached(self, rank: int, cache_ids, now: float) -> None:
-        """Requests that arrived as cache ids (their metadata equals the negotiated one)."""
-        for cache_id in cache_ids:
+    def add_cached(self, rank: int, hits: int, now: float) -> None:
+        """Requests that arrived as a bit vector of cache ids (their metadata equals the negotiated one)."""
+        if not hits:
+            return
+        for cache_id in iter_bits(hits):
             name = self._cache_metas[cache_id].name
             if name in self._pending:  # this name is being compared in full: join that comparison
                 self._pending[name][rank] = self._cache_metas[cache_id]
-            else:
-                self._bits[rank, cache_id] = True
-                self._bits_dirty = True
-            self._first_seen.setdefault(name, now)
+                hits &= ~(1 << cache_id)
+            elif name not in self._first_seen:
+                self._first_seen[name] = now
+        self._bits[rank] |= hits
+        self._bits_dirty = True
+
+    def _ranks_with(self, cache_id: int) -> list[int]:
+        bit = 1 << cache_id
+        return [r for r in range(self.size) if self._bits[r] & bit]
+
+    def _clear(self, cache_id: int) -> None:
+        mask = ~(1 << cache_id)
+        self._bits = [b & mask for b in self._bits]
 
     def join(self, rank: int) -> None:
         if rank not in self._joined:
@@ -71,15 +81,18 @@ class ReadyTable:
         """Responses for everything now decided: complete and matching, mismatched, or impossible."""
         waiting_for = [r for r in range(self.size) if r not in self._joined]
         responses: list[Response] = []
-        if self._bits_dirty:
+        if self._bits_dirty and waiting_for:
             self._bits_dirty = False
-            rows = self._bits[waiting_for] if waiting_for else self._bits[:0]
-            ready = np.flatnonzero(rows.all(axis=0) & self._bits.any(axis=0)) if waiting_for else []
-            for cache_id in ready:
-                meta = self._cache_metas[cache_id]
-                self._bits[:, cache_id] = False
-                self._first_seen.pop(meta.name, None)
-                responses.append(self._decide_joined(meta) or Response(meta.kind, [meta], joined=tuple(self._joined)))
+            ready = -1
+            for r in waiting_for:  # the bitwise AND that decides every cached tensor at once
+                ready &= self._bits[r]
+            if ready:
+                self._bits = [b & ~ready for b in self._bits]
+                for cache_id in iter_bits(ready):
+                    meta = self._cache_metas[cache_id]
+                    self._first_seen.pop(meta.name, None)
+                    responses.append(self._decide_joined(meta) or
+                                     Response(meta.kind, [meta], joined=tuple(self._joined)))
         for name in list(self._pending):
             by_rank = self._pending[name]
             response = self._decide(name, by_rank, waiting_for)
@@ -133,9 +146,12 @@ class ReadyTable:
             meta = next(iter(self._pending.pop(name).values()))
             self._first_seen.pop(name, None)
             responses.append(Response(meta.kind, [meta], error=f"tensor {name!r} cannot complete: {why}"))
-        for cache_id in np.flatnonzero(self._bits.any(axis=0)):
+        anyone = 0
+        for bits in self._bits:
+            anyone |= bits
+        self._bits = [0] * self.size
+        for cache_id in iter_bits(anyone):
             meta = self._cache_metas[cache_id]
-            self._bits[:, cache_id] = False
             self._first_seen.pop(meta.name, None)
             responses.append(Response(meta.kind, [meta], error=f"tensor {meta.name!r} cannot complete: {why}"))
         return responses
@@ -151,7 +167,7 @@ class ReadyTable:
             if name in self._pending:
                 present = set(self._pending[name])
             else:
-                present = set(np.flatnonzero(self._bits[:, self._cache_ids[name]]).tolist())
+                present = set(self._ranks_with(self._cache_ids[name]))
             missing = [r for r in range(self.size) if r not in present and r not in self._joined]
             if missing:
                 out.append((name, missing))
@@ -166,7 +182,7 @@ class ReadyTable:
             else:
                 cache_id = self._cache_ids[name]
                 meta = self._cache_metas[cache_id]
-                self._bits[:, cache_id] = False
+                self._clear(cache_id)
             self._first_seen.pop(name, None)
             responses.append(Response(meta.kind, [meta], error=(
                 f"tensor {name!r} stalled: rank(s) {missing} did not submit it within {older_than:g} s "
@@ -182,6 +198,14 @@ class ReadyTable:
 
     def has_pending(self) -> bool:
         return bool(self._first_seen) or bool(self._joined)
+
+
+def iter_bits(bits: int):
+    """The indices of the set bits of a non-negative int, lowest first."""
+    while bits:
+        low = bits & -bits
+        yield low.bit_length() - 1
+        bits ^= low
 
 
 def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import math
 import threading
 import time
 from typing import Any
@@ -45,9 +47,9 @@ class Meta:
     algorithm: str = ""
     error: str = ""
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def fusion_key(self) -> tuple:
         """Allreduces with equal keys may share one fused buffer."""
@@ -86,11 +88,12 @@ class Response:
 class Handle:
     """The result of an asynchronous call; pass it to ``poll`` or ``synchronize``."""
 
-    __slots__ = ("name", "_event", "_result", "_error", "_parts")
+    __slots__ = ("name", "_done", "_event", "_result", "_error", "_parts")
 
     def __init__(self, name: str, parts: list["Handle"] | None = None):
         self.name = name
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made only if a thread has to block on it
         self._result: Any = None
         self._error: BaseException | None = None
         self._parts = parts
@@ -98,21 +101,34 @@ class Handle:
     def done(self) -> bool:
         if self._parts is not None:
             return all(p.done() for p in self._parts)
-        return self._event.is_set()
+        return self._done
 
     def wait_briefly(self, seconds: float) -> bool:
+        """Block up to ``seconds`` for another thread to complete the handle."""
         if self._parts is not None:
-            return all(p._event.wait(seconds) for p in self._parts)
+            return all(p.wait_briefly(seconds) for p in self._parts)
+        if self._done:
+            return True
+        if self._event is None:
+            self._event = threading.Event()
+        if self._done:  # completed before the event was published: the completer may not have seen it
+            return True
         return self._event.wait(seconds)
+
+    def _complete(self) -> None:
+        self._done = True
+        event = self._event
+        if event is not None:
+            event.set()
 
     def set_result(self, result: Any) -> None:
         self._result = result
-        self._event.set()
+        self._complete()
 
     def set_error(self, error: BaseException) -> None:
-        if not self._event.is_set():
+        if not self._done:
             self._error = error
-            self._event.set()
+            self._complete()
 
     def result(self) -> Any:
         """The output (raises the collective's error). Only valid once done."""
