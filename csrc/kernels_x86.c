@@ -27,18 +27,39 @@ CK_INLINE __m256 load_bf16(const void *p)
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
-/* Round to nearest even by adding 0x7fff plus the lowest kept bit; a NaN keeps its top bits, made quiet. */
-CK_INLINE void store_bf16(void *p, __m256 v)
+/* Round to nearest even by adding 0x7fff plus the lowest kept bit; a NaN keeps its top bits, made quiet.
+ * Returns 8 lanes holding the bfloat16 bits in their low halves. */
+CK_INLINE __m256i round_bf16(__m256 v)
 {
     __m256i x = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
     __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
     __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
     __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    __m256i r = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+CK_INLINE void store_bf16(void *p, __m256 v)
+{
+    __m256i r = round_bf16(v);
     /* every lane holds a value < 0x10000, so the unsigned-saturating pack is exact */
     __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128((__m128i *)p, packed);
+}
+/* 16 values in one 32-byte store (pack works within 128-bit lanes; the permute restores the order). */
+CK_INLINE void store_bf16_x2(void *p, __m256 v0, __m256 v1)
+{
+    __m256i packed = _mm256_packus_epi32(round_bf16(v0), round_bf16(v1));
+    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(packed, 0xd8));
+}
+CK_INLINE void store_f16_x2(void *p, __m256 v0, __m256 v1)
+{
+    store_f16(p, v0);
+    store_f16((char *)p + 16, v1);
+}
+CK_INLINE void store_f32_x2(void *p, __m256 v0, __m256 v1)
+{
+    store_f32(p, v0);
+    store_f32((char *)p + 32, v1);
 }
 
 /* ---- the operations, matching CK_MAXF/CK_MINF: MAXPS returns its second operand unless the first is
@@ -67,8 +88,7 @@ CK_INLINE __m256 op_min(__m256 a, __m256 b)
         for (; i + 16 <= n; i += 16) {                                                                   \
             __m256 r0 = OP(DLOAD(d + i * DSIZE), SLOAD(s + i * SSIZE));                                  \
             __m256 r1 = OP(DLOAD(d + (i + 8) * DSIZE), SLOAD(s + (i + 8) * SSIZE));                      \
-            DSTORE(d + i * DSIZE, r0);                                                                   \
-            DSTORE(d + (i + 8) * DSIZE, r1);                                                             \
+            DSTORE##_x2(d + i * DSIZE, r0, r1);                                                          \
         }                                                                                                \
         for (; i + 8 <= n; i += 8) {                                                                     \
             DSTORE(d + i * DSIZE, OP(DLOAD(d + i * DSIZE), SLOAD(s + i * SSIZE)));                       \
@@ -150,6 +170,11 @@ int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src,
         char *b = (char *)buf;                                                                           \
         __m256 f = _mm256_set1_ps(factor);                                                               \
         size_t i = 0;                                                                                    \
+        for (; i + 16 <= n; i += 16) {                                                                   \
+            __m256 y0 = _mm256_mul_ps(LOAD(b + i * SIZE), f);                                            \
+            __m256 y1 = _mm256_mul_ps(LOAD(b + (i + 8) * SIZE), f);                                      \
+            STORE##_x2(b + i * SIZE, y0, y1);                                                            \
+        }                                                                                                \
         for (; i + 8 <= n; i += 8) {                                                                     \
             STORE(b + i * SIZE, _mm256_mul_ps(LOAD(b + i * SIZE), f));                                   \
         }                                                                                                \
@@ -187,28 +212,32 @@ int ck_scale_avx2(ck_dtype dt, void *buf, double factor, size_t n)
 
 /* ---- conversions ---- */
 
-/* dst = half(src * scale) for the first multiple of 8 elements, counting the finite products that round
- * to inf: |y| (as bits) in [limit, inf). The count is kept per lane (subtracting the all-ones compare
- * masks) and summed once per block, so that no lane can overflow. */
+/* dst = half(src * scale) for the first multiple of 16 elements, counting the finite products that
+ * round to inf: |y| (as bits) in [limit, inf). The count is kept per lane (subtracting the all-ones
+ * compare masks) and summed once per block, so that no lane can overflow. */
 #define CK_DEFINE_TO_HALF(NAME, STORE, LIMIT, SCALED)                                                   \
+    CK_INLINE __m256 NAME##_step(const float *p, __m256 sv, __m256i *count)                             \
+    {                                                                                                    \
+        __m256 y = _mm256_loadu_ps(p);                                                                   \
+        if (SCALED) y = _mm256_mul_ps(y, sv);                                                            \
+        __m256i a = _mm256_and_si256(_mm256_castps_si256(y), _mm256_set1_epi32(0x7fffffff));             \
+        __m256i over = _mm256_and_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)((LIMIT) - 1u))),   \
+                                        _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), a));           \
+        *count = _mm256_sub_epi32(*count, over);                                                         \
+        return y;                                                                                        \
+    }                                                                                                    \
     static CK_TARGET size_t NAME(const float *src, void *dst, float scale, size_t n, size_t *overflow)   \
     {                                                                                                    \
         char *d = (char *)dst;                                                                           \
         const __m256 sv = _mm256_set1_ps(scale);                                                         \
-        const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);                                          \
-        const __m256i below = _mm256_set1_epi32((int)((LIMIT) - 1u));                                    \
-        const __m256i inf = _mm256_set1_epi32(0x7f800000);                                               \
         size_t total = 0, i = 0;                                                                         \
-        while (i + 8 <= n) {                                                                             \
+        while (i + 16 <= n) {                                                                            \
             size_t block_end = n - i > ((size_t)1 << 28) ? i + ((size_t)1 << 28) : n;                   \
             __m256i count = _mm256_setzero_si256();                                                      \
-            for (; i + 8 <= block_end; i += 8) {                                                         \
-                __m256 y = _mm256_loadu_ps(src + i);                                                     \
-                if (SCALED) y = _mm256_mul_ps(y, sv);                                                    \
-                __m256i a = _mm256_and_si256(_mm256_castps_si256(y), abs_mask);                          \
-                __m256i over = _mm256_and_si256(_mm256_cmpgt_epi32(a, below), _mm256_cmpgt_epi32(inf, a)); \
-                count = _mm256_sub_epi32(count, over);                                                   \
-                STORE(d + i * 2, y);                                                                     \
+            for (; i + 16 <= block_end; i += 16) {                                                       \
+                __m256 y0 = NAME##_step(src + i, sv, &count);                                            \
+                __m256 y1 = NAME##_step(src + i + 8, sv, &count);                                        \
+                STORE##_x2(d + i * 2, y0, y1);                                                           \
             }                                                                                            \
             uint32_t lanes[8];                                                                           \
             _mm256_storeu_si256((__m256i *)lanes, count);                                                \
