@@ -110,11 +110,14 @@ def test_bad_flags_are_clear_errors(tmp_path):
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib: pip install -e '.[bench]'")
     png = tmp_path / "busbw.png"
-    data, out = bench(2, tmp_path, "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "0",
-                      "--algo", "native,ring,auto", "--plot", str(png))
+    data, out = bench(2, tmp_path, "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "0", "-c", "0",
+                      "--algo", "native,ring,auto", "--plot", str(png), "--progress")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 5000
     assert f"plot written to {png}" in out
+    assert "commlib-bench allreduce [" in out and "9/9" in out, "--progress draws the bar on stderr"
+    assert data["wrong_total"] is None and "# Wrong values: not checked (-c 0)" in out
+    assert all(m["wrong"] is None for r in data["results"] for m in r["algorithms"].values())
 
 
 def test_wrong_results_make_the_exit_code_non_zero():
