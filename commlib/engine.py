@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import AlgorithmContext, partition, run_allreduce
+from .algorithms import AlgorithmContext, partition, prepare, run_allreduce
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -75,6 +75,7 @@ class Engine:
             raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {buf.dtype}; pass codec=None")
         if (prescale != 1.0 or postscale != 1.0) and buf.dtype.kind in "iu":
             raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {buf.dtype}")
+        algorithm = prepare(self.context, buf.reshape(-1), algorithm or self.config.algorithm, codec)
         size = self.size
         average = op is ReduceOp.AVERAGE and size > 1
         # Divide first so that no partial sum of in-range inputs can exceed float16's range on the wire.
@@ -89,7 +90,7 @@ class Engine:
         flat = buf.reshape(-1)
         if pre != 1.0:
             kernels.scale_(flat, pre)
-        overflow = run_allreduce(self.context, flat, op.kernel_op, algorithm or self.config.algorithm, codec)
+        overflow = run_allreduce(self.context, flat, op.kernel_op, algorithm, codec)
         if post != 1.0:
             kernels.scale_(flat, post)
         if overflow:

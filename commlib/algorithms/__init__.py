@@ -26,7 +26,7 @@ ALGORITHMS = {
 }
 assert set(ALGORITHMS) | {"auto"} == set(ALGORITHM_NAMES)
 
-__all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "run_allreduce", "resolve"]
+__all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "prepare", "resolve", "run_allreduce"]
 
 
 def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int) -> str:
@@ -34,6 +34,24 @@ def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int) -> str:
     if algorithm not in ALGORITHM_NAMES:
         raise ConfigError(f"unknown algorithm {algorithm!r}; use one of: {', '.join(ALGORITHM_NAMES)}")
     return select.choose(ctx, nbytes) if algorithm == "auto" else algorithm
+
+
+def prepare(ctx: AlgorithmContext, buf: np.ndarray, algorithm: str = "auto",
+            codec: WireCodec | None = None) -> str:
+    """Check everything ``run_allreduce`` would reject, without communicating or touching ``buf``;
+    return the concrete algorithm that will run. Callers that scale ``buf`` first call this first."""
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise CommlibError(
+            f"allreduce buffer must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
+        )
+    if codec is not None and buf.dtype != FLOAT32:
+        raise TypeError(f"{codec!r} compresses float32 buffers, not {buf.dtype}")
+    name = resolve(ctx, algorithm, buf.nbytes)
+    if name == "native" and codec is not None:
+        native.allreduce(ctx, buf, ReduceOp.SUM, codec)  # raises the explanation
+    if name == "torus2d":
+        ctx.torus()  # a bad COMMLIB_TORUS_SHAPE is an error on any number of ranks
+    return name
 
 
 def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "auto",
@@ -46,17 +64,7 @@ def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "
     each exactly representable in the wire format. On one rank nothing happens, with or without a codec.
     """
     op = as_op(op).kernel_op
-    if buf.ndim != 1 or not buf.flags.c_contiguous:
-        raise CommlibError(
-            f"allreduce buffer must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
-        )
-    if codec is not None and buf.dtype != FLOAT32:
-        raise TypeError(f"{codec!r} compresses float32 buffers, not {buf.dtype}")
-    name = resolve(ctx, algorithm, buf.nbytes)
-    if name == "native" and codec is not None:
-        native.allreduce(ctx, buf, op, codec)  # raises the explanation
-    if name == "torus2d":
-        ctx.torus()  # a bad COMMLIB_TORUS_SHAPE is an error on any number of ranks
+    name = prepare(ctx, buf, algorithm, codec)
     if ctx.size == 1 or buf.size == 0:
         return 0
     return ALGORITHMS[name](ctx, buf, op, codec)
