@@ -111,9 +111,11 @@ def _validated(check, *args) -> str:
 
 
 def _submit(runtime: Runtime, meta: Meta, array, output, splits=None, wait: bool = False) -> Handle:
-    handle = Handle(meta.name)
-    entry = Entry(meta, array, output, handle, splits)
-    return runtime.coordinator.submit(entry, drive=wait)
+    """Queue the request; with ``wait``, also drive it to completion in this thread."""
+    entry = Entry(meta, array, output, Handle(meta.name), splits)
+    if wait:
+        return runtime.coordinator.run(entry)
+    return runtime.coordinator.submit(entry)
 
 
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,

@@ -46,7 +46,8 @@ from .requests import Entry, Handle, Kind, Meta, Response
 
 log = logging.getLogger("commlib")
 
-_SPIN_CYCLES = 200         # idle cycles spent yielding before sleeping
+_POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a reply is imminent)
+_SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
 _IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
 _SHUTDOWN_GRACE_S = 10.0   # how long shutdown waits for the other ranks to shut down too
 
@@ -103,28 +104,44 @@ class Coordinator:
         with self._wakeup:
             self._waiters += 1
         try:
-            idle = 0
-            while not handle.done():
-                if self._failure is not None:
-                    raise self._failure_error()
-                if self._progress.acquire(blocking=False):
-                    try:
-                        busy = self._cycle_guarded()
-                    finally:
-                        self._progress.release()
-                    if busy:
-                        idle = 0
-                        continue
-                    idle += 1
-                    if self._lanes.threaded and not self._undecided:
-                        handle.wait_briefly(self._config.cycle_time_ms / 1e3)
-                    else:
-                        self._back_off(idle)
-                else:
-                    handle.wait_briefly(self._config.cycle_time_ms / 1e3)
+            self._drive(handle)
         finally:
             with self._wakeup:
                 self._waiters -= 1
+
+    def run(self, entry: Entry) -> Handle:
+        """Submit ``entry`` and wait for it. Registered as a waiter first, so that the background thread
+        leaves the cycle to this thread instead of taking it and handing the result over."""
+        with self._wakeup:
+            self._waiters += 1
+        try:
+            handle = self.submit(entry, drive=True)
+            self._drive(handle)
+        finally:
+            with self._wakeup:
+                self._waiters -= 1
+        return handle
+
+    def _drive(self, handle: Handle) -> None:
+        cycle_s = self._config.cycle_time_ms / 1e3
+        idle = 0
+        while not handle.done():
+            if self._failure is not None:
+                raise self._failure_error()
+            if not self._progress.acquire(timeout=max(cycle_s, 1e-3)):
+                continue
+            try:
+                busy = self._cycle_guarded()
+            finally:
+                self._progress.release()
+            if busy:
+                idle = 0
+                continue
+            idle += 1
+            if self._lanes.threaded and not self._undecided:
+                handle.wait_briefly(cycle_s)  # decided and queued on a lane: its thread completes it
+            else:
+                self._back_off(idle)
 
     def set_timeline(self, timeline) -> None:
         """Start (a Timeline) or stop (None) recording."""
@@ -315,7 +332,10 @@ class Coordinator:
         return bool(self._incoming or self._in_flight or (self._table is not None and self._table.has_pending()))
 
     def _back_off(self, idle: int) -> None:
-        """Yield while a reply is likely imminent, then sleep longer, up to the cycle time."""
+        """Poll while a reply is likely imminent, then yield the core, then sleep longer and longer, up
+        to the cycle time (a yield costs ~0.5 ms when the cores are oversubscribed)."""
+        if idle < _POLL_CYCLES:
+            return
         if idle < _SPIN_CYCLES:
             time.sleep(0)
         else:
