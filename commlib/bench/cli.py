@@ -59,34 +59,22 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
 
     ``collective`` defaults to the one named by ``options.collective``; passing another
     :class:`~commlib.bench.collective.Collective` measures it with the same core."""
-    rank, nranks = comm.Get_rank(), comm.Get_size()
+    rank = comm.Get_rank()
     collective = collective if collective is not None else make_collective(options.collective)
     config = options.config()
     lane = open_lane(comm, config)
     try:
         refused = refusals(options, collective, lane.engine)
-        if refused and not options.all_algorithms:
+        error = _refusal_error(options, refused)
+        if error:
             if rank == 0:
-                for algorithm, reason in refused.items():
-                    print(f"commlib-bench: error: {algorithm} cannot run here: {reason}", file=sys.stderr)
+                print(error, file=sys.stderr)
             return 2
-        if len(refused) == len(options.algorithms):
-            if rank == 0:
-                print("commlib-bench: error: no algorithm of --algo all can run here", file=sys.stderr)
-            return 2
-        usable = tuple(a for a in options.algorithms if a not in refused)
-        options = dataclasses.replace(options, algorithms=usable)
-        topology = lane.topology
-        info = report.RunInfo(
-            collective=collective.name, commlib_version=_commlib_version(), mpi_version=_mpi_version(),
-            ranks=nranks, nodes=topology.cross_size, node_sizes=topology.node_sizes,
-            local_size_emulated=config.local_size is not None, dtype=options.dtype_name, op=options.op_name,
-            iters=options.iters, warmup_iters=options.warmup_iters, rounds=options.rounds,
-            check=options.check, compression=options.compression,
-            torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
-            algorithms=options.algorithms, skipped=refused, command=command)
-        show_progress = rank == 0 and progress_bar.wanted(options.progress)
-        bar = progress_bar.ProgressBar(f"commlib-bench {collective.name}") if show_progress else None
+        options = dataclasses.replace(options, algorithms=tuple(a for a in options.algorithms if a not in refused))
+        info = _run_info(options, collective, comm, lane, refused, command)
+        bar = None
+        if rank == 0 and progress_bar.wanted(options.progress):
+            bar = progress_bar.ProgressBar(f"commlib-bench {collective.name}")
         if rank == 0:
             print("\n".join(report.header(info)), flush=True)
         results = []
@@ -97,23 +85,50 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
                     bar.finish()
                 print(report.row(result, info), flush=True)
         if rank == 0:
-            print("\n".join(report.footer(results, info)), flush=True)
-            if options.json_path:
-                report.write_json(options.json_path, results, info)
-                print(f"# JSON written to {options.json_path}", flush=True)
-            if options.plot_path:
-                report.write_plot(options.plot_path, results, info)
-                print(f"# plot written to {options.plot_path}", flush=True)
+            _write_outputs(options, results, info)
         comm.Barrier()
         return 1 if report.total_wrong(results) else 0
     finally:
         lane.close()
 
 
+def _refusal_error(options: Options, refused: dict[str, str]) -> str | None:
+    """An error message when an algorithm the user named cannot run, or none of ``all`` can."""
+    if refused and not options.all_algorithms:
+        return "\n".join(f"commlib-bench: error: {algorithm} cannot run here: {reason}"
+                         for algorithm, reason in refused.items())
+    if len(refused) == len(options.algorithms):
+        return "commlib-bench: error: no algorithm of --algo all can run here"
+    return None
+
+
+def _run_info(options: Options, collective, comm, lane, refused: dict[str, str], command: str) -> report.RunInfo:
+    topology, config = lane.topology, lane.engine.config
+    return report.RunInfo(
+        collective=collective.name, commlib_version=_commlib_version(), mpi_version=_mpi_version(),
+        ranks=comm.Get_size(), nodes=topology.cross_size, node_sizes=topology.node_sizes,
+        local_size_emulated=config.local_size is not None, dtype=options.dtype_name, op=options.op_name,
+        iters=options.iters, warmup_iters=options.warmup_iters, rounds=options.rounds, check=options.check,
+        compression=options.compression,
+        torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
+        algorithms=options.algorithms, skipped=refused, command=command)
+
+
+def _write_outputs(options: Options, results, info: report.RunInfo) -> None:
+    """Rank 0: the footer, then --json and --plot."""
+    print("\n".join(report.footer(results, info)), flush=True)
+    if options.json_path:
+        report.write_json(options.json_path, results, info)
+        print(f"# JSON written to {options.json_path}", flush=True)
+    if options.plot_path:
+        report.write_plot(options.plot_path, results, info)
+        print(f"# plot written to {options.plot_path}", flush=True)
+
+
 def _mpi_version() -> str:
     from mpi4py import MPI
 
-    return MPI.Get_library_version().strip().splitlines()[0].strip()
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
 
 
 def main(argv: list[str] | None = None) -> int:
