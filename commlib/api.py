@@ -140,6 +140,8 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     errors.append(_validated(codec_for, compression, output.dtype, name))
     if algorithm is not None:
         errors.append(_validated(_algorithm, algorithm))
+    if (prescale_factor != 1.0 or postscale_factor != 1.0) and output.dtype.kind in "iub":
+        errors.append(f"{name}: prescale_factor/postscale_factor need a floating dtype, not {output.dtype}")
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
     meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),

@@ -1,5 +1,7 @@
 """The background coordinator on 1-4 real MPI ranks: results, ordering, fusion, lanes, join, errors."""
 
+import ml_dtypes
+import numpy as np
 import pytest
 
 from mpirun import run_mpi
@@ -47,3 +49,49 @@ def test_stall_becomes_an_error():
 def test_peer_shutdown_fails_waiting_ranks():
     out = run_mpi(3, "coord_errors.py", "shutdown_peer", timeout=60)
     assert out.count("raised as expected") == 2
+
+
+def _results(tmp_path, nprocs, env):
+    out_dir = tmp_path / "_".join(f"{k}{v}" for k, v in env.items())
+    out_dir.mkdir()
+    run_mpi(nprocs, "coord_results.py", str(out_dir), env=env, timeout=120)
+    per_rank = []
+    for rank in range(nprocs):
+        with np.load(out_dir / f"rank{rank}.npz") as data:
+            per_rank.append([data[f"arr_{i}"] for i in range(len(data.files))])
+    for other in per_rank[1:]:  # every rank holds the very same result
+        assert all(np.array_equal(a, b) for a, b in zip(per_rank[0], other))
+    return per_rank[0]
+
+
+def _as_float(array, index):
+    if index % 5 == 2:  # stored as the bits of bfloat16
+        return array.view(ml_dtypes.bfloat16).astype(np.float64)
+    return array.astype(np.float64)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_results_do_not_depend_on_lanes(tmp_path, nprocs):
+    """Lanes change only which thread runs a response. Fusion grouping (which depends on timing) can move
+    a tensor to another chunk of a ring, whose partial sums round in another order, so the comparison
+    allows the rounding of the tensor's type (and of float16 on the wire for the compressed ones)."""
+    one = _results(tmp_path, nprocs, {"COMMLIB_NUM_STREAMS": "1"})
+    three = _results(tmp_path, nprocs, {"COMMLIB_NUM_STREAMS": "3"})
+    for i, (a, b) in enumerate(zip(one, three)):
+        atol = {0: 0.2 if i % 3 == 0 else 1e-4, 1: 1e-9, 2: 1.0, 3: 0.2, 4: 0}[i % 5]
+        assert np.allclose(_as_float(a, i), _as_float(b, i), rtol=0, atol=atol), i
+
+
+def test_timeline_records_every_phase(tmp_path):
+    import json
+
+    path = tmp_path / "trace.json"
+    run_mpi(2, "coord_results.py", str(tmp_path), env={"COMMLIB_TIMELINE": str(path), "COMMLIB_NUM_STREAMS": "2"},
+            timeout=120)
+    for rank in range(2):
+        events = json.loads((tmp_path / f"trace.rank{rank}.json").read_text())
+        phases = {e["name"] for e in events if e.get("ph") == "X"}
+        assert {"negotiate", "queue", "pack", "communicate", "unpack"} <= phases, phases
+        comm = [e for e in events if e.get("name") == "communicate"]
+        assert all("algorithm" in e["args"] and "lane" in e["args"] for e in comm)
+        assert any(e["args"]["compression"] == "fp16" for e in comm)

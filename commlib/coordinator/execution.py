@@ -88,8 +88,9 @@ class Lane:
                 entry.handle.set_result(output)
 
     def _span(self, phase: str, name: str, response: Response, **args):
-        return _Span(self.timeline, phase, 1 + self.index, tensor=name,
-                     algorithm=response.metas[0].algorithm or "default", lane=self.index, **args)
+        meta = response.metas[0]
+        return _Span(self.timeline, phase, 1 + self.index, tensor=name, algorithm=meta.algorithm or "auto",
+                     compression=meta.compression, lane=self.index, **args)
 
     def close(self) -> None:
         self.engine.close()
@@ -143,9 +144,14 @@ class LaneSet:
         if not self._threads:
             self._execute(self.lanes[0], response, entries)
         else:
-            self._queues[index].put((response, entries))
+            timeline = self.lanes[index].timeline
+            self._queues[index].put((response, entries, timeline.now() if timeline is not None else 0.0))
 
-    def _execute(self, lane: Lane, response: Response, entries: list[Entry | None]) -> None:
+    def _execute(self, lane: Lane, response: Response, entries: list[Entry | None],
+                 queued_at: float = 0.0) -> None:
+        if queued_at and lane.timeline is not None:
+            lane.timeline.span("queue", queued_at, lane.timeline.now(), 1 + lane.index,
+                               tensor=response.metas[0].name, lane=lane.index)
         try:
             lane.execute(response, entries)
         except BaseException as exc:  # reported on the handles, and to the coordinator
