@@ -15,7 +15,7 @@ import numpy as np
 from .compression import Compression, WireCodec, codec_for
 from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
-from .dtypes import check_contiguous, check_reducible, dtype_name
+from .dtypes import check_contiguous, check_reducible, check_writable, dtype_name
 from .errors import CommlibError
 from .ops import Average, ReduceOp, Sum, as_op
 from .runtime import Runtime
@@ -136,6 +136,7 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         errors.append(str(exc))
         op = Sum
     errors.append(_validated(check_contiguous, output, name))
+    errors.append(_validated(check_writable, output, name))
     errors.append(_validated(check_reducible, output, op, name))
     errors.append(_validated(codec_for, compression, output.dtype, name))
     if algorithm is not None:
@@ -243,6 +244,8 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
         array = np.ascontiguousarray(tensor)
         output = np.array(array, copy=True) if kind is Kind.BROADCAST else None
     errors = [_validated(check_contiguous, array, name)]
+    if inplace:
+        errors.append(_validated(check_writable, array, name))
     if array.ndim == 0 and kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
         errors.append(f"{name}: {operation} needs at least one dimension, got a scalar")
     if kind is Kind.REDUCESCATTER:

@@ -55,3 +55,10 @@ def check_contiguous(array: np.ndarray, name: str = "tensor") -> None:
             f"{name}: buffer is not contiguous (shape: {array.shape}, strides: {array.strides}); "
             "pass np.ascontiguousarray(x) or tensor.contiguous()"
         )
+
+
+def check_writable(array: np.ndarray, name: str = "tensor") -> None:
+    """Raise a clear error if an in-place operation cannot write into ``array``."""
+    if not array.flags.writeable:
+        raise CommlibError(f"{name}: array is read-only; in-place operations write their result into it "
+                           "(pass a writable array, or use the out-of-place call)")

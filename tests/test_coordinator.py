@@ -23,7 +23,12 @@ def test_collectives_under_settings(env):
     assert "collectives OK" in out
 
 
-CASES = ["shape", "dtype", "op", "root", "scale", "compression", "allgather_shape", "noncontiguous",
+def test_idle_job_does_not_spin():
+    out = run_mpi(2, "coord_idle.py", timeout=60)
+    assert out.count("idle cpu") == 2
+
+
+CASES = ["readonly", "shape", "dtype", "op", "root", "scale", "compression", "allgather_shape", "noncontiguous",
          "unsupported_dtype", "average_int", "bad_algorithm", "reuse", "execution_failure"]
 
 

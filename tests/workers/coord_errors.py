@@ -55,6 +55,10 @@ elif case == "average_int":
     expect_error(lambda: cl.allreduce(np.zeros(3, np.int32), op=cl.Average, name="w"), "'w'", "Average")
 elif case == "bad_algorithm":
     expect_error(lambda: cl.allreduce(np.zeros(3), algorithm="fastest", name="w"), "fastest", "ring")
+elif case == "readonly":
+    x = np.zeros(3)
+    x.flags.writeable = rank != 0
+    expect_error(lambda: cl.allreduce_(x, name="w"), "'w'", "read-only", "rank 0")
 elif case == "reuse":
     h = cl.allreduce_async(np.zeros(3), name="w")
     expect_error(lambda: cl.allreduce_async(np.zeros(3), name="w"), "'w'", "already in flight")
