@@ -11,6 +11,7 @@ SHAPES = [
     pytest.param(3, None, id="3ranks"),
     pytest.param(4, None, id="4ranks"),
     pytest.param(4, 2, id="2x2nodes"),
+    pytest.param(2, 1, id="2x1nodes"),
     pytest.param(3, 2, id="uneven-2+1"),
     pytest.param(4, 3, id="uneven-3+1"),
 ]

@@ -73,12 +73,16 @@ class AlgorithmContext:
 
             topo = self.topology
             width = topo.max_local_size
-            held = offsets(width, topo.local_size)
-            first, last = held[topo.local_rank], held[topo.local_rank + 1]
-            self._shard_groups = [
-                self.transport.split(0 if first <= j < last else UNDEFINED, topo.cross_rank)
-                for j in range(width)
-            ]
+            if topo.uniform:  # one shard per rank: one split, by local rank
+                group = self.transport.split(topo.local_rank, topo.cross_rank)
+                self._shard_groups = [group if j == topo.local_rank else None for j in range(width)]
+            else:
+                held = offsets(width, topo.local_size)
+                first, last = held[topo.local_rank], held[topo.local_rank + 1]
+                self._shard_groups = [
+                    self.transport.split(0 if first <= j < last else UNDEFINED, topo.cross_rank)
+                    for j in range(width)
+                ]
         return self._shard_groups
 
     def torus(self) -> TorusGrid:
