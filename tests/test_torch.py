@@ -17,6 +17,9 @@ WORKER_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARN
 def test_collectives_autograd_and_broadcast_helpers(nprocs):
     out = run_mpi(nprocs, "torch_collectives.py", timeout=180, env=WORKER_PATH)
     assert out.count("torch_collectives OK") == nprocs, out
+    if nprocs > 1:  # the same name with different shapes failed on every rank, naming the tensor
+        for rank in range(nprocs):
+            assert f"[rank {rank}] mismatched shapes -> CollectiveError: tensor 'mismatched.shape'" in out, out
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
@@ -25,13 +28,7 @@ def test_distributed_optimizer_matches_single_process_training(nprocs):
     assert out.count("torch_optimizer OK") == nprocs, out
 
 
-def test_mismatched_shapes_fail_every_rank_with_a_named_error():
-    out = run_mpi(2, "torch_collectives.py", timeout=180, env=WORKER_PATH)
-    for rank in (0, 1):
-        assert f"[rank {rank}] mismatched shapes -> CollectiveError: tensor 'mismatched.shape'" in out, out
-
-
 def test_example_trains_to_its_target_accuracy():
-    out = run_mpi(2, REPO / "examples" / "train_digits.py", "--epochs", "12", timeout=240,
-                  env={"PYTHONPATH": str(REPO)})
-    assert "reached target accuracy" in out, out
+    out = run_mpi(2, REPO / "examples" / "train_digits.py", timeout=300, env={"PYTHONPATH": str(REPO)})
+    assert "reached target accuracy 0.95" in out, out
+    assert out.count("samples/s") == 8, out
