@@ -85,10 +85,18 @@ CK_INLINE __m256 op_min(__m256 a, __m256 b)
         char *d = (char *)dst;                                                                           \
         const char *s = (const char *)src;                                                               \
         size_t i = 0;                                                                                    \
-        for (; i + 16 <= n; i += 16) {                                                                   \
-            __m256 r0 = OP(DLOAD(d + i * DSIZE), SLOAD(s + i * SSIZE));                                  \
-            __m256 r1 = OP(DLOAD(d + (i + 8) * DSIZE), SLOAD(s + (i + 8) * SSIZE));                      \
-            DSTORE##_x2(d + i * DSIZE, r0, r1);                                                          \
+        if (n >= 16) {                                                                                   \
+            /* software pipelined: the next block is loaded before this one is stored */                 \
+            __m256 a0 = DLOAD(d), a1 = DLOAD(d + 8 * DSIZE);                                             \
+            __m256 b0 = SLOAD(s), b1 = SLOAD(s + 8 * SSIZE);                                             \
+            for (; i + 32 <= n; i += 16) {                                                               \
+                __m256 na0 = DLOAD(d + (i + 16) * DSIZE), na1 = DLOAD(d + (i + 24) * DSIZE);             \
+                __m256 nb0 = SLOAD(s + (i + 16) * SSIZE), nb1 = SLOAD(s + (i + 24) * SSIZE);             \
+                DSTORE##_x2(d + i * DSIZE, OP(a0, b0), OP(a1, b1));                                      \
+                a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;                                                  \
+            }                                                                                            \
+            DSTORE##_x2(d + i * DSIZE, OP(a0, b0), OP(a1, b1));                                          \
+            i += 16;                                                                                     \
         }                                                                                                \
         for (; i + 8 <= n; i += 8) {                                                                     \
             DSTORE(d + i * DSIZE, OP(DLOAD(d + i * DSIZE), SLOAD(s + i * SSIZE)));                       \
