@@ -22,7 +22,7 @@ F64 = np.dtype(np.float64)
 HALVES = (F16, BF16)
 FLOATS = (F16, BF16, F32, F64)
 INTS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.int64))
-SIZES = (0, 1, 7, 31, 1000, 65537)
+SIZES = (0, 1, 7, 8, 16, 31, 32, 1000, 65537)  # around the 8- and 16-element SIMD blocks
 OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 PATHS = pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
 NP_OPS = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
