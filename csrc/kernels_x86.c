@@ -1,7 +1,8 @@
 /* AVX2 + F16C loops for x86-64, compiled for those instruction sets with a target attribute and called
- * only after kernels.c has checked the CPU (__builtin_cpu_supports). Each loop does 8 float32 lanes at a
- * time and hands the remaining n % 8 elements to the portable loop, whose scalar code computes exactly
- * the same thing (see kernels.h), so results do not depend on the path or on the buffer length. */
+ * only after kernels.c has checked the CPU (__builtin_cpu_supports). Each loop works on float32 vectors of
+ * 8 lanes, mostly two per step (16 elements), and hands the remaining elements to the portable loop,
+ * whose scalar code computes exactly the same thing (see kernels.h), so results do not depend on the
+ * path or on the buffer length. */
 #include "kernels.h"
 
 #if defined(CK_HAVE_X86)
@@ -27,39 +28,85 @@ CK_INLINE __m256 load_bf16(const void *p)
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
-/* Round to nearest even by adding 0x7fff plus the lowest kept bit; a NaN keeps its top bits, made quiet.
- * Returns 8 lanes holding the bfloat16 bits in their low halves. */
-CK_INLINE __m256i round_bf16(__m256 v)
+/* float32 -> bfloat16 by integer arithmetic: round to nearest even by adding 0x7fff plus the lowest kept
+ * bit. Lanes hold the bfloat16 bits in their low halves. Wrong for NaN (the payload can carry into the
+ * exponent), so callers check for NaN first. */
+CK_INLINE __m256i round_bf16_finite(__m256 v)
 {
     __m256i x = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
-    __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+    return _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+}
+/* The same with NaN handled: a NaN keeps its top bits, made quiet. */
+CK_INLINE __m256i round_bf16(__m256 v)
+{
+    __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(v), 16), _mm256_set1_epi32(0x40));
     __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+    return _mm256_blendv_epi8(round_bf16_finite(v), quiet_nan, is_nan);
+}
+/* 16 values rounded and packed to 16-bit lanes (packus works within 128-bit lanes: the result holds
+ * v0[0:4] v1[0:4] | v0[4:8] v1[4:8]). NaNs are rare, so one compare per 16 values decides whether the
+ * NaN-proof rounding is needed. Every lane holds a value < 0x10000, so the saturating pack is exact. */
+CK_INLINE __m256i pack_bf16(__m256 v0, __m256 v1)
+{
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v0, v1, _CMP_UNORD_Q))) {
+        return _mm256_packus_epi32(round_bf16(v0), round_bf16(v1));
+    }
+    return _mm256_packus_epi32(round_bf16_finite(v0), round_bf16_finite(v1));
 }
 CK_INLINE void store_bf16(void *p, __m256 v)
 {
     __m256i r = round_bf16(v);
-    /* every lane holds a value < 0x10000, so the unsigned-saturating pack is exact */
     __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128((__m128i *)p, packed);
 }
-/* 16 values in one 32-byte store (pack works within 128-bit lanes; the permute restores the order). */
-CK_INLINE void store_bf16_x2(void *p, __m256 v0, __m256 v1)
+
+/* ---- 16 elements of each type <-> two vectors of 8 float32 lanes, in element order ---- */
+
+CK_INLINE void load_f32_x2(const void *p, __m256 *v0, __m256 *v1)
 {
-    __m256i packed = _mm256_packus_epi32(round_bf16(v0), round_bf16(v1));
-    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(packed, 0xd8));
-}
-CK_INLINE void store_f16_x2(void *p, __m256 v0, __m256 v1)
-{
-    store_f16(p, v0);
-    store_f16((char *)p + 16, v1);
+    *v0 = load_f32(p);
+    *v1 = load_f32((const char *)p + 32);
 }
 CK_INLINE void store_f32_x2(void *p, __m256 v0, __m256 v1)
 {
     store_f32(p, v0);
     store_f32((char *)p + 32, v1);
+}
+CK_INLINE void load_f16_x2(const void *p, __m256 *v0, __m256 *v1)
+{
+    *v0 = load_f16(p);
+    *v1 = load_f16((const char *)p + 16);
+}
+CK_INLINE void store_f16_x2(void *p, __m256 v0, __m256 v1)
+{
+    __m128i h0 = _mm256_cvtps_ph(v0, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m128i h1 = _mm256_cvtps_ph(v1, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256((__m256i *)p, _mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
+}
+CK_INLINE void load_bf16_x2(const void *p, __m256 *v0, __m256 *v1)
+{
+    *v0 = load_bf16(p);
+    *v1 = load_bf16((const char *)p + 16);
+}
+CK_INLINE void store_bf16_x2(void *p, __m256 v0, __m256 v1)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm256_permute4x64_epi64(pack_bf16(v0, v1), 0xd8));
+}
+
+/* bfloat16 in "lane order", for kernels whose operands are all bfloat16 (the order does not matter to
+ * them as long as loads and stores agree): one 32-byte load, and interleaving with zeros puts each value
+ * in the top half of a float32 lane (v0 = elements 0-3 and 8-11, v1 = 4-7 and 12-15), which is exactly
+ * the order the pack restores, so neither side needs a shift or a permute. */
+CK_INLINE void load_bf16_x2_lanes(const void *p, __m256 *v0, __m256 *v1)
+{
+    __m256i w = _mm256_loadu_si256((const __m256i *)p), zero = _mm256_setzero_si256();
+    *v0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, w));
+    *v1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, w));
+}
+CK_INLINE void store_bf16_x2_lanes(void *p, __m256 v0, __m256 v1)
+{
+    _mm256_storeu_si256((__m256i *)p, pack_bf16(v0, v1));
 }
 
 /* ---- the operations, matching CK_MAXF/CK_MINF: MAXPS returns its second operand unless the first is
@@ -76,26 +123,28 @@ CK_INLINE __m256 op_min(__m256 a, __m256 b)
     return _mm256_blendv_ps(_mm256_min_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
 }
 
-/* d[i] = d[i] op s[i] on DST_T-typed dst and SRC_T-typed src; returns how many elements it did (a
- * multiple of 8), the caller finishes the tail with the portable loop. Two vectors per iteration keep
- * both load ports busy. */
-#define CK_DEFINE_REDUCE(NAME, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, OP)                                  \
+/* d[i] = d[i] op s[i]; returns how many elements it did (a multiple of 8), the caller finishes the tail
+ * with the portable loop. Blocks of 16 (DLOAD2/DSTORE2/SLOAD2 must agree on the element order), software
+ * pipelined: the next block is loaded before this one is stored, which keeps the loads from waiting on
+ * the stores; then one block of 8 in element order. */
+#define CK_DEFINE_REDUCE(NAME, DSIZE, SSIZE, DLOAD2, DSTORE2, SLOAD2, DLOAD, DSTORE, SLOAD, OP)           \
     static CK_TARGET size_t NAME(void *dst, const void *src, size_t n)                                  \
     {                                                                                                    \
         char *d = (char *)dst;                                                                           \
         const char *s = (const char *)src;                                                               \
         size_t i = 0;                                                                                    \
         if (n >= 16) {                                                                                   \
-            /* software pipelined: the next block is loaded before this one is stored */                 \
-            __m256 a0 = DLOAD(d), a1 = DLOAD(d + 8 * DSIZE);                                             \
-            __m256 b0 = SLOAD(s), b1 = SLOAD(s + 8 * SSIZE);                                             \
+            __m256 a0, a1, b0, b1;                                                                       \
+            DLOAD2(d, &a0, &a1);                                                                         \
+            SLOAD2(s, &b0, &b1);                                                                         \
             for (; i + 32 <= n; i += 16) {                                                               \
-                __m256 na0 = DLOAD(d + (i + 16) * DSIZE), na1 = DLOAD(d + (i + 24) * DSIZE);             \
-                __m256 nb0 = SLOAD(s + (i + 16) * SSIZE), nb1 = SLOAD(s + (i + 24) * SSIZE);             \
-                DSTORE##_x2(d + i * DSIZE, OP(a0, b0), OP(a1, b1));                                      \
+                __m256 na0, na1, nb0, nb1;                                                               \
+                DLOAD2(d + (i + 16) * DSIZE, &na0, &na1);                                                \
+                SLOAD2(s + (i + 16) * SSIZE, &nb0, &nb1);                                                \
+                DSTORE2(d + i * DSIZE, OP(a0, b0), OP(a1, b1));                                          \
                 a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;                                                  \
             }                                                                                            \
-            DSTORE##_x2(d + i * DSIZE, OP(a0, b0), OP(a1, b1));                                          \
+            DSTORE2(d + i * DSIZE, OP(a0, b0), OP(a1, b1));                                              \
             i += 16;                                                                                     \
         }                                                                                                \
         for (; i + 8 <= n; i += 8) {                                                                     \
@@ -104,17 +153,19 @@ CK_INLINE __m256 op_min(__m256 a, __m256 b)
         return i;                                                                                        \
     }
 
-#define CK_DEFINE_REDUCE_OPS(PREFIX, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD)                                \
-    CK_DEFINE_REDUCE(PREFIX##_sum, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_sum)                          \
-    CK_DEFINE_REDUCE(PREFIX##_product, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_product)                  \
-    CK_DEFINE_REDUCE(PREFIX##_min, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_min)                          \
-    CK_DEFINE_REDUCE(PREFIX##_max, DSIZE, SSIZE, DLOAD, DSTORE, SLOAD, op_max)
+#define CK_DEFINE_REDUCE_OPS(PREFIX, DSIZE, SSIZE, DLOAD2, DSTORE2, SLOAD2, DLOAD, DSTORE, SLOAD)        \
+    CK_DEFINE_REDUCE(PREFIX##_sum, DSIZE, SSIZE, DLOAD2, DSTORE2, SLOAD2, DLOAD, DSTORE, SLOAD, op_sum)  \
+    CK_DEFINE_REDUCE(PREFIX##_product, DSIZE, SSIZE, DLOAD2, DSTORE2, SLOAD2, DLOAD, DSTORE, SLOAD,      \
+                     op_product)                                                                         \
+    CK_DEFINE_REDUCE(PREFIX##_min, DSIZE, SSIZE, DLOAD2, DSTORE2, SLOAD2, DLOAD, DSTORE, SLOAD, op_min)  \
+    CK_DEFINE_REDUCE(PREFIX##_max, DSIZE, SSIZE, DLOAD2, DSTORE2, SLOAD2, DLOAD, DSTORE, SLOAD, op_max)
 
-CK_DEFINE_REDUCE_OPS(reduce_f32, 4, 4, load_f32, store_f32, load_f32)
-CK_DEFINE_REDUCE_OPS(reduce_f16, 2, 2, load_f16, store_f16, load_f16)
-CK_DEFINE_REDUCE_OPS(reduce_bf16, 2, 2, load_bf16, store_bf16, load_bf16)
-CK_DEFINE_REDUCE_OPS(widen_f16, 4, 2, load_f32, store_f32, load_f16)
-CK_DEFINE_REDUCE_OPS(widen_bf16, 4, 2, load_f32, store_f32, load_bf16)
+CK_DEFINE_REDUCE_OPS(reduce_f32, 4, 4, load_f32_x2, store_f32_x2, load_f32_x2, load_f32, store_f32, load_f32)
+CK_DEFINE_REDUCE_OPS(reduce_f16, 2, 2, load_f16_x2, store_f16_x2, load_f16_x2, load_f16, store_f16, load_f16)
+CK_DEFINE_REDUCE_OPS(reduce_bf16, 2, 2, load_bf16_x2_lanes, store_bf16_x2_lanes, load_bf16_x2_lanes, load_bf16,
+                     store_bf16, load_bf16)
+CK_DEFINE_REDUCE_OPS(widen_f16, 4, 2, load_f32_x2, store_f32_x2, load_f16_x2, load_f32, store_f32, load_f16)
+CK_DEFINE_REDUCE_OPS(widen_bf16, 4, 2, load_f32_x2, store_f32_x2, load_bf16_x2, load_f32, store_f32, load_bf16)
 
 typedef size_t (*ck_simd_loop)(void *dst, const void *src, size_t n);
 
@@ -172,16 +223,16 @@ int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src,
 
 /* ---- scale: buf *= factor ---- */
 
-#define CK_DEFINE_SCALE(NAME, SIZE, LOAD, STORE)                                                         \
+#define CK_DEFINE_SCALE(NAME, SIZE, LOAD2, STORE2, LOAD, STORE)                                       \
     static CK_TARGET size_t NAME(void *buf, float factor, size_t n)                                      \
     {                                                                                                    \
         char *b = (char *)buf;                                                                           \
         __m256 f = _mm256_set1_ps(factor);                                                               \
         size_t i = 0;                                                                                    \
         for (; i + 16 <= n; i += 16) {                                                                   \
-            __m256 y0 = _mm256_mul_ps(LOAD(b + i * SIZE), f);                                            \
-            __m256 y1 = _mm256_mul_ps(LOAD(b + (i + 8) * SIZE), f);                                      \
-            STORE##_x2(b + i * SIZE, y0, y1);                                                            \
+            __m256 y0, y1;                                                                               \
+            LOAD2(b + i * SIZE, &y0, &y1);                                                               \
+            STORE2(b + i * SIZE, _mm256_mul_ps(y0, f), _mm256_mul_ps(y1, f));                            \
         }                                                                                                \
         for (; i + 8 <= n; i += 8) {                                                                     \
             STORE(b + i * SIZE, _mm256_mul_ps(LOAD(b + i * SIZE), f));                                   \
@@ -189,9 +240,9 @@ int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src,
         return i;                                                                                        \
     }
 
-CK_DEFINE_SCALE(scale_f32, 4, load_f32, store_f32)
-CK_DEFINE_SCALE(scale_f16, 2, load_f16, store_f16)
-CK_DEFINE_SCALE(scale_bf16, 2, load_bf16, store_bf16)
+CK_DEFINE_SCALE(scale_f32, 4, load_f32_x2, store_f32_x2, load_f32, store_f32)
+CK_DEFINE_SCALE(scale_f16, 2, load_f16_x2, store_f16_x2, load_f16, store_f16)
+CK_DEFINE_SCALE(scale_bf16, 2, load_bf16_x2_lanes, store_bf16_x2_lanes, load_bf16, store_bf16)
 
 static CK_TARGET size_t scale_f64(void *buf, double factor, size_t n)
 {
