@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
 from ..compression import WireCodec
 from ..ops import ReduceOp
 from ..transport.base import Transport
-from . import partition
+from . import partition, ring
 from .recursive_doubling import Fold
 
 
@@ -44,15 +43,7 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
             keep, give = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
             ks, ke = offs[keep[0]], offs[keep[1]]
             gs, ge = offs[give[0]], offs[give[1]]
-            if codec is None:
-                tmp = ctx.scratch.get("rab.recv", ke - ks, buf.dtype)
-                transport.sendrecv(buf[gs:ge], partner, tmp, partner)
-                kernels.reduce_(buf[ks:ke], tmp, op)
-            else:
-                outgoing = ctx.scratch.get("rab.wire_send", ge - gs, codec.wire_dtype)
-                overflow += codec.encode(buf[gs:ge], outgoing)
-                transport.sendrecv(outgoing, partner, wire[ks:ke], partner)
-                codec.accumulate(buf[ks:ke], wire[ks:ke], op)
+            overflow += ring.send_reduce_(ctx, transport, buf[gs:ge], partner, buf[ks:ke], partner, op, codec)
             lo, hi = keep
             mask >>= 1
         if codec is not None:

@@ -6,9 +6,9 @@ Rank r owns chunk r (``partition.offsets``). Reduce-scatter step k (0 <= k < p-1
 the right neighbour, receive chunk r-k-2 from the left and reduce it into place; after p-1 steps chunk r
 is fully reduced on rank r. Allgather step k: send chunk r-k, receive chunk r-k-1 straight into place.
 
-Large chunks travel in segments of ``config.ring_segment_bytes``: a step posts all its sends and two
-receives into two segment-sized slots; segment i is reduced as soon as it has arrived (while it is still
-in cache, and while segment i+1 is in flight), then its slot receives segment i+2.
+Large chunks travel in segments of ``config.ring_segment_bytes`` (:func:`send_reduce_`): a step posts all
+its sends and two receives into two segment-sized slots; segment i is reduced as soon as it has arrived
+(while it is still in cache, and while segment i+1 is in flight), then its slot receives segment i+2.
 
 With a codec the chunks travel encoded; received partial sums accumulate in float32; the owner encodes
 its finished chunk once and keeps the decoded value, so every rank ends with identical, wire-exact values.
@@ -29,6 +29,54 @@ from . import partition
 _SLOTS = 2  # receive slots per ring step: one being reduced while the next arrives
 
 
+def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, target: np.ndarray, source: int,
+                 op: ReduceOp, codec: WireCodec | None = None) -> int:
+    """One pipelined exchange: send ``outgoing`` to ``dest`` while receiving ``target.size`` elements from
+    ``source`` and reducing them into ``target`` (``target = target op received``). ``outgoing`` and
+    ``target`` must not overlap. Returns encode overflows.
+
+    Both sides cut their messages into segments of ``config.ring_segment_bytes``; all sends are posted at
+    once, receives go to ``_SLOTS`` segment-sized slots, and each segment is reduced as soon as it has
+    arrived - still in cache, while the next one is in flight."""
+    seg = max(1, ctx.config.ring_segment_bytes // target.itemsize)
+    seg = min(seg, max(target.size, outgoing.size, 1))
+    wire_dtype = target.dtype if codec is None else codec.wire_dtype
+    slots = ctx.scratch.get("exchange.slots", _SLOTS * seg, wire_dtype)
+    if codec is not None:
+        wire_out = ctx.scratch.get("exchange.wire_out", outgoing.size, wire_dtype)
+    send_segs = partition.segments(0, outgoing.size, seg)
+    recv_segs = partition.segments(0, target.size, seg)
+
+    def post_recv(i):
+        a, b = recv_segs[i]
+        slot = (i % _SLOTS) * seg
+        return transport.irecv(slots[slot:slot + b - a], source)
+
+    recvs = [post_recv(i) for i in range(min(_SLOTS, len(recv_segs)))]
+    sends = []
+    overflow = 0
+    for i in range(max(len(send_segs), len(recv_segs))):
+        if i < len(send_segs):
+            a, b = send_segs[i]
+            if codec is None:
+                sends.append(transport.isend(outgoing[a:b], dest))
+            else:
+                overflow += codec.encode(outgoing[a:b], wire_out[a:b])
+                sends.append(transport.isend(wire_out[a:b], dest))
+        if i < len(recv_segs):
+            a, b = recv_segs[i]
+            transport.waitall([recvs[i]])
+            slot = (i % _SLOTS) * seg
+            if codec is None:
+                kernels.reduce_(target[a:b], slots[slot:slot + b - a], op)
+            else:
+                codec.accumulate(target[a:b], slots[slot:slot + b - a], op)
+            if i + _SLOTS < len(recv_segs):
+                recvs.append(post_recv(i + _SLOTS))
+    transport.waitall(sends)
+    return overflow
+
+
 def reduce_scatter_(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, offs: Sequence[int],
                     codec: WireCodec | None = None) -> int:
     """Reduce ``buf`` so that chunk ``[offs[r], offs[r+1])`` holds the group's reduction on rank r
@@ -37,46 +85,11 @@ def reduce_scatter_(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, of
     if p == 1:
         return 0
     right, left = (r + 1) % p, (r - 1) % p
-    seg = max(1, ctx.config.ring_segment_bytes // buf.itemsize)
-    widest = max(offs[i + 1] - offs[i] for i in range(p))
-    seg = min(seg, max(widest, 1))
-    # Segments land in a ring of _SLOTS cache-sized slots and are reduced while still in cache.
-    slots = ctx.scratch.get("ring.slots", _SLOTS * seg, buf.dtype if codec is None else codec.wire_dtype)
-    if codec is not None:
-        wire_send = ctx.scratch.get("ring.wire_send", widest, codec.wire_dtype)
     overflow = 0
     for step in range(p - 1):
         send_chunk, recv_chunk = (r - step - 1) % p, (r - step - 2) % p
-        s0, r0 = offs[send_chunk], offs[recv_chunk]
-        send_segs = partition.segments(0, offs[send_chunk + 1] - s0, seg)
-        recv_segs = partition.segments(0, offs[recv_chunk + 1] - r0, seg)
-
-        def post_recv(i):
-            a, b = recv_segs[i]
-            slot = (i % _SLOTS) * seg
-            return transport.irecv(slots[slot:slot + b - a], left)
-
-        recvs = [post_recv(i) for i in range(min(_SLOTS, len(recv_segs)))]
-        sends = []
-        for i in range(max(len(send_segs), len(recv_segs))):
-            if i < len(send_segs):
-                a, b = send_segs[i]
-                if codec is None:
-                    sends.append(transport.isend(buf[s0 + a:s0 + b], right))
-                else:
-                    overflow += codec.encode(buf[s0 + a:s0 + b], wire_send[a:b])
-                    sends.append(transport.isend(wire_send[a:b], right))
-            if i < len(recv_segs):
-                a, b = recv_segs[i]
-                transport.waitall([recvs[i]])
-                slot = (i % _SLOTS) * seg
-                if codec is None:
-                    kernels.reduce_(buf[r0 + a:r0 + b], slots[slot:slot + b - a], op)
-                else:
-                    codec.accumulate(buf[r0 + a:r0 + b], slots[slot:slot + b - a], op)
-                if i + _SLOTS < len(recv_segs):
-                    recvs.append(post_recv(i + _SLOTS))
-        transport.waitall(sends)
+        overflow += send_reduce_(ctx, transport, buf[offs[send_chunk]:offs[send_chunk + 1]], right,
+                                 buf[offs[recv_chunk]:offs[recv_chunk + 1]], left, op, codec)
     return overflow
 
 
