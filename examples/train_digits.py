@@ -3,7 +3,7 @@
     mpiexec -n 2 python examples/train_digits.py
 
 The data set is generated here, so nothing is downloaded: the ten digits drawn from a 5x7 pixel font,
-placed at a random position in a 12x12 image, with random stroke strength, blur-free pixel dropout and
+placed at a random position in a 12x12 image, with random stroke strength, randomly dropped pixels and
 Gaussian noise. Every rank generates the same images and trains on its own shard; gradients are averaged
 by ``hvd.DistributedOptimizer``. Each epoch prints the loss, the train and test accuracy and the samples per
 second over all ranks. The script exits non-zero if the final test accuracy misses ``--target``.

@@ -6,6 +6,7 @@ For each model (the example's digits CNN and a >= 20 M parameter MLP) and each w
 gradients, one step is ``zero_grad, forward, backward, average gradients, optimizer step``:
 
 - ``commlib``: ``commlib.torch.DistributedOptimizer`` (allreduces start from gradient hooks during backward);
+- ``commlib-fp16``: the same with ``compression=Compression.fp16`` (half precision on the wire);
 - ``ddp-gloo``: ``torch.nn.parallel.DistributedDataParallel`` on a gloo process group (127.0.0.1);
 - ``sync-loop``: after backward, a synchronous ``commlib.torch.allreduce_`` per parameter;
 - ``local``: no communication at all (the compute floor, for context).
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import commlib.torch as hvd  # noqa: E402
 from train_digits import make_model as make_digits_model  # noqa: E402
 
-MODES = ("commlib", "ddp-gloo", "sync-loop", "local")
+MODES = ("commlib", "commlib-fp16", "ddp-gloo", "sync-loop", "local")
 
 
 def make_large_mlp(width: int) -> torch.nn.Module:
@@ -68,8 +69,9 @@ class Runner:
             self.model = torch.nn.parallel.DistributedDataParallel(self.model)
             params = self.model.parameters()
         self.optimizer = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
-        if mode == "commlib":
-            self.optimizer = hvd.DistributedOptimizer(self.optimizer,
+        if mode.startswith("commlib"):
+            compression = hvd.Compression.fp16 if mode == "commlib-fp16" else hvd.Compression.none
+            self.optimizer = hvd.DistributedOptimizer(self.optimizer, compression=compression,
                                                       named_parameters=self.model.named_parameters())
         g = torch.Generator().manual_seed(hvd.rank())
         self.x = torch.randn(*spec["batch"], generator=g)
@@ -127,8 +129,9 @@ def main() -> int:
     results = []
     if rank == 0:
         print(f"# {size} ranks, {args.threads} torch thread(s) per rank, {args.rounds} rounds x {args.steps} steps, "
-              f"torch {torch.__version__}")
-        print(f"{'model':<12} {'params':>10} {'mode':<10} {'median ms':>10} {'min ms':>8} {'vs ddp-gloo':>12} "
+              f"torch {torch.__version__}, {os.cpu_count()} cores, load average at the end "
+              f"{os.getloadavg()[0]:.2f} (other jobs on the machine distort the timings)")
+        print(f"{'model':<12} {'params':>10} {'mode':<12} {'median ms':>10} {'min ms':>8} {'vs ddp-gloo':>12} "
               f"{'vs sync-loop':>13}")
         for m in models:
             n_params = sum(p.numel() for p in runners[m, "local"].params)
@@ -139,7 +142,7 @@ def main() -> int:
                            vs_ddp_gloo=median[mode] / median["ddp-gloo"],
                            vs_sync_loop=median[mode] / median["sync-loop"])
                 results.append(row)
-                print(f"{m:<12} {n_params:>10,} {mode:<10} {row['median_ms']:>10.2f} {row['min_ms']:>8.2f} "
+                print(f"{m:<12} {n_params:>10,} {mode:<12} {row['median_ms']:>10.2f} {row['min_ms']:>8.2f} "
                       f"{row['vs_ddp_gloo']:>11.2f}x {row['vs_sync_loop']:>12.2f}x")
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
