@@ -33,7 +33,7 @@ class Handle:
     It keeps the tensors involved alive until the operation finished, and turns commlib's numpy result
     into torch tensors once."""
 
-    __slots__ = ("_inner", "_finish", "_tensors", "_done", "_result")
+    __slots__ = ("_inner", "_finish", "_tensors", "_done", "_result", "_error")
 
     def __init__(self, inner, finish, tensors):
         self._inner = inner
@@ -41,16 +41,20 @@ class Handle:
         self._tensors = tensors
         self._done = False
         self._result = None
+        self._error = None
 
     def wait(self):
-        """Block until the operation finished; return its result as torch tensors."""
+        """Block until the operation finished; return its result as torch tensors (or raise its error,
+        every time it is asked)."""
         if not self._done:
             try:
-                result = _cl.synchronize(self._inner)
-            finally:
-                self._done = True
-                self._tensors = None
-            self._result = self._finish(result)
+                self._result = self._finish(_cl.synchronize(self._inner))
+            except BaseException as exc:
+                self._error = exc
+            self._done = True
+            self._tensors = None
+        if self._error is not None:
+            raise self._error
         return self._result
 
 

@@ -69,7 +69,7 @@ def check_allreduce(r, n):
     x = data(r, (1000,))
     handle = hvd.allreduce_async(x, name="ar.async")
     out = hvd.synchronize(handle)
-    assert hvd.poll(handle)
+    assert hvd.poll(handle) and hvd.synchronize(handle) is out
     close(out, reference((1000,), torch.float32, hvd.Average, n), "allreduce_async")
     out.add_(1)  # must be writable
     handle = hvd.allreduce_async_(x, name="ar.async_", op=hvd.Sum)
@@ -236,6 +236,7 @@ def check_misuse(r, n):
         print(f"[rank {r}] mismatched shapes -> {type(exc).__name__}: {exc}", flush=True)
         handle = hvd.allreduce_async_(torch.zeros(2, dtype=torch.float32 if r else torch.float64), name="mismatched.dtype")
         expect_error(hvd.HorovodInternalError, lambda: hvd.synchronize(handle), "mismatched.dtype")
+        expect_error(hvd.HorovodInternalError, lambda: hvd.synchronize(handle), "mismatched.dtype")  # again
     # and communication still works afterwards
     close(hvd.allreduce(torch.ones(3), op=hvd.Sum, name="after.errors"), torch.full((3,), float(n)), "after errors")
 
