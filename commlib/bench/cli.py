@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import shlex
 import sys
 import traceback
@@ -111,7 +112,7 @@ def _run_info(options: Options, collective, comm, lane, refused: dict[str, str],
         iters=options.iters, warmup_iters=options.warmup_iters, rounds=options.rounds, check=options.check,
         compression=options.compression,
         torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
-        algorithms=options.algorithms, skipped=refused, command=command)
+        algorithms=options.algorithms, skipped=refused, load_average=_load_average(), command=command)
 
 
 def _write_outputs(options: Options, results, info: report.RunInfo) -> None:
@@ -123,6 +124,14 @@ def _write_outputs(options: Options, results, info: report.RunInfo) -> None:
     if options.plot_path:
         report.write_plot(options.plot_path, results, info)
         print(f"# plot written to {options.plot_path}", flush=True)
+
+
+def _load_average() -> float | None:
+    """Other processes on the machine skew timings; the header says how busy it was."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _mpi_version() -> str:

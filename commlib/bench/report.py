@@ -35,6 +35,7 @@ class RunInfo:
     torus: str | None
     algorithms: tuple[str, ...]
     skipped: dict[str, str]  # algorithm -> why this job's shape refuses it
+    load_average: float | None  # rank 0's machine, 1-minute load average at the start (None if unknown)
     command: str
 
 
@@ -44,7 +45,8 @@ def header(info: RunInfo) -> list[str]:
     lines = [
         f"# commlib-bench {info.collective}: {info.command}",
         f"# commlib {info.commlib_version}; MPI: {info.mpi_version}",
-        f"# ranks {info.ranks}, {nodes}",
+        f"# ranks {info.ranks}, {nodes}"
+        + (f"; load average at start {info.load_average:.2f}" if info.load_average is not None else ""),
         f"# dtype {info.dtype}, op {info.op}, iters {info.iters} in {info.rounds} interleaved round(s), "
         f"warmup {info.warmup_iters}, check {'on' if info.check else 'off'}, compression {info.compression}"
         + (f", torus {info.torus}" if info.torus else ""),
