@@ -2,14 +2,15 @@
 """Throughput of commlib's C kernels against numpy / ml_dtypes, and a check that they agree.
 
 For each case and size, numpy and commlib (SIMD loops, then the portable loops) run interleaved on the
-same inputs (an in-place kernel's destination is restored before each timed call, untimed); the best
-of ``-n`` rounds is reported. GB/s counts the
-bytes read plus the bytes written (an in-place ``a += b`` on n bytes moves 3n). Exits 1 if any result
-differs from numpy's, bit for bit (conversions against numpy's / ml_dtypes' astype, which round to
-nearest even; float16/bfloat16 arithmetic against numpy's, which computes in float32 and rounds once).
+same inputs (an in-place kernel's destination is restored before each call, untimed); in each of
+``-n`` rounds every variant runs ``-w`` times untimed and once timed, and the best timed call is
+reported. GB/s counts the bytes read plus the bytes written (an in-place ``a += b`` on n bytes moves
+3n). Exits 1 if any result differs from numpy's, bit for bit (conversions against numpy's / ml_dtypes'
+astype, which round to nearest even; float16/bfloat16 arithmetic against numpy's, which computes in
+float32 and rounds once).
 
-    python scripts/bench_kernels.py                 # 16 MiB and 64 MiB, best of 5
-    python scripts/bench_kernels.py -s 1M,64M -n 3
+    python scripts/bench_kernels.py                 # 16 MiB and 64 MiB, best of 5, 1 warm-up
+    python scripts/bench_kernels.py -s 1M,64M -n 3 -w 3
 """
 
 from __future__ import annotations
@@ -84,17 +85,6 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
-def memory_bandwidth(nbytes: int, rounds: int) -> float:
-    """GB/s of np.copyto between two float32 arrays of ``nbytes`` (read + write): the ceiling here."""
-    src, dst = np.ones(nbytes // 4, F32), np.zeros(nbytes // 4, F32)
-    best = float("inf")
-    for _ in range(rounds + 1):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * nbytes / best / 1e9
-
-
 def _timed(fn: Callable, work: np.ndarray | None, original: np.ndarray) -> float:
     """Seconds for one call of ``fn``, after restoring ``work`` (the array it changes in place, if any)
     from ``original``; the restore is not timed."""
@@ -105,7 +95,7 @@ def _timed(fn: Callable, work: np.ndarray | None, original: np.ndarray) -> float
     return time.perf_counter() - start
 
 
-def run_case(case: Case, nbytes: int, rounds: int, rng: np.random.Generator) -> dict:
+def run_case(case: Case, nbytes: int, rounds: int, warmup: int, rng: np.random.Generator) -> dict:
     """Time numpy, commlib and commlib-portable on ``nbytes`` of the widest array; check the results."""
     elem = max(a.dtype.itemsize for a in case.make(1, rng))
     n = nbytes // elem
@@ -125,7 +115,10 @@ def run_case(case: Case, nbytes: int, rounds: int, rng: np.random.Generator) -> 
     best = {name: float("inf") for name in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
-            best[name] = min(best[name], _timed(fn, arrays[-1] if case.in_place else None, originals[-1]))
+            work = arrays[-1] if case.in_place else None
+            for _ in range(warmup):  # the caches and the CPU as a loop of such calls has them
+                _timed(fn, work, originals[-1])
+            best[name] = min(best[name], _timed(fn, work, originals[-1]))
     wrong = {name: int(np.count_nonzero(_bits(results[name]) != _bits(results["numpy"])))
              for name in ("commlib", "portable")}
     return {"n": n, "gbps": {k: n * case.moved / t / 1e9 for k, t in best.items()}, "wrong": wrong}
@@ -143,22 +136,23 @@ def main(argv=None) -> int:
     parser.add_argument("-s", "--sizes", default="16M,64M",
                         help="comma-separated sizes of the widest array, with K/M/G suffixes (default 16M,64M)")
     parser.add_argument("-n", "--rounds", type=int, default=5, help="timed rounds per variant (default 5)")
+    parser.add_argument("-w", "--warmup", type=int, default=1,
+                        help="untimed calls before each timed one, in each round (default 1)")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rng = np.random.default_rng(0)
 
     features = kernels.cpu_features()
     print(f"# numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}; cpu_features {features}")
-    print(f"# GB/s = (bytes read + bytes written) / best of {args.rounds} interleaved rounds; "
+    print(f"# GB/s = (bytes read + bytes written) / best of {args.rounds} interleaved rounds (each after {args.warmup} untimed); "
           "ratio = commlib / numpy; wrong = elements whose bits differ from numpy's")
     header = f"{'kernel':<22}{'size':>8}{'numpy GB/s':>12}{'commlib GB/s':>14}{'portable GB/s':>15}{'ratio':>8}{'wrong':>7}"
     print(header)
     print("-" * len(header))
     failures = 0
     for nbytes in sizes:
-        print(f"# {_size(nbytes)}: float32 copy (np.copyto) runs at {memory_bandwidth(nbytes, args.rounds):.2f} GB/s")
         for case in CASES:
-            r = run_case(case, nbytes, args.rounds, rng)
+            r = run_case(case, nbytes, args.rounds, args.warmup, rng)
             g = r["gbps"]
             wrong = r["wrong"]["commlib"] + r["wrong"]["portable"]
             failures += wrong > 0
