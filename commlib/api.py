@@ -118,14 +118,19 @@ def _submit(runtime: Runtime, meta: Meta, array, output, splits=None, wait: bool
     return runtime.coordinator.submit(entry)
 
 
+def _in_place(tensor, name: str, operation: str) -> np.ndarray:
+    """The array an in-place call writes into; only a numpy array will do."""
+    if not isinstance(tensor, np.ndarray):
+        raise TypeError(f"{name}: {operation}_ works in place on a numpy array, not {type(tensor).__name__}")
+    return tensor
+
+
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
                       compression, wait: bool) -> Handle:
     runtime = _rt()
     name = name or runtime.auto_name("allreduce")
     if inplace:
-        if not isinstance(tensor, np.ndarray):
-            raise TypeError(f"{name}: allreduce_ works in place on a numpy array, not {type(tensor).__name__}")
-        array = output = tensor
+        array = output = _in_place(tensor, name, "allreduce")
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")
@@ -237,9 +242,7 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
     runtime = _rt()
     name = name or runtime.auto_name(operation)
     if inplace:
-        if not isinstance(tensor, np.ndarray):
-            raise TypeError(f"{name}: {operation}_ works in place on a numpy array, not {type(tensor).__name__}")
-        array = output = tensor
+        array = output = _in_place(tensor, name, operation)
     else:
         array = np.ascontiguousarray(tensor)
         output = np.array(array, copy=True) if kind is Kind.BROADCAST else None
