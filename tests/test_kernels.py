@@ -389,3 +389,31 @@ def test_cpu_features():
     assert set(features) == {"f16c", "avx2", "avx512f", "simd"}
     assert all(isinstance(v, bool) for v in features.values())
     assert features["simd"] == (features["f16c"] and features["avx2"])
+
+
+def test_gil_is_released_while_looping():
+    """Another Python thread runs while a kernel call is inside its C loop."""
+    import threading
+    import time
+
+    src = np.ones(1 << 23, F32)
+    dst = np.empty(src.size, F16)
+    started, window, stamps = threading.Event(), [], []
+
+    def convert():
+        started.set()
+        begin = time.perf_counter()
+        kernels.to_half(src, dst, portable=True)  # scalar loop: tens of ms for 8M elements
+        window.extend((begin, time.perf_counter()))
+
+    worker = threading.Thread(target=convert)
+    worker.start()
+    started.wait()
+    while worker.is_alive():
+        stamps.append(time.perf_counter())
+    worker.join()
+    begin, end = window
+    assert end - begin > 0.004, f"the call took only {end - begin:.4f} s; use a larger array"
+    # with the GIL held during the loop this thread could not run at all between begin and end
+    inside = sum(begin + 0.001 < t < end - 0.001 for t in stamps)
+    assert inside > 10, f"main thread ran {inside} times during {end - begin:.3f} s in the kernel"
