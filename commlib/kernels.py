@@ -9,8 +9,8 @@ conversions keep inf and NaN (a NaN stays a NaN, made quiet). Integer sums and p
 numpy's. Min and Max propagate NaN like ``np.minimum``/``np.maximum``.
 
 Each function takes a keyword-only ``portable=False``: ``True`` runs the portable C loops instead of the
-AVX2/F16C ones (the results are bit-identical; tests check this). :func:`cpu_features` tells what the
-CPU offers and whether the SIMD loops are in use.
+AVX2/F16C ones (the results are bit-identical, up to which payload NaN + NaN keeps; tests check this).
+:func:`cpu_features` tells what the CPU offers and whether the SIMD loops are in use.
 
 Example::
 
