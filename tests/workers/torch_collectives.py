@@ -154,7 +154,24 @@ def check_gather_broadcast(r, n):
     out, received = hvd.synchronize(hvd.alltoall_async(x, name="a2a.async"))
     assert received.dtype == torch.int32 and received.tolist() == [2] * n
 
+    # timeline: one Chrome-trace file per rank naming the tensors
+    import glob
+    import json
+    import shutil
+    import tempfile
+
+    directory = hvd.broadcast_object(tempfile.mkdtemp() if r == 0 else None, root_rank=0)
+    hvd.start_timeline(f"{directory}/trace.json")
+    hvd.allreduce(torch.ones(8), name="timeline.tensor")
+    hvd.stop_timeline()
     hvd.barrier()
+    files = sorted(glob.glob(f"{directory}/trace*.json"))
+    assert len(files) == n, f"timeline files {files}"
+    assert "timeline.tensor" in open(files[r]).read() and json.loads(open(files[r]).read())
+    hvd.barrier()
+    if r == 0:
+        shutil.rmtree(directory)
+
     assert hvd.broadcast_object({"from": r, "list": [1, 2]}, root_rank=root) == {"from": root, "list": [1, 2]}
     assert hvd.allgather_object(("rank", r)) == [("rank", k) for k in range(n)]
 
