@@ -27,25 +27,33 @@ class ScratchPool:
 
     def __init__(self, growth: float = 2.0):
         self._growth = growth
-        self._buffers: dict[str, np.ndarray] = {}
+        self._buffers: dict[str, np.ndarray] = {}  # key -> aligned byte buffer
+        self._last: dict[str, np.ndarray] = {}  # key -> the view handed out last (repeat calls reuse it)
 
     def get(self, key: str, count: int, dtype) -> np.ndarray:
+        last = self._last.get(key)
+        if last is not None and last.size == count and last.dtype == dtype:
+            return last  # the common case of a training loop: same size every step
         dtype = np.dtype(dtype)
         nbytes = int(count) * dtype.itemsize
         raw = self._buffers.get(key)
-        if raw is None or raw.size - _ALIGN < nbytes:
+        if raw is None or raw.size < nbytes:
             capacity = nbytes if raw is None else max(nbytes, int(raw.size * self._growth))
-            raw = np.empty(capacity + _ALIGN, dtype=np.uint8)
+            block = np.empty(capacity + _ALIGN, dtype=np.uint8)
+            offset = (-block.ctypes.data) % _ALIGN
+            raw = block[offset:offset + capacity]
             raw.fill(0)  # touch every page now, not inside a timed collective
             self._buffers[key] = raw
-        offset = (-raw.ctypes.data) % _ALIGN
-        return raw[offset:offset + nbytes].view(dtype)
+        view = raw[:nbytes].view(dtype)
+        self._last[key] = view
+        return view
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the pool."""
-        return sum(raw.size for raw in self._buffers.values())
+        return sum(raw.base.size for raw in self._buffers.values())
 
     def clear(self) -> None:
         """Drop every buffer (the next ``get`` allocates again)."""
         self._buffers.clear()
+        self._last.clear()

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import AlgorithmContext, partition, prepare, run_allreduce
+from .algorithms import AlgorithmContext, execute, partition, prepare
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -90,7 +90,7 @@ class Engine:
         flat = buf.reshape(-1)
         if pre != 1.0:
             kernels.scale_(flat, pre)
-        overflow = run_allreduce(self.context, flat, op.kernel_op, algorithm, codec)
+        overflow = execute(self.context, flat, op.kernel_op, algorithm, codec)
         if post != 1.0:
             kernels.scale_(flat, post)
         if overflow:

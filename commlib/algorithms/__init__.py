@@ -26,7 +26,7 @@ ALGORITHMS = {
 }
 assert set(ALGORITHMS) | {"auto"} == set(ALGORITHM_NAMES)
 
-__all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "prepare", "resolve", "run_allreduce"]
+__all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "execute", "prepare", "resolve", "run_allreduce"]
 
 
 def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int) -> str:
@@ -63,8 +63,12 @@ def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "
     travels as ``codec.wire_dtype`` and accumulates in float32; every rank ends with identical values,
     each exactly representable in the wire format. On one rank nothing happens, with or without a codec.
     """
-    op = as_op(op).kernel_op
-    name = prepare(ctx, buf, algorithm, codec)
+    return execute(ctx, buf, as_op(op).kernel_op, prepare(ctx, buf, algorithm, codec), codec)
+
+
+def execute(ctx: AlgorithmContext, buf: np.ndarray, op: ReduceOp, name: str, codec: WireCodec | None) -> int:
+    """Run the concrete algorithm ``name`` returned by :func:`prepare` for ``buf``, without checking again
+    (the Engine's path: it validates, scales, then executes)."""
     if ctx.size == 1 or buf.size == 0:
         return 0
     return ALGORITHMS[name](ctx, buf, op, codec)

@@ -43,15 +43,15 @@ _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
 
 def _raw(buf: np.ndarray) -> tuple[np.ndarray, MPI.Datatype, int]:
     """``buf`` as (array of unsigned ints, MPI type, elements of that type per element of ``buf``)."""
-    if buf.ndim != 1 or not buf.flags.c_contiguous:
+    if not buf.flags.c_contiguous or buf.ndim != 1:
         raise CommlibError(
             f"transport buffers must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
         )
+    move = _MOVE.get(buf.dtype.itemsize)
+    if move is not None and not buf.dtype.hasobject:
+        return buf.view(move[0]), move[1], 1
     if buf.dtype.hasobject:
         raise CommlibError(f"cannot move arrays of Python objects (dtype {buf.dtype})")
-    move = _MOVE.get(buf.dtype.itemsize)
-    if move is not None:
-        return buf.view(move[0]), move[1], 1
     return buf.view(np.uint8), MPI.BYTE, buf.dtype.itemsize
 
 
