@@ -21,6 +21,7 @@ is therefore False; use ``opt.optimizer`` for the wrapped object.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import Counter
 
 import torch
@@ -106,7 +107,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         for p in params:
             self._names[p] = self._named[p]
-        for unit in _form_units(params, self._names, groups):
+        units = _form_units(params, self._names, groups)
+        # The hooks hold this object weakly and are removed when it is collected, so wrapping the same
+        # parameters again later (a new optimizer after a checkpoint load) leaves no stale hooks behind.
+        weakref.finalize(self, _remove_hooks, self._hooks)
+        for unit in units:
             self._add_unit(unit)
 
     # --- delegation to the wrapped optimizer ----------------------------------------------------------------
@@ -178,7 +183,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for p in unit:
             self._unit_of[p] = unit
             self._delay[p] = self.backward_passes_per_step
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+            self._hooks.append(p.register_post_accumulate_grad_hook(_weak_hook(self)))
 
     def _on_gradient(self, p):
         if self._delay[p] == 0:
@@ -293,6 +298,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.synchronize(); the gradients are being reduced in place. Call zero_grad() before "
                 "the forward pass (or after step()).")
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def _weak_hook(optimizer):
+    """A gradient hook that forwards to ``optimizer`` while it exists."""
+    ref = weakref.ref(optimizer)
+
+    def hook(p):
+        target = ref()
+        if target is not None:
+            target._on_gradient(p)
+
+    return hook
+
+
+def _remove_hooks(handles):
+    for handle in handles:
+        handle.remove()
 
 
 def _named_parameters(optimizer, named_parameters):

@@ -190,6 +190,17 @@ def check_wrapper(r, n):
     optimizer.load_state_dict(state)
     assert len(optimizer.state_dict()["state"]) == len(state["state"])
     expect_error(TypeError, lambda: __import__("pickle").dumps(optimizer), "state_dict")
+    # wrapping the same parameters again once the first wrapper is gone: its hooks went with it
+    hooks_before = len(model[0].weight._post_accumulate_grad_hooks or {})
+    del optimizer
+    __import__("gc").collect()
+    assert len(model[0].weight._post_accumulate_grad_hooks or {}) == hooks_before - 1, "stale hook left"
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=model.named_parameters())
+    optimizer.zero_grad()
+    loss_fn(model, x, y).backward()
+    optimizer.step()
+    assert_same_on_all_ranks(hvd, list(model.parameters()), "after re-wrapping")
 
 
 def check_misuse(r, n):
