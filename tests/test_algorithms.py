@@ -7,6 +7,7 @@ from mpirun import run_mpi
 
 SHAPES = [
     pytest.param(1, None, id="1rank"),
+    pytest.param(4, "rr2", id="round-robin-2nodes"),
     pytest.param(2, None, id="2ranks"),
     pytest.param(3, None, id="3ranks"),
     pytest.param(4, None, id="4ranks"),
@@ -19,7 +20,12 @@ SHAPES = [
 
 @pytest.mark.parametrize("nprocs, local_size", SHAPES)
 def test_allreduce_algorithms(nprocs, local_size):
-    args = [] if local_size is None else ["--local-size", str(local_size)]
+    if local_size is None:
+        args = []
+    elif local_size == "rr2":
+        args = ["--round-robin", "2"]  # rank r on node r % 2
+    else:
+        args = ["--local-size", str(local_size)]
     out = run_mpi(nprocs, "algo_check.py", *args, timeout=300)
     assert "algo_check ok" in out and f"on {nprocs} ranks" in out, out[-2000:]
 

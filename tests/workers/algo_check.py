@@ -1,6 +1,9 @@
 """Worker: every allreduce algorithm x op x dtype x size against numpy references, on this job's ranks.
 
-    mpiexec -n P python algo_check.py [--local-size K]
+    mpiexec -n P python algo_check.py [--local-size K | --round-robin N]
+
+``--round-robin N`` places rank r on node r % N (nodes that are not blocks of consecutive ranks, as a
+cyclic placement by the launcher gives).
 
 Inputs are seeded by (rank, case), so every rank computes every rank's input and the reference. Checks
 also that all ranks end with bitwise identical results. Exits non-zero (MPI_Abort) on the first failure.
@@ -123,11 +126,15 @@ def expect_error(kind, fragment, func, what):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--local-size", type=int, default=None)
+    parser.add_argument("--round-robin", type=int, default=None)
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     check = Checker(comm)
     p = comm.size
-    topology = Topology.detect(comm, args.local_size)
+    if args.round_robin:
+        topology = Topology.from_node_ids(comm.rank, [r % args.round_robin for r in range(p)])
+    else:
+        topology = Topology.detect(comm, args.local_size)
     contexts = []
 
     def context(**settings):
