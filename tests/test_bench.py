@@ -50,6 +50,9 @@ def assert_all_right(data, algorithms, nprocs):
 @pytest.mark.parametrize("nprocs, flags", [
     (1, ["-d", "half", "-o", "max"]),
     (2, ["-d", "float", "-o", "sum"]),
+    (2, ["-d", "half", "-o", "avg"]),
+    (2, ["-d", "uint8", "-o", "max"]),
+    (3, ["-d", "int64", "-o", "prod"]),
     (3, ["-d", "bfloat16", "-o", "prod"]),
     (3, ["-d", "double", "-o", "avg"]),
     (4, ["-d", "int8", "-o", "sum"]),
