@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import AlgorithmContext, execute, partition, prepare
+from .algorithms import AlgorithmContext, execute, partition, prepare, ring
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -135,8 +135,6 @@ class Engine:
         row = _row_size(arr)
         work = np.array(arr, order="C", copy=True).reshape(-1)
         if self.size > 1:
-            from .algorithms import ring
-
             ring.reduce_scatter_(self.context, self.transport, work, op.kernel_op, [r * row for r in rows])
         mine = work[rows[self.rank] * row:rows[self.rank + 1] * row]
         out = mine.reshape((rows[self.rank + 1] - rows[self.rank],) + arr.shape[1:]).copy()
