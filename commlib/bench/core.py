@@ -25,7 +25,7 @@ from ..ops import ReduceOp
 from .collective import Collective, Layout, exact_limit
 from .options import Options
 
-#: Called after every (size, algorithm) step with (steps done, steps in all).
+#: Called after every size with (sizes done, sizes in all).
 ProgressFn = Callable[[int, int], None]
 
 
@@ -135,6 +135,77 @@ def _block_lengths(iters: int, rounds: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(rounds)]
 
 
+class _Sweep:
+    """One rank's part of a sweep: the options, the engine and the benchmark's own communicator."""
+
+    def __init__(self, options: Options, collective: Collective, comm, engine):
+        self.options, self.collective, self.comm, self.engine = options, collective, comm, engine
+        self.rank, self.nranks = comm.Get_rank(), comm.Get_size()
+        self.codec, self.limit = codec_of(options), check_limit(options)
+
+    def call(self, algorithm: str, send: np.ndarray, layout: Layout) -> np.ndarray:
+        o = self.options
+        return self.collective.run(self.engine, send, layout, o.op, algorithm, self.codec, o.root)
+
+    def fill(self, pristine: np.ndarray) -> None:
+        o = self.options
+        self.collective.fill(pristine, self.rank, self.nranks, o.op, o.root, self.limit)
+
+    def warm_up(self, layout: Layout, pristine: np.ndarray, work: np.ndarray, calls: int) -> None:
+        with warnings.catch_warnings():
+            # Repeated in-place reductions grow the values; overflow here is expected and not checked.
+            warnings.simplefilter("ignore", CompressionOverflowWarning)
+            for algorithm in self.options.algorithms:
+                np.copyto(work, pristine)
+                for _ in range(calls):
+                    self.call(algorithm, work, layout)
+
+    def check(self, layout: Layout, pristine: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """Wrong elements of one call per algorithm on fresh inputs, on this rank."""
+        o = self.options
+        wrong = np.zeros(len(o.algorithms), dtype=np.int64)
+        if o.check:
+            expected = self.collective.expected(layout, self.rank, self.nranks, o.op, o.root, self.limit)
+            tol = tolerance(expected, o.dtype, o.op, self.nranks, self.codec)
+            for a, algorithm in enumerate(o.algorithms):
+                np.copyto(work, pristine)
+                wrong[a] = count_wrong(self.call(algorithm, work, layout), expected, tol)
+        return wrong
+
+    def time_rounds(self, layout: Layout, pristine: np.ndarray, work: np.ndarray) -> np.ndarray:
+        """Seconds per call, shape (rounds, algorithms), on this rank; algorithms interleaved per round."""
+        o = self.options
+        blocks = _block_lengths(o.iters, o.rounds)
+        times = np.zeros((len(blocks), len(o.algorithms)), dtype=np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CompressionOverflowWarning)
+            for r, length in enumerate(blocks):
+                for a, algorithm in enumerate(o.algorithms):
+                    np.copyto(work, pristine)
+                    self.comm.Barrier()
+                    start = time.perf_counter()
+                    for _ in range(length):
+                        self.call(algorithm, work, layout)
+                    times[r, a] = (time.perf_counter() - start) / length
+        return times
+
+    def summarize(self, layout: Layout, times: np.ndarray, wrong: np.ndarray) -> SizeResult:
+        """Every rank's numbers combined: slowest rank per block, median over rounds, wrong summed."""
+        from mpi4py import MPI
+
+        self.comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+        self.comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
+        factor = self.collective.bus_factor(self.nranks)
+        measurements = []
+        for a, algorithm in enumerate(self.options.algorithms):
+            seconds = max(statistics.median(times[:, a].tolist()), 1e-9)
+            algbw = layout.nbytes / seconds / 1e9
+            measurements.append(Measurement(
+                algorithm=algorithm, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
+                wrong=int(wrong[a]) if self.options.check else None))
+        return SizeResult(nbytes=layout.nbytes, count=layout.count, measurements=tuple(measurements))
+
+
 def run_sweep(options: Options, collective: Collective, comm, engine,
               progress: ProgressFn | None = None) -> Iterator[SizeResult]:
     """Measure every size of ``options`` on every algorithm, yielding each size's results as it finishes;
@@ -142,76 +213,23 @@ def run_sweep(options: Options, collective: Collective, comm, engine,
 
     ``comm`` is an mpi4py communicator used only for the benchmark's own barriers and reductions of times
     and error counts; the collectives themselves run on ``engine``."""
-    from mpi4py import MPI
-
-    rank, nranks = comm.Get_rank(), comm.Get_size()
-    steps = layouts(options, collective, nranks)
-    algorithms = options.algorithms
-    codec, limit = codec_of(options), check_limit(options)
+    sweep = _Sweep(options, collective, comm, engine)
+    steps = layouts(options, collective, sweep.nranks)
     arena = _Arena(options.dtype, max(layout.send_count for layout in steps))
-    blocks = _block_lengths(options.iters, options.rounds)
-    done, total = 0, len(steps) * len(algorithms)
-    root = options.root
-
-    def call(algorithm: str, send: np.ndarray, layout: Layout) -> np.ndarray:
-        return collective.run(engine, send, layout, options.op, algorithm, codec, root)
 
     # Before anything is timed, each algorithm runs once at the largest size, so the scratch buffers and
     # sub-communicators it creates on first use exist already (the first size would pay for them).
     largest = max(steps, key=lambda s: s.send_count)
     pristine, work = arena.views(largest.send_count)
-    collective.fill(pristine, rank, nranks, options.op, root, limit)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CompressionOverflowWarning)
-        for algorithm in algorithms:
-            np.copyto(work, pristine)
-            call(algorithm, work, largest)
+    sweep.fill(pristine)
+    sweep.warm_up(largest, pristine, work, calls=1)
 
-    for layout in steps:
+    for done, layout in enumerate(steps, start=1):
         pristine, work = arena.views(layout.send_count)
-        collective.fill(pristine, rank, nranks, options.op, root, limit)
-
-        with warnings.catch_warnings():
-            # Repeated in-place reductions grow the values; overflow here is expected and not checked.
-            warnings.simplefilter("ignore", CompressionOverflowWarning)
-            for algorithm in algorithms:
-                np.copyto(work, pristine)
-                for _ in range(options.warmup_iters):
-                    call(algorithm, work, layout)
-
-        wrong = np.zeros(len(algorithms), dtype=np.int64)
-        if options.check:
-            expected = collective.expected(layout, rank, nranks, options.op, root, limit)
-            tol = tolerance(expected, options.dtype, options.op, nranks, codec)
-            for a, algorithm in enumerate(algorithms):
-                np.copyto(work, pristine)
-                wrong[a] = count_wrong(call(algorithm, work, layout), expected, tol)
-            del expected, tol
-
-        times = np.zeros((len(blocks), len(algorithms)), dtype=np.float64)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CompressionOverflowWarning)
-            for r, length in enumerate(blocks):
-                for a, algorithm in enumerate(algorithms):
-                    np.copyto(work, pristine)
-                    comm.Barrier()
-                    start = time.perf_counter()
-                    for _ in range(length):
-                        call(algorithm, work, layout)
-                    times[r, a] = (time.perf_counter() - start) / length
-                    if r == len(blocks) - 1:
-                        done += 1
-                        if progress is not None:
-                            progress(done, total)
-
-        comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # the slowest rank's time of every block
-        comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)  # wrong elements over all ranks
-        factor = collective.bus_factor(nranks)
-        measurements = []
-        for a, algorithm in enumerate(algorithms):
-            seconds = statistics.median(times[:, a].tolist())
-            algbw = layout.nbytes / seconds / 1e9
-            measurements.append(Measurement(
-                algorithm=algorithm, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
-                wrong=int(wrong[a]) if options.check else None))
-        yield SizeResult(nbytes=layout.nbytes, count=layout.count, measurements=tuple(measurements))
+        sweep.fill(pristine)
+        sweep.warm_up(layout, pristine, work, calls=options.warmup_iters)
+        wrong = sweep.check(layout, pristine, work)
+        times = sweep.time_rounds(layout, pristine, work)
+        yield sweep.summarize(layout, times, wrong)
+        if progress is not None:
+            progress(done, len(steps))
