@@ -29,7 +29,7 @@ import torch
 import commlib as _cl
 
 from . import collectives as C
-from .collectives import Average, Compression
+from .collectives import Average, Compression, Sum
 from ..ops import as_op
 
 
@@ -50,7 +50,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             allreduce once all its gradients are ready; or a list of lists of parameters (the rest are
             reduced alone).
         sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified for the
-            allreduce and made sparse again; without it a sparse gradient is an error.
+            allreduce and made sparse again; without it they are reduced as Horovod does, by an
+            allgather of every rank's indices and values.
 
     Example::
 
@@ -99,7 +100,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._unit_of = {}         # parameter -> its unit
         self._delay = {}           # parameter -> backward passes left before it is communicated
         self._ready = Counter()    # unit -> members whose gradient is final for this step
-        self._handles = {}         # unit -> (Handle, densified sparse gradients)
+        self._handles = {}         # unit -> function waiting for its reduction
         self._seen = set()         # parameters whose gradient arrived since the last synchronize
         self._hooks = []
         self._synchronized = False
@@ -201,7 +202,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[unit] = self._start(unit)
 
     def _start(self, unit):
-        """Start the in-place allreduce of the unit's gradients (zeros where backward produced none)."""
+        """Start reducing the unit's gradients (zeros where backward produced none); return a function
+        that waits for the result and puts it in place."""
         grads, densified = [], []
         for p in unit:
             grad = p.grad
@@ -209,9 +211,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 grad = p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             elif grad.is_sparse:
                 if not self.sparse_as_dense:
-                    raise NotImplementedError(
-                        f"the gradient of {self._names[p]!r} is sparse; commlib reduces dense tensors: pass "
-                        "sparse_as_dense=True to DistributedOptimizer")
+                    if len(unit) > 1:
+                        raise NotImplementedError(
+                            f"the gradient of {self._names[p]!r} is sparse and the parameter is in a group; "
+                            "pass sparse_as_dense=True or leave it out of groups")
+                    return self._start_sparse(p)
                 grad = grad.to_dense()
                 densified.append((p, grad))
             elif not grad.is_contiguous():
@@ -228,20 +232,55 @@ class DistributedOptimizer(torch.optim.Optimizer):
             handle = C.allreduce_async_(grads[0], name=self._names[unit[0]], **kwargs)
         else:
             handle = C.grouped_allreduce_async_(grads, name="group." + self._names[unit[0]], **kwargs)
-        return handle, densified
+
+        def wait():
+            C.synchronize(handle)
+            for p, dense in densified:
+                p.grad = dense.to_sparse()
+
+        return wait
+
+    def _start_sparse(self, p):
+        """Horovod's sparse allreduce: allgather every rank's (index, value) pairs; the result is the
+        concatenation (duplicate indices add up when the optimizer applies it), divided by size for
+        Average."""
+        if self.op not in (Average, Sum):
+            raise NotImplementedError(f"the gradient of {self._names[p]!r} is sparse; sparse gradients are "
+                                      f"reduced with Sum or Average, not {self.op.name}")
+        grad = p.grad.coalesce()
+        name = self._names[p]
+        indices = C.allgather_async(grad.indices().t().contiguous(), name=name + ".indices")
+        values = C.allgather_async(grad.values().contiguous(), name=name + ".values")
+        divisor = _cl.size() if self.op is Average else 1
+
+        def wait():
+            gathered_values = C.synchronize(values)
+            gathered_indices = C.synchronize(indices)
+            if divisor != 1:
+                gathered_values.div_(divisor)
+            p.grad = torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, grad.shape)
+
+        return wait
 
     def synchronize(self):
         """Wait until every gradient is averaged over ranks (starting the ones backward did not produce)."""
+        error = None
         try:
             for unit in self._units:
                 if unit not in self._handles:
                     self._handles[unit] = self._start(unit)
-            for handle, densified in self._handles.values():
-                C.synchronize(handle)
-                for p, dense in densified:
-                    p.grad = dense.to_sparse()
+        except BaseException as exc:  # still wait for what was submitted: no name may stay in flight
+            error = exc
+        try:
+            for wait in self._handles.values():
+                try:
+                    wait()
+                except BaseException as exc:
+                    error = error or exc
         finally:
             self._reset()
+        if error is not None:
+            raise error
         self._synchronized = True
 
     def _reset(self):

@@ -153,21 +153,26 @@ def check_sparse(r, n):
         torch.manual_seed(9)
         return torch.nn.Embedding(10, 3, sparse=True)
 
-    emb, ref = make(), make()
-    ref.sparse = False
-    indices = [torch.tensor([k % 10, (3 * k + 1) % 10]) for k in range(n)]
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), sparse_as_dense=True,
-                                         named_parameters=emb.named_parameters())
-    emb(indices[r]).square().sum().backward()
-    optimizer.step()
-    assert emb.weight.grad.is_sparse
-    (sum(ref(indices[k]).square().sum() for k in range(n)) / n).backward()
-    torch.optim.SGD(ref.parameters(), lr=0.5).step()
-    close(emb.weight, ref.weight, "sparse_as_dense")
+    indices = [torch.tensor([k % 10, (3 * k + 1) % 10, k % 10]) for k in range(n)]  # a repeated index too
+    reference = make()
+    reference.sparse = False
+    (sum(reference(indices[k]).square().sum() for k in range(n)) / n).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.5).step()
+    for sparse_as_dense in (True, False):  # densified allreduce, or Horovod's allgather of indices/values
+        emb = make()
+        optimizer = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
+                                             sparse_as_dense=sparse_as_dense, named_parameters=emb.named_parameters())
+        emb(indices[r]).square().sum().backward()
+        optimizer.step()
+        assert emb.weight.grad.is_sparse
+        close(emb.weight, reference.weight, f"sparse gradients (sparse_as_dense={sparse_as_dense})")
 
-    plain = make()
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(plain.parameters(), lr=0.5))
-    expect_error(NotImplementedError, lambda: plain(indices[r]).sum().backward(), "sparse_as_dense=True")
+    emb, other = make(), torch.nn.Linear(3, 1)
+    params = list(emb.parameters()) + list(other.parameters())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.5), groups=1)
+    expect_error(NotImplementedError, lambda: other(emb(indices[r])).sum().backward(), "sparse_as_dense=True")
+    expect_error(NotImplementedError, optimizer.synchronize, "in a group")  # nothing was submitted
+    optimizer.zero_grad()  # and the optimizer is usable again
 
 
 def check_wrapper(r, n):
