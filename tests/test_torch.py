@@ -6,7 +6,7 @@ whole job on the first failure, and run_mpi kills it on timeout so nothing can h
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from mpirun import REPO, run_mpi  # noqa: E402
 
@@ -32,3 +32,10 @@ def test_example_trains_to_its_target_accuracy():
     out = run_mpi(2, REPO / "examples" / "train_digits.py", timeout=300, env={"PYTHONPATH": str(REPO)})
     assert "reached target accuracy 0.95" in out, out
     assert out.count("samples/s") == 8, out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here; the non-CPU refusal is "
+                    "checked in every run with a meta-device tensor")
+def test_cuda_tensor_is_refused_with_a_clear_error():
+    out = run_mpi(1, "torch_collectives.py", timeout=180, env=WORKER_PATH)  # checks CUDA when available
+    assert "torch_collectives OK" in out, out
