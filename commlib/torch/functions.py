@@ -53,8 +53,7 @@ def broadcast_optimizer_state(optimizer, root_rank):
     values (scalars, tuples, nested lists) travel pickled with :func:`broadcast_object`. Unlike Horovod
     it never runs a step with zero gradients to create the state, so parameters are never touched.
     """
-    inner = getattr(optimizer, "optimizer", optimizer)
-    if not isinstance(inner, torch.optim.Optimizer):
+    if not isinstance(optimizer, torch.optim.Optimizer):  # a DistributedOptimizer is one too
         raise TypeError(f"broadcast_optimizer_state takes a torch optimizer, not {type(optimizer).__name__}")
     state_dict = optimizer.state_dict()
     layout = None
