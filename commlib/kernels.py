@@ -60,11 +60,11 @@ def _writable(arr, name: str) -> np.ndarray:
     return arr
 
 
-def _same_size(dst: np.ndarray, src: np.ndarray) -> None:
+def _same_size(dst: np.ndarray, src: np.ndarray, names: tuple[str, str] = ("dst", "src")) -> None:
     if dst.size != src.size:
         raise ValueError(
-            f"dst has {dst.size} elements (shape {dst.shape}) but src has {src.size} (shape {src.shape}); "
-            "they must match"
+            f"{names[0]} has {dst.size} elements (shape {dst.shape}) but {names[1]} has {src.size} "
+            f"(shape {src.shape}); they must match"
         )
 
 
@@ -110,11 +110,16 @@ def reduce_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, portable: bool = 
     _kernels.reduce(dst, src, code, int(as_op(op).kernel_op), portable)
 
 
-def reduce_widened_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, portable: bool = False) -> None:
-    """``dst = dst op float32(src)`` for float32 ``dst`` and float16/bfloat16 ``src``."""
+def reduce_widened_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, dst_scale: float = 1.0,
+                    portable: bool = False) -> None:
+    """``dst = (dst * float32(dst_scale)) op float32(src)`` for float32 ``dst`` and float16/bfloat16 ``src``.
+
+    The product is rounded to float32 before the operation, so the result is bit for bit that of
+    ``scale_(dst, dst_scale)`` followed by the reduction, in one pass instead of two."""
     try:
         if dst.dtype == FLOAT32:
-            return _kernels.reduce_widened(dst, src, _HALF_CODES[src.dtype], _KERNEL_OPS[op], portable)
+            return _kernels.reduce_widened(dst, src, _HALF_CODES[src.dtype], _KERNEL_OPS[op], portable,
+                                           dst_scale)
     except _FAST_FAILURES:
         pass
     _writable(dst, "dst")
@@ -122,7 +127,7 @@ def reduce_widened_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, portable:
     _f32(dst, "dst", "reduce_widened_")
     code = _half_code(src, "src", "reduce_widened_")
     _same_size(dst, src)
-    _kernels.reduce_widened(dst, src, code, int(as_op(op).kernel_op), portable)
+    _kernels.reduce_widened(dst, src, code, int(as_op(op).kernel_op), portable, float(dst_scale))
 
 
 def scale_(buf: np.ndarray, factor: float, *, portable: bool = False) -> None:
@@ -170,6 +175,25 @@ def from_half(src: np.ndarray, dst: np.ndarray, scale: float = 1.0, *, portable:
     _f32(dst, "dst", "from_half")
     _same_size(dst, src)
     _kernels.from_half(src, dst, code, float(scale), portable)
+
+
+def round_trip_(buf: np.ndarray, wire: np.ndarray, scale: float = 1.0, postscale: float = 1.0, *,
+                portable: bool = False) -> int:
+    """``wire = half(buf * float32(scale))`` and ``buf = float32(wire) * float32(postscale)`` in one pass:
+    ``buf`` (float32) becomes what a receiver of ``wire`` (float16 or bfloat16) decodes. Bit for bit
+    ``to_half(buf, wire, scale)`` followed by ``from_half(wire, buf, postscale)``; returns the same overflow
+    count as ``to_half``."""
+    try:
+        if buf.dtype == FLOAT32:
+            return _kernels.round_trip(buf, wire, _HALF_CODES[wire.dtype], scale, postscale, portable)
+    except _FAST_FAILURES:
+        pass
+    _writable(buf, "buf")
+    _writable(wire, "wire")
+    _f32(buf, "buf", "round_trip_")
+    code = _half_code(wire, "wire", "round_trip_")
+    _same_size(buf, wire, ("buf", "wire"))
+    return _kernels.round_trip(buf, wire, code, float(scale), float(postscale), portable)
 
 
 def cpu_features() -> dict:

@@ -178,18 +178,27 @@ static PyObject *ck_py_reduce(PyObject *module, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(reduce_widened_doc, "reduce_widened(dst_f32, src_half, half_dtype, op, portable)\n--\n\n"
-                                 "dst = dst op float32(src) in place, for a float32 dst and a half src.");
+PyDoc_STRVAR(reduce_widened_doc,
+             "reduce_widened(dst_f32, src_half, half_dtype, op, portable, dst_scale=1.0)\n--\n\n"
+             "dst = (dst * float32(dst_scale)) op float32(src) in place, for a float32 dst and a half src.");
 
 static PyObject *ck_py_reduce_widened(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     ck_dtype half;
     ck_op op;
     int portable;
-    if (check_nargs("reduce_widened", nargs, 5) < 0 || parse_half(args[2], &half) < 0
-        || parse_op(args[3], &op) < 0 || (portable = PyObject_IsTrue(args[4])) < 0) {
+    double dst_scale = 1.0;
+    if (nargs != 5 && check_nargs("reduce_widened", nargs, 6) < 0) {
         return NULL;
     }
+    if (parse_half(args[2], &half) < 0 || parse_op(args[3], &op) < 0
+        || (portable = PyObject_IsTrue(args[4])) < 0) {
+        return NULL;
+    }
+    if (nargs == 6 && (dst_scale = PyFloat_AsDouble(args[5])) == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    float ds = (float)dst_scale;
     Py_buffer dst, src;
     if (get_buffer(args[0], &dst, 1, "dst", 4) < 0) {
         return NULL;
@@ -207,13 +216,19 @@ static PyObject *ck_py_reduce_widened(PyObject *module, PyObject *const *args, P
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
     int done = 0;
+    /* dst_scale 1 takes the plain loops (x * 1 == x), which are a multiply cheaper */
 #if defined(CK_HAVE_X86)
     if (simd) {
-        done = ck_reduce_widened_avx2(half, op, (float *)dst.buf, src.buf, n);
+        done = ds == 1.0f ? ck_reduce_widened_avx2(half, op, (float *)dst.buf, src.buf, n)
+                          : ck_reduce_widened_scaled_avx2(half, op, (float *)dst.buf, src.buf, ds, n);
     }
 #endif
     if (!done) {
-        ck_reduce_widened_portable(half, op, (float *)dst.buf, src.buf, n);
+        if (ds == 1.0f) {
+            ck_reduce_widened_portable(half, op, (float *)dst.buf, src.buf, n);
+        } else {
+            ck_reduce_widened_scaled_portable(half, op, (float *)dst.buf, src.buf, ds, n);
+        }
     }
     if (ts) {
         PyEval_RestoreThread(ts);
@@ -362,6 +377,58 @@ static PyObject *ck_py_from_half(PyObject *module, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(round_trip_doc, "round_trip(buf_f32, wire_half, half_dtype, scale, post, portable) -> int\n--\n\n"
+                             "wire = half(buf * float32(scale)); buf = float32(wire) * float32(post), in one\n"
+                             "pass; returns how many finite products became inf.");
+
+static PyObject *ck_py_round_trip(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype half;
+    int portable;
+    if (check_nargs("round_trip", nargs, 6) < 0 || parse_half(args[2], &half) < 0) {
+        return NULL;
+    }
+    double scale = PyFloat_AsDouble(args[3]);
+    if (scale == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    double post = PyFloat_AsDouble(args[4]);
+    if ((post == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[5])) < 0) {
+        return NULL;
+    }
+    Py_buffer buf, wire;
+    if (get_buffer(args[0], &buf, 1, "buf", 4) < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[1], &wire, 1, "wire", 2) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    if (check_pair(&wire, 2, &buf, 4) < 0) {
+        PyBuffer_Release(&wire);
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    size_t n = (size_t)buf.len / 4, overflow = 0;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        overflow = ck_round_trip_avx2(half, (float *)buf.buf, wire.buf, (float)scale, (float)post, n);
+    } else
+#endif
+    {
+        overflow = ck_round_trip_portable(half, (float *)buf.buf, wire.buf, (float)scale, (float)post, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&wire);
+    PyBuffer_Release(&buf);
+    return PyLong_FromSize_t(overflow);
+}
+
 PyDoc_STRVAR(cpu_features_doc, "cpu_features() -> dict\n--\n\n"
                                "What the CPU offers ('f16c', 'avx2', 'avx512f') and whether the SIMD\n"
                                "loops run ('simd': AVX2 and F16C, on x86-64 builds).");
@@ -380,6 +447,7 @@ static PyMethodDef ck_methods[] = {
     {"scale", (PyCFunction)(void (*)(void))ck_py_scale, METH_FASTCALL, scale_doc},
     {"to_half", (PyCFunction)(void (*)(void))ck_py_to_half, METH_FASTCALL, to_half_doc},
     {"from_half", (PyCFunction)(void (*)(void))ck_py_from_half, METH_FASTCALL, from_half_doc},
+    {"round_trip", (PyCFunction)(void (*)(void))ck_py_round_trip, METH_FASTCALL, round_trip_doc},
     {"cpu_features", ck_py_cpu_features, METH_NOARGS, cpu_features_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -114,9 +114,12 @@ static inline uint16_t ck_f32_to_bf16(float f)
 /* ---- Portable loops (kernels_portable.c). n counts elements; buffers do not overlap partially. ---- */
 void ck_reduce_portable(ck_dtype dt, ck_op op, void *dst, const void *src, size_t n);
 void ck_reduce_widened_portable(ck_dtype half, ck_op op, float *dst, const void *src, size_t n);
+void ck_reduce_widened_scaled_portable(ck_dtype half, ck_op op, float *dst, const void *src, float dst_scale,
+                                       size_t n);
 void ck_scale_portable(ck_dtype dt, void *buf, double factor, size_t n);
 size_t ck_to_half_portable(ck_dtype half, const float *src, void *dst, float scale, size_t n);
 void ck_from_half_portable(ck_dtype half, const void *src, float *dst, float scale, size_t n);
+size_t ck_round_trip_portable(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CK_HAVE_X86 1
@@ -124,9 +127,11 @@ void ck_from_half_portable(ck_dtype half, const void *src, float *dst, float sca
  * SIMD loop for (dtype, op) and did nothing, so the caller falls back to the portable loop. ---- */
 int ck_reduce_avx2(ck_dtype dt, ck_op op, void *dst, const void *src, size_t n);
 int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src, size_t n);
+int ck_reduce_widened_scaled_avx2(ck_dtype half, ck_op op, float *dst, const void *src, float dst_scale, size_t n);
 int ck_scale_avx2(ck_dtype dt, void *buf, double factor, size_t n);
 size_t ck_to_half_avx2(ck_dtype half, const float *src, void *dst, float scale, size_t n);
 void ck_from_half_avx2(ck_dtype half, const void *src, float *dst, float scale, size_t n);
+size_t ck_round_trip_avx2(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n);
 #endif
 
 #endif /* COMMLIB_KERNELS_H */

@@ -92,6 +92,33 @@ void ck_reduce_widened_portable(ck_dtype half, ck_op op, float *dst, const void 
     }
 }
 
+/* d[i] = (d[i] * dst_scale) op float32(s[i]): the product is rounded to float32 before the operation, two
+ * IEEE operations exactly as scaling the buffer first and then reducing. (No fused multiply-add: setup.py
+ * compiles with -std=c11, under which GCC does not contract, and x86-64's baseline has no FMA.) */
+#define CK_WIDENED_SCALED_LOOPS(TO_F32)                                                                  \
+    do {                                                                                                 \
+        const uint16_t *s = (const uint16_t *)src;                                                       \
+        for (size_t i = 0; i < n; i++) {                                                                 \
+            float a = dst[i] * dst_scale, b = TO_F32(s[i]);                                              \
+            switch (op) {                                                                                \
+            case CK_SUM: dst[i] = a + b; break;                                                          \
+            case CK_PRODUCT: dst[i] = a * b; break;                                                      \
+            case CK_MIN: dst[i] = CK_MINF(a, b); break;                                                  \
+            case CK_MAX: dst[i] = CK_MAXF(a, b); break;                                                  \
+            }                                                                                            \
+        }                                                                                                \
+    } while (0)
+
+void ck_reduce_widened_scaled_portable(ck_dtype half, ck_op op, float *dst, const void *src, float dst_scale,
+                                       size_t n)
+{
+    if (half == CK_FLOAT16) {
+        CK_WIDENED_SCALED_LOOPS(ck_f16_to_f32);
+    } else {
+        CK_WIDENED_SCALED_LOOPS(ck_bf16_to_f32);
+    }
+}
+
 /* buf *= factor; float32 and the half types multiply by float32(factor) (halves round once). */
 void ck_scale_portable(ck_dtype dt, void *buf, double factor, size_t n)
 {
@@ -144,4 +171,23 @@ void ck_from_half_portable(ck_dtype half, const void *src, float *dst, float sca
             for (size_t i = 0; i < n; i++) dst[i] = ck_bf16_to_f32(s[i]) * scale;
         }
     }
+}
+
+/* wire = half(buf * scale); buf = float32(wire) * post: the wire round trip in one pass. Returns how many
+ * finite products became inf. scale == 1 and post == 1 skip their multiplies, as in the loops above. */
+size_t ck_round_trip_portable(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n)
+{
+    uint16_t *w = (uint16_t *)wire;
+    uint32_t limit = half == CK_FLOAT16 ? CK_F16_OVERFLOW_BITS : CK_BF16_OVERFLOW_BITS;
+    size_t overflow = 0;
+    for (size_t i = 0; i < n; i++) {
+        float y = scale == 1.0f ? buf[i] : buf[i] * scale;
+        uint32_t a = ck_f32_bits(y) & 0x7fffffffu;
+        overflow += (a >= limit) & (a < 0x7f800000u);
+        uint16_t h = half == CK_FLOAT16 ? ck_f32_to_f16(y) : ck_f32_to_bf16(y);
+        float back = half == CK_FLOAT16 ? ck_f16_to_f32(h) : ck_bf16_to_f32(h);
+        w[i] = h;
+        buf[i] = post == 1.0f ? back : back * post;
+    }
+    return overflow;
 }

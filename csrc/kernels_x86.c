@@ -221,6 +221,62 @@ int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src,
     return 1;
 }
 
+/* d[i] = (d[i] * dst_scale) op float32(s[i]) for float32 d and half s: the widened reduction with the
+ * destination scaled on the fly (what scale_ followed by reduce_widened_ computes, in one pass). Same
+ * blocks and pipelining as CK_DEFINE_REDUCE. */
+#define CK_DEFINE_WIDEN_SCALED(NAME, SLOAD2, SLOAD, OP)                                                  \
+    static CK_TARGET size_t NAME(float *d, const void *src, float dst_scale, size_t n)                   \
+    {                                                                                                    \
+        const char *s = (const char *)src;                                                               \
+        const __m256 f = _mm256_set1_ps(dst_scale);                                                      \
+        size_t i = 0;                                                                                    \
+        if (n >= 16) {                                                                                   \
+            __m256 a0, a1, b0, b1;                                                                       \
+            load_f32_x2(d, &a0, &a1);                                                                    \
+            SLOAD2(s, &b0, &b1);                                                                         \
+            for (; i + 32 <= n; i += 16) {                                                               \
+                __m256 na0, na1, nb0, nb1;                                                               \
+                load_f32_x2(d + i + 16, &na0, &na1);                                                     \
+                SLOAD2(s + (i + 16) * 2, &nb0, &nb1);                                                    \
+                store_f32_x2(d + i, OP(_mm256_mul_ps(a0, f), b0), OP(_mm256_mul_ps(a1, f), b1));         \
+                a0 = na0, a1 = na1, b0 = nb0, b1 = nb1;                                                  \
+            }                                                                                            \
+            store_f32_x2(d + i, OP(_mm256_mul_ps(a0, f), b0), OP(_mm256_mul_ps(a1, f), b1));             \
+            i += 16;                                                                                     \
+        }                                                                                                \
+        for (; i + 8 <= n; i += 8) {                                                                     \
+            store_f32(d + i, OP(_mm256_mul_ps(load_f32(d + i), f), SLOAD(s + i * 2)));                   \
+        }                                                                                                \
+        return i;                                                                                        \
+    }
+
+#define CK_DEFINE_WIDEN_SCALED_OPS(PREFIX, SLOAD2, SLOAD)                                                \
+    CK_DEFINE_WIDEN_SCALED(PREFIX##_sum, SLOAD2, SLOAD, op_sum)                                          \
+    CK_DEFINE_WIDEN_SCALED(PREFIX##_product, SLOAD2, SLOAD, op_product)                                  \
+    CK_DEFINE_WIDEN_SCALED(PREFIX##_min, SLOAD2, SLOAD, op_min)                                          \
+    CK_DEFINE_WIDEN_SCALED(PREFIX##_max, SLOAD2, SLOAD, op_max)
+
+CK_DEFINE_WIDEN_SCALED_OPS(widen_scaled_f16, load_f16_x2, load_f16)
+CK_DEFINE_WIDEN_SCALED_OPS(widen_scaled_bf16, load_bf16_x2, load_bf16)
+
+typedef size_t (*ck_scaled_loop)(float *dst, const void *src, float dst_scale, size_t n);
+
+int ck_reduce_widened_scaled_avx2(ck_dtype half, ck_op op, float *dst, const void *src, float dst_scale, size_t n)
+{
+    static const ck_scaled_loop f16[] = {[CK_SUM] = widen_scaled_f16_sum, [CK_PRODUCT] = widen_scaled_f16_product,
+                                         [CK_MIN] = widen_scaled_f16_min, [CK_MAX] = widen_scaled_f16_max};
+    static const ck_scaled_loop bf16[] = {[CK_SUM] = widen_scaled_bf16_sum,
+                                          [CK_PRODUCT] = widen_scaled_bf16_product,
+                                          [CK_MIN] = widen_scaled_bf16_min, [CK_MAX] = widen_scaled_bf16_max};
+    ck_scaled_loop loop = half == CK_FLOAT16 ? f16[op] : bf16[op];
+    if (loop == NULL) {
+        return 0;
+    }
+    size_t done = loop(dst, src, dst_scale, n);
+    ck_reduce_widened_scaled_portable(half, op, dst + done, (const char *)src + done * 2, dst_scale, n - done);
+    return 1;
+}
+
 /* ---- scale: buf *= factor ---- */
 
 #define CK_DEFINE_SCALE(NAME, SIZE, LOAD2, STORE2, LOAD, STORE)                                       \
@@ -361,6 +417,57 @@ void ck_from_half_avx2(ck_dtype half, const void *src, float *dst, float scale, 
         done = scale == 1.0f ? from_bf16_unscaled(src, dst, scale, n) : from_bf16_scaled(src, dst, scale, n);
     }
     ck_from_half_portable(half, (const char *)src + done * 2, dst + done, scale, n - done);
+}
+
+
+/* wire = half(buf * scale); buf = float32(wire) * post, 16 elements per step: the conversion and overflow
+ * count of CK_DEFINE_TO_HALF, then the 16 values just stored are read back (from L1) and widened. */
+#define CK_DEFINE_ROUND_TRIP(NAME, STEP, STORE2, LOAD2, POSTED)                                          \
+    static CK_TARGET size_t NAME(float *buf, void *wire, float scale, float post, size_t n,              \
+                                 size_t *overflow)                                                       \
+    {                                                                                                    \
+        char *w = (char *)wire;                                                                          \
+        const __m256 sv = _mm256_set1_ps(scale), pv = _mm256_set1_ps(post);                              \
+        size_t total = 0, i = 0;                                                                         \
+        while (i + 16 <= n) {                                                                            \
+            size_t block_end = n - i > ((size_t)1 << 28) ? i + ((size_t)1 << 28) : n;                   \
+            __m256i count = _mm256_setzero_si256();                                                      \
+            for (; i + 16 <= block_end; i += 16) {                                                       \
+                __m256 y0 = STEP(buf + i, sv, &count);                                                   \
+                __m256 y1 = STEP(buf + i + 8, sv, &count);                                               \
+                STORE2(w + i * 2, y0, y1);                                                               \
+                LOAD2(w + i * 2, &y0, &y1);                                                              \
+                if (POSTED) {                                                                            \
+                    y0 = _mm256_mul_ps(y0, pv);                                                          \
+                    y1 = _mm256_mul_ps(y1, pv);                                                          \
+                }                                                                                        \
+                store_f32_x2(buf + i, y0, y1);                                                           \
+            }                                                                                            \
+            uint32_t lanes[8];                                                                           \
+            _mm256_storeu_si256((__m256i *)lanes, count);                                                \
+            for (int k = 0; k < 8; k++) total += lanes[k];                                               \
+        }                                                                                                \
+        *overflow = total;                                                                               \
+        return i;                                                                                        \
+    }
+
+CK_DEFINE_ROUND_TRIP(round_trip_f16, to_f16_scaled_step, store_f16_x2, load_f16_x2, 1)
+CK_DEFINE_ROUND_TRIP(round_trip_f16_unscaled, to_f16_unscaled_step, store_f16_x2, load_f16_x2, 0)
+CK_DEFINE_ROUND_TRIP(round_trip_bf16, to_bf16_scaled_step, store_bf16_x2, load_bf16_x2, 1)
+CK_DEFINE_ROUND_TRIP(round_trip_bf16_unscaled, to_bf16_unscaled_step, store_bf16_x2, load_bf16_x2, 0)
+
+size_t ck_round_trip_avx2(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n)
+{
+    size_t overflow, done;
+    int plain = scale == 1.0f && post == 1.0f; /* the common case: no multiplies at all */
+    if (half == CK_FLOAT16) {
+        done = plain ? round_trip_f16_unscaled(buf, wire, scale, post, n, &overflow)
+                     : round_trip_f16(buf, wire, scale, post, n, &overflow);
+    } else {
+        done = plain ? round_trip_bf16_unscaled(buf, wire, scale, post, n, &overflow)
+                     : round_trip_bf16(buf, wire, scale, post, n, &overflow);
+    }
+    return overflow + ck_round_trip_portable(half, buf + done, (char *)wire + done * 2, scale, post, n - done);
 }
 
 #else

@@ -180,6 +180,28 @@ def test_reduce_widened_matches_numpy(half, op, portable):
             assert_same(got, other, f"simd != portable: {half} {op.name} n={n}")
 
 
+@PATHS
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("half", HALVES, ids=str)
+def test_reduce_widened_dst_scale_is_scale_then_reduce(half, op, portable):
+    """dst_scale folds a scale_ pass into the reduction: bit for bit ``(dst * float32(s)) op float32(src)``
+    with the product rounded first (no fused multiply-add)."""
+    rng = np.random.default_rng([half.num, int(op), 12])
+    for dst_scale in (0.5, 1 / 3, -7.0, 1.0):
+        for n in SIZES:
+            acc, src = random_values(F32, n, rng), random_values(half, n, rng)
+            with np.errstate(all="ignore"):
+                ref = NP_OPS[op](acc * np.float32(dst_scale), src.astype(F32))
+            got = acc.copy()
+            kernels.reduce_widened_(got, src, op, dst_scale=dst_scale, portable=portable)
+            assert_same(got, ref, f"reduce_widened_ dst_scale={dst_scale} {half} {op.name} n={n}",
+                        zero_sign=op in (ReduceOp.SUM, ReduceOp.PRODUCT))
+            if not portable:
+                other = acc.copy()
+                kernels.reduce_widened_(other, src, op, dst_scale=dst_scale, portable=True)
+                assert_same(got, other, f"simd != portable: dst_scale={dst_scale} {half} {op.name} n={n}")
+
+
 # ----------------------------------------------------------------------------------------------- scale_
 
 
@@ -321,6 +343,28 @@ def test_half_round_trip_is_exact(portable):
         assert np.isnan(back.astype(F32)[nan]).all()
 
 
+@PATHS
+@pytest.mark.parametrize("half", HALVES, ids=str)
+def test_round_trip_is_encode_then_decode(half, portable):
+    """round_trip_ = to_half then from_half in one pass: same wire bits, same float32 bits, same count."""
+    rng = np.random.default_rng([half.num, 23])
+    for scale, post in ((1.0, 1.0), (0.5, 1.0), (1.0, 3.0), (1 / 3, 3.0), (100.0, 0.25)):
+        for n in SIZES:
+            with np.errstate(all="ignore"):
+                src = random_values(F32, n, rng) * np.float32(rng.choice([1.0, 1e4]))
+            src[: n // 10] = 70000.0  # some overflow float16 (and, times 100, still not bfloat16)
+            wire_ref = np.empty(n, half)
+            count_ref = kernels.to_half(src, wire_ref, scale)
+            ref = np.empty(n, F32)
+            kernels.from_half(wire_ref, ref, post)
+            buf, wire = src.copy(), np.empty(n, half)
+            count = kernels.round_trip_(buf, wire, scale, post, portable=portable)
+            what = f"round_trip_ {half} scale={scale} post={post} n={n}"
+            np.testing.assert_array_equal(bits(wire), bits(wire_ref), err_msg=what)
+            np.testing.assert_array_equal(bits(buf), bits(ref), err_msg=what)
+            assert count == count_ref, f"{what}: overflow count {count}, expected {count_ref}"
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
@@ -353,6 +397,12 @@ def test_errors_name_the_problem():
         kernels.from_half(f32, f32.copy())
     with pytest.raises(UnsupportedDtypeError, match="dst: from_half needs a float32 array, got float16"):
         kernels.from_half(f16, f16.copy())
+    with pytest.raises(UnsupportedDtypeError, match="wire: dtype float32 is not supported by round_trip_"):
+        kernels.round_trip_(f32, f32.copy())
+    with pytest.raises(ValueError, match="buf: array is read-only"):
+        kernels.round_trip_(np.frombuffer(np.ones(8, F32).tobytes(), F32), f16)
+    with pytest.raises(ValueError, match="buf has 8 elements"):
+        kernels.round_trip_(f32, np.ones(4, F16))
     with pytest.raises(UnsupportedDtypeError, match="dst: reduce_widened_ needs a float32 array"):
         kernels.reduce_widened_(np.ones(8, F64), f16, ReduceOp.SUM)
     with pytest.raises(ValueError, match="dst has 8 elements .* but src has 4"):
