@@ -109,6 +109,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: " + ", ".join(MODELS))
     parser.add_argument("--threads", type=int, default=1, help="torch compute threads per rank")
+    parser.add_argument("--mlp-batch", type=int, default=32,
+                        help="batch per rank of the large MLP (less compute per step -> communication weighs more)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -119,6 +121,7 @@ def main() -> int:
     os.environ["MASTER_PORT"] = str(hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0))
     dist.init_process_group("gloo", rank=rank, world_size=size)
 
+    MODELS["mlp-25M"]["batch"] = (args.mlp_batch, 1024)
     models = args.models.split(",")
     runners = {(m, mode): Runner(m, mode) for m in models for mode in MODES}
     times = {key: [] for key in runners}
@@ -129,6 +132,7 @@ def main() -> int:
     results = []
     if rank == 0:
         print(f"# {size} ranks, {args.threads} torch thread(s) per rank, {args.rounds} rounds x {args.steps} steps, "
+              f"mlp batch {args.mlp_batch} per rank, "
               f"torch {torch.__version__}, {os.cpu_count()} cores, load average at the end "
               f"{os.getloadavg()[0]:.2f} (other jobs on the machine distort the timings)")
         print(f"{'model':<12} {'params':>10} {'mode':<12} {'median ms':>10} {'min ms':>8} {'vs ddp-gloo':>12} "
