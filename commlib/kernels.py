@@ -196,6 +196,32 @@ def round_trip_(buf: np.ndarray, wire: np.ndarray, scale: float = 1.0, postscale
     return _kernels.round_trip(buf, wire, code, float(scale), float(postscale), portable)
 
 
+def reduce_round_trip_(dst: np.ndarray, src: np.ndarray, wire: np.ndarray, op: ReduceOp, *,
+                       dst_scale: float = 1.0, postscale: float = 1.0, portable: bool = False) -> int:
+    """A widened reduction whose result goes straight through the wire round trip, in one pass:
+    ``dst = (dst * float32(dst_scale)) op float32(src)``, then ``wire = half(dst)`` and
+    ``dst = float32(wire) * float32(postscale)``. Bit for bit ``reduce_widened_`` followed by
+    ``round_trip_(dst, wire, 1.0, postscale)``; returns that overflow count. ``src`` and ``wire`` have the
+    same half dtype and may be the same array."""
+    try:
+        if dst.dtype == FLOAT32 and src.dtype == wire.dtype:
+            return _kernels.reduce_round_trip(dst, src, wire, _HALF_CODES[src.dtype], _KERNEL_OPS[op],
+                                              dst_scale, postscale, portable)
+    except _FAST_FAILURES:
+        pass
+    _writable(dst, "dst")
+    _array(src, "src")
+    _writable(wire, "wire")
+    _f32(dst, "dst", "reduce_round_trip_")
+    code = _half_code(src, "src", "reduce_round_trip_")
+    if wire.dtype != src.dtype:
+        raise TypeError(f"reduce_round_trip_: src is {src.dtype} but wire is {wire.dtype}; they must match")
+    _same_size(dst, src)
+    _same_size(dst, wire, ("dst", "wire"))
+    return _kernels.reduce_round_trip(dst, src, wire, code, int(as_op(op).kernel_op), float(dst_scale),
+                                      float(postscale), portable)
+
+
 def cpu_features() -> dict:
     """What the CPU offers (``f16c``, ``avx2``, ``avx512f``) and whether the SIMD loops run (``simd``)."""
     return _kernels.cpu_features()

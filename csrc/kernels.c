@@ -429,6 +429,72 @@ static PyObject *ck_py_round_trip(PyObject *module, PyObject *const *args, Py_ss
     return PyLong_FromSize_t(overflow);
 }
 
+PyDoc_STRVAR(reduce_round_trip_doc,
+             "reduce_round_trip(dst_f32, src_half, wire_half, half_dtype, op, dst_scale, post, portable) -> int\n--\n\n"
+             "dst = (dst * float32(dst_scale)) op float32(src); wire = half(dst); dst = float32(wire) *\n"
+             "float32(post), in one pass; returns how many finite results became inf.");
+
+static PyObject *ck_py_reduce_round_trip(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    ck_dtype half;
+    ck_op op;
+    int portable;
+    if (check_nargs("reduce_round_trip", nargs, 8) < 0 || parse_half(args[3], &half) < 0
+        || parse_op(args[4], &op) < 0) {
+        return NULL;
+    }
+    double dst_scale = PyFloat_AsDouble(args[5]);
+    if (dst_scale == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    double post = PyFloat_AsDouble(args[6]);
+    if ((post == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[7])) < 0) {
+        return NULL;
+    }
+    Py_buffer dst, src, wire;
+    if (get_buffer(args[0], &dst, 1, "dst", 4) < 0) {
+        return NULL;
+    }
+    if (get_buffer(args[1], &src, 0, "src", 2) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (get_buffer(args[2], &wire, 1, "wire", 2) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    /* src may be wire itself (the half values are read before the result is stored, element by element
+     * within each block of 16), but neither may overlap dst */
+    if (check_pair(&dst, 4, &src, 2) < 0 || check_pair(&dst, 4, &wire, 2) < 0 || check_pair(&wire, 2, &src, 2) < 0) {
+        PyBuffer_Release(&wire);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    size_t n = (size_t)dst.len / 4, overflow = 0;
+    int simd = !portable && get_state(module)->simd;
+    PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        overflow = ck_reduce_round_trip_avx2(half, op, (float *)dst.buf, src.buf, wire.buf, (float)dst_scale,
+                                             (float)post, n);
+    } else
+#endif
+    {
+        overflow = ck_reduce_round_trip_portable(half, op, (float *)dst.buf, src.buf, wire.buf, (float)dst_scale,
+                                                 (float)post, n);
+    }
+    if (ts) {
+        PyEval_RestoreThread(ts);
+    }
+    (void)simd;
+    PyBuffer_Release(&wire);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return PyLong_FromSize_t(overflow);
+}
+
 PyDoc_STRVAR(cpu_features_doc, "cpu_features() -> dict\n--\n\n"
                                "What the CPU offers ('f16c', 'avx2', 'avx512f') and whether the SIMD\n"
                                "loops run ('simd': AVX2 and F16C, on x86-64 builds).");
@@ -448,6 +514,8 @@ static PyMethodDef ck_methods[] = {
     {"to_half", (PyCFunction)(void (*)(void))ck_py_to_half, METH_FASTCALL, to_half_doc},
     {"from_half", (PyCFunction)(void (*)(void))ck_py_from_half, METH_FASTCALL, from_half_doc},
     {"round_trip", (PyCFunction)(void (*)(void))ck_py_round_trip, METH_FASTCALL, round_trip_doc},
+    {"reduce_round_trip", (PyCFunction)(void (*)(void))ck_py_reduce_round_trip, METH_FASTCALL,
+     reduce_round_trip_doc},
     {"cpu_features", ck_py_cpu_features, METH_NOARGS, cpu_features_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -120,6 +120,8 @@ void ck_scale_portable(ck_dtype dt, void *buf, double factor, size_t n);
 size_t ck_to_half_portable(ck_dtype half, const float *src, void *dst, float scale, size_t n);
 void ck_from_half_portable(ck_dtype half, const void *src, float *dst, float scale, size_t n);
 size_t ck_round_trip_portable(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n);
+size_t ck_reduce_round_trip_portable(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
+                                     float dst_scale, float post, size_t n);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CK_HAVE_X86 1
@@ -132,6 +134,8 @@ int ck_scale_avx2(ck_dtype dt, void *buf, double factor, size_t n);
 size_t ck_to_half_avx2(ck_dtype half, const float *src, void *dst, float scale, size_t n);
 void ck_from_half_avx2(ck_dtype half, const void *src, float *dst, float scale, size_t n);
 size_t ck_round_trip_avx2(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n);
+size_t ck_reduce_round_trip_avx2(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
+                                 float dst_scale, float post, size_t n);
 #endif
 
 #endif /* COMMLIB_KERNELS_H */

@@ -191,3 +191,20 @@ size_t ck_round_trip_portable(ck_dtype half, float *buf, void *wire, float scale
     }
     return overflow;
 }
+
+/* d = (d * dst_scale) op float32(s); wire = half(d); d = float32(wire) * post, element by element: the two
+ * loops above (reduce_widened, then round_trip with scale 1) in one pass. Returns the overflow count. */
+size_t ck_reduce_round_trip_portable(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
+                                     float dst_scale, float post, size_t n)
+{
+    size_t overflow = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (dst_scale == 1.0f) {
+            ck_reduce_widened_portable(half, op, dst + i, (const uint16_t *)src + i, 1);
+        } else {
+            ck_reduce_widened_scaled_portable(half, op, dst + i, (const uint16_t *)src + i, dst_scale, 1);
+        }
+        overflow += ck_round_trip_portable(half, dst + i, (uint16_t *)wire + i, 1.0f, post, 1);
+    }
+    return overflow;
+}

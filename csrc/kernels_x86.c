@@ -470,6 +470,84 @@ size_t ck_round_trip_avx2(ck_dtype half, float *buf, void *wire, float scale, fl
     return overflow + ck_round_trip_portable(half, buf + done, (char *)wire + done * 2, scale, post, n - done);
 }
 
+/* d = (d * dst_scale) op float32(s); wire = half(d); d = float32(wire) * post: a widened reduction whose
+ * result goes straight through the wire round trip (what reduce_widened then round_trip compute, in one
+ * pass). Counts the finite results that round to inf, like CK_DEFINE_TO_HALF. */
+CK_INLINE void count_overflow(__m256 y, uint32_t limit, __m256i *count)
+{
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(y), _mm256_set1_epi32(0x7fffffff));
+    __m256i over = _mm256_and_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32((int)(limit - 1u))),
+                                    _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f800000), a));
+    *count = _mm256_sub_epi32(*count, over);
+}
+
+#define CK_DEFINE_REDUCE_ROUND_TRIP(NAME, LOAD2, STORE2, LIMIT, OP)                                      \
+    static CK_TARGET size_t NAME(float *d, const void *src, void *wire, float dst_scale, float post,      \
+                                 size_t n, size_t *overflow)                                             \
+    {                                                                                                    \
+        const char *s = (const char *)src;                                                               \
+        char *w = (char *)wire;                                                                          \
+        const __m256 dv = _mm256_set1_ps(dst_scale), pv = _mm256_set1_ps(post);                          \
+        const int scaled = dst_scale != 1.0f, posted = post != 1.0f;                                     \
+        size_t total = 0, i = 0;                                                                         \
+        while (i + 16 <= n) {                                                                            \
+            size_t block_end = n - i > ((size_t)1 << 28) ? i + ((size_t)1 << 28) : n;                   \
+            __m256i count = _mm256_setzero_si256();                                                      \
+            for (; i + 16 <= block_end; i += 16) {                                                       \
+                __m256 a0, a1, b0, b1;                                                                   \
+                load_f32_x2(d + i, &a0, &a1);                                                            \
+                LOAD2(s + i * 2, &b0, &b1);                                                              \
+                if (scaled) {                                                                            \
+                    a0 = _mm256_mul_ps(a0, dv);                                                          \
+                    a1 = _mm256_mul_ps(a1, dv);                                                          \
+                }                                                                                        \
+                a0 = OP(a0, b0);                                                                         \
+                a1 = OP(a1, b1);                                                                         \
+                count_overflow(a0, LIMIT, &count);                                                       \
+                count_overflow(a1, LIMIT, &count);                                                       \
+                STORE2(w + i * 2, a0, a1);                                                               \
+                LOAD2(w + i * 2, &a0, &a1);                                                              \
+                if (posted) {                                                                            \
+                    a0 = _mm256_mul_ps(a0, pv);                                                          \
+                    a1 = _mm256_mul_ps(a1, pv);                                                          \
+                }                                                                                        \
+                store_f32_x2(d + i, a0, a1);                                                             \
+            }                                                                                            \
+            uint32_t lanes[8];                                                                           \
+            _mm256_storeu_si256((__m256i *)lanes, count);                                                \
+            for (int k = 0; k < 8; k++) total += lanes[k];                                               \
+        }                                                                                                \
+        *overflow = total;                                                                               \
+        return i;                                                                                        \
+    }
+
+#define CK_DEFINE_REDUCE_ROUND_TRIP_OPS(PREFIX, LOAD2, STORE2, LIMIT)                                    \
+    CK_DEFINE_REDUCE_ROUND_TRIP(PREFIX##_sum, LOAD2, STORE2, LIMIT, op_sum)                              \
+    CK_DEFINE_REDUCE_ROUND_TRIP(PREFIX##_product, LOAD2, STORE2, LIMIT, op_product)                      \
+    CK_DEFINE_REDUCE_ROUND_TRIP(PREFIX##_min, LOAD2, STORE2, LIMIT, op_min)                              \
+    CK_DEFINE_REDUCE_ROUND_TRIP(PREFIX##_max, LOAD2, STORE2, LIMIT, op_max)
+
+CK_DEFINE_REDUCE_ROUND_TRIP_OPS(reduce_round_trip_f16, load_f16_x2, store_f16_x2, CK_F16_OVERFLOW_BITS)
+CK_DEFINE_REDUCE_ROUND_TRIP_OPS(reduce_round_trip_bf16, load_bf16_x2, store_bf16_x2, CK_BF16_OVERFLOW_BITS)
+
+typedef size_t (*ck_reduce_round_trip_loop)(float *d, const void *src, void *wire, float dst_scale, float post,
+                                            size_t n, size_t *overflow);
+
+size_t ck_reduce_round_trip_avx2(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
+                                 float dst_scale, float post, size_t n)
+{
+    static const ck_reduce_round_trip_loop f16[] = {
+        [CK_SUM] = reduce_round_trip_f16_sum, [CK_PRODUCT] = reduce_round_trip_f16_product,
+        [CK_MIN] = reduce_round_trip_f16_min, [CK_MAX] = reduce_round_trip_f16_max};
+    static const ck_reduce_round_trip_loop bf16[] = {
+        [CK_SUM] = reduce_round_trip_bf16_sum, [CK_PRODUCT] = reduce_round_trip_bf16_product,
+        [CK_MIN] = reduce_round_trip_bf16_min, [CK_MAX] = reduce_round_trip_bf16_max};
+    size_t overflow = 0;
+    size_t done = (half == CK_FLOAT16 ? f16[op] : bf16[op])(dst, src, wire, dst_scale, post, n, &overflow);
+    return overflow + ck_reduce_round_trip_portable(half, op, dst + done, (const char *)src + done * 2,
+                                                    (char *)wire + done * 2, dst_scale, post, n - done);
+}
+
 #else
 /* Not x86-64: this file compiles to nothing and kernels.c always takes the portable loops. ISO C wants
  * at least one declaration per translation unit. */

@@ -365,6 +365,32 @@ def test_round_trip_is_encode_then_decode(half, portable):
             assert count == count_ref, f"{what}: overflow count {count}, expected {count_ref}"
 
 
+@PATHS
+@pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
+@pytest.mark.parametrize("half", HALVES, ids=str)
+def test_reduce_round_trip_is_reduce_then_round_trip(half, op, portable):
+    """reduce_round_trip_ = reduce_widened_ (with dst_scale) then round_trip_ (scale 1, postscale), in one
+    pass; src and wire may be the same array."""
+    rng = np.random.default_rng([half.num, int(op), 29])
+    for dst_scale, post in ((1.0, 1.0), (0.5, 1.0), (1.0, 4.0), (1 / 3, 3.0)):
+        for n in SIZES:
+            with np.errstate(all="ignore"):
+                acc = random_values(F32, n, rng) * np.float32(rng.choice([1.0, 1e4]))
+            src = random_values(half, n, rng)
+            ref = acc.copy()
+            kernels.reduce_widened_(ref, src, op, dst_scale=dst_scale)
+            wire_ref = np.empty(n, half)
+            count_ref = kernels.round_trip_(ref, wire_ref, 1.0, post)
+            what = f"reduce_round_trip_ {half} {op.name} dst_scale={dst_scale} post={post} n={n}"
+            for same in (False, True):
+                got, wire = acc.copy(), (src.copy() if same else np.empty(n, half))
+                count = kernels.reduce_round_trip_(got, wire if same else src, wire, op, dst_scale=dst_scale,
+                                                   postscale=post, portable=portable)
+                assert_same(got, ref, what)
+                assert_same(wire, wire_ref, what)
+                assert count == count_ref, f"{what}: overflow count {count}, expected {count_ref}"
+
+
 # ----------------------------------------------------------------------------------------------- errors
 
 
@@ -403,6 +429,10 @@ def test_errors_name_the_problem():
         kernels.round_trip_(np.frombuffer(np.ones(8, F32).tobytes(), F32), f16)
     with pytest.raises(ValueError, match="buf has 8 elements"):
         kernels.round_trip_(f32, np.ones(4, F16))
+    with pytest.raises(TypeError, match="src is float16 but wire is bfloat16"):
+        kernels.reduce_round_trip_(f32, f16, np.ones(8, BF16), ReduceOp.SUM)
+    with pytest.raises(ValueError, match="dst has 8 elements .* but wire has 4"):
+        kernels.reduce_round_trip_(f32, f16, np.ones(4, F16), ReduceOp.SUM)
     with pytest.raises(UnsupportedDtypeError, match="dst: reduce_widened_ needs a float32 array"):
         kernels.reduce_widened_(np.ones(8, F64), f16, ReduceOp.SUM)
     with pytest.raises(ValueError, match="dst has 8 elements .* but src has 4"):
