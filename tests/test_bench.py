@@ -84,6 +84,7 @@ def test_other_collectives_are_right(tmp_path, collective):
     data, _ = bench(3, tmp_path, "-C", collective, "-b", "1", "-e", "64K", "-f", "16", "-n", "2", "-w", "1",
                     "-d", "half", *flags)
     assert_all_right(data, ["engine"], 3)
+    assert data["metadata"]["op"] == ("sum" if collective == "reducescatter" else "none")
     assert data["results"][0]["count"] == (3 if collective != "broadcast" else 1)
 
 
