@@ -67,6 +67,10 @@ def test_allreduce_every_algorithm_is_right(tmp_path, nprocs, flags):
     assert data["results"][0]["count"] == 1
     assert "# Wrong values: 0 OK" in out
     assert "Average bus bandwidth" in out
+    assert "commlib-bench allreduce [" not in out, "no progress bar when stderr is not a terminal"
+    meta = data["metadata"]
+    assert meta["mpi_version"] and meta["commlib_version"] and meta["algorithms"] == ALL
+    assert meta["nodes"] == (2 if "--local-size" in flags else 1)
 
 
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
