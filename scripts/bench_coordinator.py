@@ -48,8 +48,11 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     cl.init()
     rank = comm.Get_rank()
-    grads = [np.random.default_rng(i).standard_normal(int(np.prod(s))).astype(np.float32).reshape(s)
-             for i, s in enumerate(resnet50_shapes())]
+    def fresh():
+        return [np.random.default_rng(i).standard_normal(int(np.prod(s))).astype(np.float32).reshape(s)
+                for i, s in enumerate(resnet50_shapes())]
+
+    grads, mpi_grads = fresh(), fresh()
     backward = list(reversed(range(len(grads))))
     total = sum(g.size for g in grads)
     packed = np.concatenate([g.reshape(-1) for g in grads])
@@ -58,14 +61,14 @@ def main() -> None:
 
     def mpi_per_tensor():
         for i in backward:
-            comm.Allreduce(MPI.IN_PLACE, grads[i], op=MPI.SUM)
+            comm.Allreduce(MPI.IN_PLACE, mpi_grads[i], op=MPI.SUM)
 
     def packed_with(algorithm):
-        return lambda: engine.allreduce_(packed, cl.Sum, algorithm=algorithm)
+        return lambda: engine.allreduce_(packed, cl.Average, algorithm=algorithm)
 
     def through_commlib(compression):
         def run():
-            handles = [cl.allreduce_async_(grads[i], op=cl.Sum, name=f"grad.{i}", compression=compression)
+            handles = [cl.allreduce_async_(grads[i], op=cl.Average, name=f"grad.{i}", compression=compression)
                        for i in backward]
             for handle in handles:
                 cl.synchronize(handle)
