@@ -67,7 +67,8 @@ class Coordinator:
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
         self._undecided: set[str] = set()       # announced, no response yet (driving thread only)
-        self._cache: dict[str, tuple[int, Meta]] = {}
+        self._cache: dict[str, tuple[int, Meta]] = {}   # name -> (cache id, agreed metadata)
+        self._cache_metas: dict[int, Meta] = {}          # cache id -> agreed metadata
         self._progress = threading.Lock()       # held by the thread running a cycle
         self._wakeup = threading.Condition()
         self._waiters = 0                       # user threads inside wait()
@@ -191,8 +192,10 @@ class Coordinator:
                 busy = True
                 responses = fuse(responses, self._config.fusion_threshold_bytes,
                                  self._config.fusion_inplace_bytes)
-                for worker in range(1, self.size):
-                    self._channel.post(worker, ("resp", responses))
+                if self.size > 1:
+                    message = ("resp", [self._compact(r) for r in responses])
+                    for worker in range(1, self.size):
+                        self._channel.post(worker, message)
                 self._execute(responses)
         return busy
 
@@ -226,10 +229,30 @@ class Coordinator:
             if joining:
                 self._channel.post(0, ("join",))
 
+    def _compact(self, response: Response):
+        """A plain response for cached names travels as its cache ids (an int, or a tuple when fused):
+        every rank knows their metadata, and pickling the full response would cost ~10 us per call."""
+        if response.error or response.joined or response.cache_ids or response.kind is Kind.JOIN:
+            return response
+        ids = []
+        for meta in response.metas:
+            hit = self._cache.get(meta.name)
+            if hit is None or hit[1] != meta:
+                return response
+            ids.append(hit[0])
+        return ids[0] if len(ids) == 1 else tuple(ids)
+
+    def _expand(self, item) -> Response:
+        if isinstance(item, Response):
+            return item
+        ids = (item,) if isinstance(item, int) else item
+        metas = [self._cache_metas[i] for i in ids]
+        return Response(metas[0].kind, metas)
+
     def _on_message(self, source: int, message: tuple) -> None:
         tag = message[0]
         if tag == "resp":
-            self._execute(message[1])
+            self._execute([self._expand(item) for item in message[1]])
         elif tag == "req":
             now = time.monotonic()
             for meta in message[1]:
@@ -249,7 +272,9 @@ class Coordinator:
     def _execute(self, responses: list[Response]) -> None:
         for response in responses:
             for name, cache_id in response.cache_ids:
-                self._cache[name] = (cache_id, next(m for m in response.metas if m.name == name))
+                meta = next(m for m in response.metas if m.name == name)
+                self._cache[name] = (cache_id, meta)
+                self._cache_metas[cache_id] = meta
             if response.kind is Kind.JOIN:
                 self._finish_join(response.last_joined)
                 continue
