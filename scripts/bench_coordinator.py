@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("-n", "--rounds", type=int, default=10)
     parser.add_argument("--latency-iters", type=int, default=2000)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--also", nargs="*", default=[], metavar="ALGORITHM",
+                        help="also time the coordinator with these algorithms forced")
     args = parser.parse_args()
 
     comm = MPI.COMM_WORLD
@@ -66,9 +68,10 @@ def main() -> None:
     def packed_with(algorithm):
         return lambda: engine.allreduce_(packed, cl.Average, algorithm=algorithm)
 
-    def through_commlib(compression):
+    def through_commlib(compression, algorithm=None):
         def run():
-            handles = [cl.allreduce_async_(grads[i], op=cl.Average, name=f"grad.{i}", compression=compression)
+            handles = [cl.allreduce_async_(grads[i], op=cl.Average, name=f"grad.{i}", compression=compression,
+                                           algorithm=algorithm)
                        for i in backward]
             for handle in handles:
                 cl.synchronize(handle)
@@ -78,6 +81,8 @@ def main() -> None:
     best = min(candidates, key=lambda a: min(timed(comm, packed_with(a)) for _ in range(2)))
     peers = {"mpi_per_tensor": mpi_per_tensor, f"packed_{best}": packed_with(best),
              "commlib": through_commlib(None), "commlib_fp16": through_commlib(cl.Compression.fp16)}
+    for algorithm in args.also:
+        peers[f"commlib_{algorithm}"] = through_commlib(None, algorithm)
     for fn in peers.values():  # warm-up: caches, scratch buffers, negotiation cache
         fn()
     times = {k: [] for k in peers}
