@@ -43,9 +43,21 @@ class WireCodec:
         """``dst = float32(src) * scale``."""
         kernels.from_half(src, dst, scale)
 
-    def accumulate(self, dst: np.ndarray, src: np.ndarray, op: ReduceOp) -> None:
-        """``dst = dst op float32(src)``, accumulating in float32."""
-        kernels.reduce_widened_(dst, src, op)
+    def accumulate(self, dst: np.ndarray, src: np.ndarray, op: ReduceOp, dst_scale: float = 1.0) -> None:
+        """``dst = (dst * dst_scale) op float32(src)``, accumulating in float32 (``dst_scale`` lets an
+        algorithm scale its own not-yet-sent data in the same pass)."""
+        kernels.reduce_widened_(dst, src, op, dst_scale=dst_scale)
+
+    def round_trip(self, buf: np.ndarray, wire: np.ndarray, scale: float = 1.0, postscale: float = 1.0) -> int:
+        """``wire = wire(buf * scale)`` and ``buf = float32(wire) * postscale`` in one pass: the sender keeps
+        exactly what receivers ``decode`` with ``postscale``. Returns how many values overflowed."""
+        return kernels.round_trip_(buf, wire, scale, postscale)
+
+    def accumulate_round_trip(self, dst: np.ndarray, src: np.ndarray, wire: np.ndarray, op: ReduceOp,
+                              dst_scale: float = 1.0, postscale: float = 1.0) -> int:
+        """``accumulate(dst, src, op, dst_scale)`` then ``round_trip(dst, wire, 1.0, postscale)`` in one pass:
+        a chunk's last reduction step, its encoding for the allgather, and the value its owner keeps."""
+        return kernels.reduce_round_trip_(dst, src, wire, op, dst_scale=dst_scale, postscale=postscale)
 
     def __repr__(self) -> str:
         return f"Compression.{self.name}"

