@@ -255,30 +255,39 @@ def _finish_and_share(ctx, transport: Transport, buf: np.ndarray, offs: Sequence
     in_segs = partition.segments(0, gathered.size, seg)
     overflow = 0
     for i in range(max(len(out_segs), len(own_segs), len(in_segs))):
-        requests = []
-        if i < len(own_segs):
-            a, b = own_segs[i]
-            requests.append(transport.irecv(reduce_in[:b - a], left, _REDUCE_TAG))
+        sending = receiving = None
         if i < len(out_segs):
             a, b = out_segs[i]
-            overflow += codec.encode(outgoing[a:b], reduce_out[:b - a], scale)
-            requests.append(transport.isend(reduce_out[:b - a], right, _REDUCE_TAG))
-        transport.waitall(requests)
-        requests = []
-        if i < len(in_segs):
-            a, b = in_segs[i]
-            received = gather_in[:b - a] if keep is None else keep[a:b]
-            requests.append(transport.irecv(received, left, _GATHER_TAG))
+            sending = reduce_out[:b - a]
+            overflow += codec.encode(outgoing[a:b], sending, scale)
         if i < len(own_segs):
             a, b = own_segs[i]
-            overflow += codec.accumulate_round_trip(own[a:b], reduce_in[:b - a], gather_out[:b - a], op,
-                                                    dst_scale, postscale)
-            requests.append(transport.isend(gather_out[:b - a], right, _GATHER_TAG))
-        transport.waitall(requests)
+            receiving = reduce_in[:b - a]
+        _swap(transport, sending, right, receiving, left, _REDUCE_TAG)
+        sending = receiving = None
+        if i < len(own_segs):
+            a, b = own_segs[i]
+            sending = gather_out[:b - a]
+            overflow += codec.accumulate_round_trip(own[a:b], reduce_in[:b - a], sending, op, dst_scale,
+                                                    postscale)
         if i < len(in_segs):
             a, b = in_segs[i]
-            codec.decode(received, gathered[a:b], postscale)
+            receiving = gather_in[:b - a] if keep is None else keep[a:b]
+        _swap(transport, sending, right, receiving, left, _GATHER_TAG)
+        if receiving is not None:
+            codec.decode(receiving, gathered[in_segs[i][0]:in_segs[i][1]], postscale)
     return overflow
+
+
+def _swap(transport: Transport, sending: np.ndarray | None, dest: int, receiving: np.ndarray | None,
+          source: int, tag: int) -> None:
+    """Send and receive at once; either may be None (uneven chunks can differ by one segment)."""
+    if sending is not None and receiving is not None:
+        transport.sendrecv(sending, dest, receiving, source, tag)  # one call: the common case
+    elif sending is not None:
+        transport.send(sending, dest, tag)
+    elif receiving is not None:
+        transport.recv(receiving, source, tag)
 
 
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None,
