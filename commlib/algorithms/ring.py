@@ -12,14 +12,24 @@ its sends and two receives into two segment-sized slots; segment i is reduced as
 
 With a codec the chunks travel encoded; received partial sums accumulate in float32; the owner encodes
 its finished chunk once and keeps the decoded value, so every rank ends with identical, wire-exact values.
-Encoded segments go to two segment-sized send slots (reused as soon as their send completed), so the
-encoded data and the received data stay in cache between the kernel that writes them and MPI's copy.
+In :func:`allreduce` the last reduce-scatter step and the first allgather step run as one loop over
+segments (:func:`_finish_and_share`): each segment of the own chunk is accumulated, encoded for the
+allgather and replaced by its decoded value in one pass (``accumulate_round_trip``) and sent on at once.
+All ranks do the same work per segment and exchange with one ``Sendrecv`` per stream, so they stay in
+lockstep and MPI copies slot to slot in cache. Codec segments are ``ring_segment_bytes / 16`` elements
+(the loop's working set is 20 bytes per element). Elsewhere encoded segments go to two segment-sized send
+slots, reused as soon as their send has completed.
 
 Scaling with a codec (``prescale``/``postscale`` of :func:`allreduce`, the Engine's fp16 pre-divide) costs
 no pass of its own: in the reduce-scatter every element of this rank's data is either sent raw exactly
 once (at step 0, encoded with ``scale=prescale``) or received-into exactly once while still raw (every step
 accumulates with ``dst_scale=prescale``); in the allgather the owner's wire round trip and every decode
 multiply by ``postscale``. The results are bit for bit those of separate scaling passes.
+
+Per rank on 2 ranks (N float32 elements, chunk N/2), memory passes with fp16: encode the outgoing chunk
+(read 2N bytes), finish the own chunk (read and write 2N), decode the received chunk (write 2N), plus MPI's
+copies of N bytes of wire data each way, which stay in cache. Without a codec: MPI's copies of 2N bytes
+each way through shared memory (from and to the buffers), one reduce pass (read and write 2N).
 """
 
 from __future__ import annotations
