@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import AlgorithmContext, execute, partition, prepare, ring
+from .algorithms import AlgorithmContext, execute, partition, prepare, rabenseifner, recursive_doubling, ring
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -33,7 +33,11 @@ _COUNT = np.dtype(np.int64)
 #: Algorithms that take ``prescale``/``postscale`` and, with a codec, fold them into their encode,
 #: accumulate and decode passes (bit-identical to scaling passes before and after, without the 8 bytes
 #: per element each of those costs).
-_FOLDS_SCALING = {"ring": ring.allreduce}
+_FOLDS_SCALING = {
+    "ring": ring.allreduce,
+    "recursive_doubling": recursive_doubling.allreduce,
+    "rabenseifner": rabenseifner.allreduce,
+}
 
 
 class Engine:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import kernels
 from ..compression import WireCodec
 from ..ops import ReduceOp
 from ..transport.base import Transport
@@ -23,14 +24,29 @@ from .recursive_doubling import Fold
 
 
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None,
-              transport: Transport | None = None) -> int:
-    """Rabenseifner allreduce of ``buf`` in place over ``transport`` (default: the context's)."""
+              transport: Transport | None = None, *, prescale: float = 1.0, postscale: float = 1.0) -> int:
+    """Rabenseifner allreduce of ``buf`` in place over ``transport`` (default: the context's):
+    ``buf = postscale * reduce(prescale * buf)``. With a codec the scaling rides on the passes made anyway
+    (the fold and the first halving step encode and accumulate with ``prescale``, the owner's round trip
+    and every decode multiply by ``postscale``); without one, or on one rank, it is a pass over ``buf``."""
     transport = transport or ctx.transport
     p, n = transport.size, buf.size
-    if p == 1 or n == 0:
-        return 0
-    fold = Fold(p, transport.rank)
-    overflow = fold.fold_(ctx, transport, buf, op, codec, "rab")
+    if p == 1 or n == 0 or codec is None:
+        if prescale != 1.0:
+            kernels.scale_(buf, prescale)
+        overflow = 0 if p == 1 or n == 0 else _allreduce(ctx, transport, buf, op, None, 1.0, 1.0)
+        if postscale != 1.0:
+            kernels.scale_(buf, postscale)
+        return overflow
+    return _allreduce(ctx, transport, buf, op, codec, prescale, postscale)
+
+
+def _allreduce(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None,
+               prescale: float, postscale: float) -> int:
+    n = buf.size
+    fold = Fold(transport.size, transport.rank)
+    overflow = fold.fold_(ctx, transport, buf, op, codec, "rab", prescale)
+    pending = fold.pending_scale(prescale)  # after the first halving step all data kept is scaled
     wire = None if codec is None else ctx.scratch.get("rab.wire_full", n, codec.wire_dtype)
     me = fold.newrank
     if me >= 0:
@@ -43,13 +59,14 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
             keep, give = ((mid, hi), (lo, mid)) if me & mask else ((lo, mid), (mid, hi))
             ks, ke = offs[keep[0]], offs[keep[1]]
             gs, ge = offs[give[0]], offs[give[1]]
-            overflow += ring.send_reduce_(ctx, transport, buf[gs:ge], partner, buf[ks:ke], partner, op, codec)
+            overflow += ring.send_reduce_(ctx, transport, buf[gs:ge], partner, buf[ks:ke], partner, op, codec,
+                                          scale=pending, dst_scale=pending)
+            pending = 1.0
             lo, hi = keep
             mask >>= 1
         if codec is not None:
             own = slice(offs[me], offs[me + 1])
-            overflow += codec.encode(buf[own], wire[own])
-            codec.decode(wire[own], buf[own])
+            overflow += codec.round_trip(buf[own], wire[own], 1.0, postscale)
         target = buf if codec is None else wire
         mask = 1
         while mask < fold.pof2:
@@ -59,7 +76,7 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
             ts, te = offs[theirs], offs[theirs + mask]
             transport.sendrecv(target[ms:me_], fold.real(peer), target[ts:te], fold.real(peer))
             if codec is not None:
-                codec.decode(wire[ts:te], buf[ts:te])
+                codec.decode(wire[ts:te], buf[ts:te], postscale)
             mask <<= 1
-    fold.unfold_(transport, buf, wire, codec)
+    fold.unfold_(transport, buf, wire, codec, postscale)
     return overflow

@@ -39,8 +39,10 @@ class Fold:
         return newrank * 2 + 1 if newrank < self.rem else newrank + self.rem
 
     def fold_(self, ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None,
-              key: str) -> int:
-        """Even ranks below 2*rem send their buffer to rank+1, which reduces it in."""
+              key: str, prescale: float = 1.0) -> int:
+        """Even ranks below 2*rem send their buffer to rank+1, which reduces it in. With a codec
+        ``prescale`` multiplies this rank's data in the same passes (encode, accumulate): a rank that folded
+        holds scaled data afterwards (see :meth:`pending_scale`)."""
         if self.rank >= 2 * self.rem:
             return 0
         overflow = 0
@@ -49,7 +51,7 @@ class Fold:
                 transport.send(buf, self.rank + 1)
             else:
                 wire = ctx.scratch.get(key + ".wire", buf.size, codec.wire_dtype)
-                overflow += codec.encode(buf, wire)
+                overflow += codec.encode(buf, wire, prescale)
                 transport.send(wire, self.rank + 1)
         elif codec is None:
             tmp = ctx.scratch.get(key + ".recv", buf.size, buf.dtype)
@@ -58,13 +60,18 @@ class Fold:
         else:
             wire = ctx.scratch.get(key + ".wire", buf.size, codec.wire_dtype)
             transport.recv(wire, self.rank - 1)
-            codec.accumulate(buf, wire, op)
+            codec.accumulate(buf, wire, op, prescale)
         return overflow
 
+    def pending_scale(self, prescale: float) -> float:
+        """The prescale still to apply to this rank's buffer after :meth:`fold_` applied it or not."""
+        return 1.0 if self.rank < 2 * self.rem else prescale
+
     def unfold_(self, transport: Transport, buf: np.ndarray, wire: np.ndarray | None,
-                codec: WireCodec | None) -> None:
+                codec: WireCodec | None, postscale: float = 1.0) -> None:
         """Odd ranks below 2*rem return the result to rank-1. With a codec the result travels as
-        ``wire`` (which must hold the wire form of ``buf``) and is decoded on arrival."""
+        ``wire`` (which must hold the wire form of ``buf``) and is decoded on arrival, times ``postscale``
+        (the sender's ``buf`` must already hold ``float32(wire) * postscale``)."""
         if self.rank >= 2 * self.rem:
             return
         outgoing = buf if codec is None else wire
@@ -73,18 +80,32 @@ class Fold:
         else:
             transport.recv(outgoing, self.rank + 1)
             if codec is not None:
-                codec.decode(wire, buf)
+                codec.decode(wire, buf, postscale)
 
 
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None,
-              transport: Transport | None = None) -> int:
-    """Recursive-doubling allreduce of ``buf`` in place over ``transport`` (default: the context's)."""
+              transport: Transport | None = None, *, prescale: float = 1.0, postscale: float = 1.0) -> int:
+    """Recursive-doubling allreduce of ``buf`` in place over ``transport`` (default: the context's):
+    ``buf = postscale * reduce(prescale * buf)``. With a codec the scaling rides on the wire round trips
+    (the first one multiplies by ``prescale``, the last one and the unfold's decode by ``postscale``);
+    without one, or on one rank, it is a pass over ``buf``."""
     transport = transport or ctx.transport
     p = transport.size
-    if p == 1 or buf.size == 0:
-        return 0
-    fold = Fold(p, transport.rank)
-    overflow = fold.fold_(ctx, transport, buf, op, codec, "rd")
+    if p == 1 or buf.size == 0 or codec is None:
+        if prescale != 1.0:
+            kernels.scale_(buf, prescale)
+        overflow = 0 if p == 1 or buf.size == 0 else _allreduce(ctx, transport, buf, op, None, 1.0, 1.0)
+        if postscale != 1.0:
+            kernels.scale_(buf, postscale)
+        return overflow
+    return _allreduce(ctx, transport, buf, op, codec, prescale, postscale)
+
+
+def _allreduce(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None,
+               prescale: float, postscale: float) -> int:
+    fold = Fold(transport.size, transport.rank)
+    overflow = fold.fold_(ctx, transport, buf, op, codec, "rd", prescale)
+    pending = fold.pending_scale(prescale)
     wire = None
     if codec is not None:
         wire = ctx.scratch.get("rd.wire", buf.size, codec.wire_dtype)
@@ -99,13 +120,13 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
                 transport.sendrecv(buf, partner, incoming, partner)
                 kernels.reduce_(buf, incoming, op)
             else:
-                overflow += codec.encode(buf, wire)
-                codec.decode(wire, buf)  # reduce what the partner sees of us: identical on both sides
+                # reduce what the partner sees of us: identical on both sides
+                overflow += codec.round_trip(buf, wire, pending)
+                pending = 1.0
                 transport.sendrecv(wire, partner, incoming, partner)
                 codec.accumulate(buf, incoming, op)
             mask <<= 1
         if codec is not None:
-            overflow += codec.encode(buf, wire)
-            codec.decode(wire, buf)
-    fold.unfold_(transport, buf, wire, codec)
+            overflow += codec.round_trip(buf, wire, 1.0, postscale)
+    fold.unfold_(transport, buf, wire, codec, postscale)
     return overflow

@@ -10,7 +10,8 @@ with numpy/ml_dtypes conversions, so any difference in rounding, scaling order (
 segmenting or message matching shows as a bit difference. Checked through ``ring.allreduce``
 (prescale/postscale given directly) and through ``Engine.allreduce_`` (fp16 pre-divide and multiply-back),
 with a small segment size so that chunks span many segments, including chunks whose segment counts
-differ. Exits non-zero (MPI_Abort) on the first failure.
+differ. For every algorithm, the Engine's scaling (folded into the codec passes by ring, recursive
+doubling and rabenseifner) is also compared with separate scaling passes around ``run_allreduce``. Exits non-zero (MPI_Abort) on the first failure.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import warnings
 import numpy as np
 from mpi4py import MPI
 
-from commlib.algorithms import AlgorithmContext, partition, ring
+from commlib import kernels
+from commlib.algorithms import ALGORITHMS, AlgorithmContext, partition, ring, run_allreduce
 from commlib.compression import Compression, CompressionOverflowWarning
 from commlib.config import Config
 from commlib.engine import Engine
@@ -94,6 +96,30 @@ def main() -> None:
                 same_bits(buf, simulate(inputs, codec.wire_dtype, ReduceOp.SUM, pre, post),
                           f"engine ring {codec} n={n} {op.name} prescale={user_pre} postscale={user_post}")
                 checks += 1
+    # every algorithm: the Engine's scaling (folded into the codec passes where the algorithm can) is bit
+    # for bit that of separate passes around run_allreduce
+    for name in ALGORITHMS:
+        if name == "native":
+            continue
+        for codec in (Compression.fp16, Compression.bf16):
+            for n in (7, 257 * p - (p - 1), 5000):
+                x = (np.random.default_rng([rank, n, 7]).standard_normal(n) * 100).astype(F32)
+                for op, user_pre, user_post in ((ReduceOp.SUM, 1.0, 1.0), (ReduceOp.AVERAGE, 2.0, 1.0),
+                                                (ReduceOp.MAX, 0.5, 3.0)):
+                    predivide = codec is Compression.fp16 and p > 1 and op is not ReduceOp.MAX
+                    pre = user_pre / p if predivide else user_pre
+                    post = user_post * (p if predivide and op is ReduceOp.SUM else 1)
+                    if op is ReduceOp.AVERAGE and not predivide and p > 1:
+                        post /= p
+                    want = x.copy()
+                    kernels.scale_(want, pre)
+                    run_allreduce(engine.context, want, op, name, codec)
+                    kernels.scale_(want, post)
+                    got = x.copy()
+                    engine.allreduce_(got, op, algorithm=name, prescale=user_pre, postscale=user_post, codec=codec)
+                    same_bits(got, want, f"engine {name} {codec} n={n} {op.name} prescale={user_pre} "
+                                         f"postscale={user_post} vs separate scaling passes")
+                    checks += 1
     # overflow: only the rank whose value overflowed float16 after the pre-divide is warned
     big = np.full(3000, 1.0, F32)
     if rank == 0:
