@@ -121,10 +121,10 @@ def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, tar
     With a codec ``outgoing`` travels as ``wire(outgoing * scale)`` and ``target`` becomes ``(target *
     dst_scale) op received`` (without a codec both scales must be 1).
 
-    Both sides cut their messages into segments of ``config.ring_segment_bytes`` (of float32 data); all
-    sends are posted at once (with a codec: as soon as a send slot is free), receives go to ``_SLOTS``
-    segment-sized slots, and each segment is reduced as soon as it has arrived - still in cache, while
-    the next one is in flight."""
+    Both sides cut their messages into segments (``config.ring_segment_bytes`` of data; with a codec see
+    ``_CODEC_SEGMENT_DIVISOR``); all sends are posted at once (with a codec: as soon as one of the
+    ``_SEND_SLOTS`` encoded-segment slots is free), receives go to ``_SLOTS`` segment-sized slots, and each
+    segment is reduced as soon as it has arrived - still in cache, while the next one is in flight."""
     seg = _segment(ctx, max(target.size, outgoing.size), target.itemsize if codec is None else 0)
     if codec is None:
         if scale != 1.0 or dst_scale != 1.0:
