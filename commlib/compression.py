@@ -2,7 +2,9 @@
 
 A :class:`WireCodec` wraps any allreduce algorithm: the algorithm sends ``encode``-d chunks, and on receipt
 ``accumulate``-s them into its float32 buffer (or ``decode``-s a finished chunk). Reduction therefore
-always happens in float32; only the bytes on the wire are half precision.
+always happens in float32; only the bytes on the wire are half precision. ``round_trip`` and
+``accumulate_round_trip`` fuse the owner's steps (finish, encode, keep the decoded value) into one pass, and
+the ``scale``/``dst_scale``/``postscale`` arguments let algorithms fold scaling into these passes.
 
 Overflow rule (float16 only, whose largest value is 65504): before encoding, values are divided by the
 number of ranks, so no partial sum of in-range inputs can exceed the range; the result is multiplied back
