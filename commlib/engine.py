@@ -30,9 +30,10 @@ from .transport.base import Transport
 
 _COUNT = np.dtype(np.int64)
 
-#: Algorithms that take ``prescale``/``postscale`` and, with a codec, fold them into their encode,
-#: accumulate and decode passes (bit-identical to scaling passes before and after, without the 8 bytes
-#: per element each of those costs).
+#: Algorithms that take ``prescale``/``postscale`` and fold them into passes they make anyway: with a codec
+#: into their encode, accumulate and decode passes; the ring also without one (the postscale, e.g. an
+#: Average's division, on each finished segment while in cache). Bit-identical to scaling passes before
+#: and after, without the 8 bytes per element each of those costs.
 _FOLDS_SCALING = {
     "ring": ring.allreduce,
     "recursive_doubling": recursive_doubling.allreduce,
@@ -97,8 +98,8 @@ class Engine:
         elif average and not predivide:
             post /= size
         flat = buf.reshape(-1)
-        folds_scaling = _FOLDS_SCALING.get(algorithm) if codec is not None and size > 1 else None
-        if folds_scaling is not None:  # no scaling passes: the codec's own passes multiply
+        folds_scaling = _FOLDS_SCALING.get(algorithm) if size > 1 else None
+        if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
             overflow = folds_scaling(self.context, flat, op.kernel_op, codec, prescale=pre, postscale=post)
         else:
             if pre != 1.0:

@@ -113,13 +113,15 @@ def _exchange(ctx, transport: Transport, nsend: int, dest: int, nrecv: int, sour
 
 def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, target: np.ndarray, source: int,
                  op: ReduceOp, codec: WireCodec | None = None, scale: float = 1.0,
-                 dst_scale: float = 1.0) -> int:
+                 dst_scale: float = 1.0, then_scale: float = 1.0) -> int:
     """One pipelined exchange: send ``outgoing`` to ``dest`` while receiving ``target.size`` elements from
     ``source`` and reducing them into ``target`` (``target = target op received``). ``outgoing`` and
     ``target`` must not overlap. Returns encode overflows.
 
     With a codec ``outgoing`` travels as ``wire(outgoing * scale)`` and ``target`` becomes ``(target *
-    dst_scale) op received`` (without a codec both scales must be 1).
+    dst_scale) op received`` (without a codec both scales must be 1). Without a codec, ``then_scale``
+    multiplies each reduced segment of ``target`` while it is still in cache (the ring's Average: no pass
+    over the buffer of its own).
 
     Both sides cut their messages into segments (``config.ring_segment_bytes`` of data; with a codec see
     ``_CODEC_SEGMENT_DIVISOR``); all sends are posted at once (with a codec: as soon as one of the
@@ -129,8 +131,13 @@ def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, tar
     if codec is None:
         if scale != 1.0 or dst_scale != 1.0:
             raise ValueError("send_reduce_: scale and dst_scale need a codec; scale the buffer first")
+        def reduce_then_scale(a, b, got):
+            kernels.reduce_(target[a:b], got, op)
+            kernels.scale_(target[a:b], then_scale)
+
         _exchange(ctx, transport, outgoing.size, dest, target.size, source, seg, target.dtype,
-                  lambda a, b, slot: outgoing[a:b], lambda a, b, got: kernels.reduce_(target[a:b], got, op))
+                  lambda a, b, slot: outgoing[a:b],
+                  reduce_then_scale if then_scale != 1.0 else lambda a, b, got: kernels.reduce_(target[a:b], got, op))
         return 0
     overflow = 0
 
@@ -145,17 +152,22 @@ def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, tar
 
 
 def reduce_scatter_(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, offs: Sequence[int],
-                    codec: WireCodec | None = None, prescale: float = 1.0) -> int:
+                    codec: WireCodec | None = None, prescale: float = 1.0, finish_scale: float = 1.0) -> int:
     """Reduce ``buf`` so that chunk ``[offs[r], offs[r+1])`` holds the group's reduction on rank r
     (``len(offs) == transport.size + 1``). Other chunks hold partial results. Returns encode overflows.
 
     ``prescale`` multiplies every rank's data before it is reduced: with a codec inside the encode and
-    accumulate passes (see the module docstring), without one by a pass of its own."""
+    accumulate passes (see the module docstring), without one by a pass of its own. ``finish_scale``
+    (no codec) multiplies the own finished chunk, segment by segment as the last step reduces it."""
     p, r = transport.size, transport.rank
     if prescale != 1.0 and (codec is None or p == 1):
         kernels.scale_(buf[offs[0]:offs[p]], prescale)
         prescale = 1.0
+    if codec is not None and finish_scale != 1.0:
+        raise ValueError("reduce_scatter_: finish_scale is for uncompressed data; a codec scales as it decodes")
     if p == 1:
+        if finish_scale != 1.0:
+            kernels.scale_(buf[offs[0]:offs[1]], finish_scale)
         return 0
     right, left = (r + 1) % p, (r - 1) % p
     overflow = 0
@@ -164,7 +176,8 @@ def reduce_scatter_(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, of
         # step 0 sends raw data; later steps send what the previous step accumulated (already scaled)
         overflow += send_reduce_(ctx, transport, buf[offs[send_chunk]:offs[send_chunk + 1]], right,
                                  buf[offs[recv_chunk]:offs[recv_chunk + 1]], left, op, codec,
-                                 scale=prescale if step == 0 else 1.0, dst_scale=prescale)
+                                 scale=prescale if step == 0 else 1.0, dst_scale=prescale,
+                                 then_scale=finish_scale if step == p - 2 else 1.0)
     return overflow
 
 
@@ -305,7 +318,9 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
     """Ring allreduce of ``buf`` in place over ``transport`` (default: the context's):
     ``buf = postscale * reduce(prescale * buf)``. With a codec the scaling is folded into the passes the
     ring makes anyway, and the last reduce-scatter step runs together with the first allgather step
-    (module docstring); without a codec, or on one rank, scaling is a pass over ``buf``."""
+    (module docstring); without a codec ``prescale`` is a pass over ``buf`` and ``postscale`` is applied to
+    each segment of the own chunk as the last reduce-scatter step finishes it, so an Average costs no pass.
+    On one rank scaling is a pass over ``buf``."""
     transport = transport or ctx.transport
     p, r = transport.size, transport.rank
     if p == 1 or buf.size == 0:
@@ -314,9 +329,9 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
                 kernels.scale_(buf, factor)
         return 0
     offs = partition.offsets(buf.size, p)
-    if codec is None:
-        reduce_scatter_(ctx, transport, buf, op, offs, None, prescale)
-        return allgather_(ctx, transport, buf, offs, None, postscale)
+    if codec is None:  # the last step scales the own chunk as it finishes it; the allgather copies it
+        reduce_scatter_(ctx, transport, buf, op, offs, None, prescale, finish_scale=postscale)
+        return allgather_(ctx, transport, buf, offs, None)
     overflow = 0
     for step in range(p - 2):  # the reduce-scatter steps before the last, as in reduce_scatter_
         send_chunk, recv_chunk = (r - step - 1) % p, (r - step - 2) % p

@@ -96,13 +96,14 @@ def main() -> None:
                 same_bits(buf, simulate(inputs, codec.wire_dtype, ReduceOp.SUM, pre, post),
                           f"engine ring {codec} n={n} {op.name} prescale={user_pre} postscale={user_post}")
                 checks += 1
-    # every algorithm: the Engine's scaling (folded into the codec passes where the algorithm can) is bit
-    # for bit that of separate passes around run_allreduce
+    # every algorithm: the Engine's scaling (folded into the codec passes where the algorithm can, and
+    # into the ring's last reduce-scatter step without a codec) is bit for bit that of separate passes
+    # around run_allreduce
     for name in ALGORITHMS:
         if name == "native":
             continue
-        for codec in (Compression.fp16, Compression.bf16):
-            for n in (7, 257 * p - (p - 1), 5000):
+        for codec in (None, Compression.fp16, Compression.bf16):
+            for n in (7, 257 * p - (p - 1), 5000) + ((600011,) if codec is None else ()):
                 x = (np.random.default_rng([rank, n, 7]).standard_normal(n) * 100).astype(F32)
                 for op, user_pre, user_post in ((ReduceOp.SUM, 1.0, 1.0), (ReduceOp.AVERAGE, 2.0, 1.0),
                                                 (ReduceOp.MAX, 0.5, 3.0)):
