@@ -78,7 +78,7 @@ class Config:
     small_message_bytes: int = 64 << 10
     cycle_time_ms: float = 1.0
     fusion_threshold_bytes: int = 64 << 20
-    fusion_inplace_bytes: int = 1 << 20
+    fusion_inplace_bytes: int = 64 << 10
     num_streams: int = 1
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
@@ -149,7 +149,7 @@ FIELDS: dict[str, _Field] = {
                                      "largest fused buffer, bytes; 0 disables fusion (default 64M)"),
     "fusion_inplace_bytes": _Field("COMMLIB_FUSION_INPLACE", parse_size,
                                    "tensors at least this large are reduced in place, never copied into "
-                                   "a fusion buffer (default 1M)"),
+                                   "a fusion buffer (default 64K)"),
     "num_streams": _Field("COMMLIB_NUM_STREAMS", _positive_int,
                           "execution lanes, each with its own communicator (default 1)"),
     "stall_check_time_s": _Field("COMMLIB_STALL_CHECK_TIME", _non_negative_float,
