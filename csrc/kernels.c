@@ -129,6 +129,27 @@ static int check_pair(const Py_buffer *dst, size_t dst_item, const Py_buffer *sr
     return 0;
 }
 
+/* Acquire `first` (writable) and `second` (writable if `second_writable`) with their element sizes and
+ * check them as a pair; on failure neither is held and an exception is set. */
+static int get_pair(PyObject *first_obj, const char *first_name, size_t first_item, Py_buffer *first,
+                    PyObject *second_obj, const char *second_name, size_t second_item, int second_writable,
+                    Py_buffer *second)
+{
+    if (get_buffer(first_obj, first, 1, first_name, first_item) < 0) {
+        return -1;
+    }
+    if (get_buffer(second_obj, second, second_writable, second_name, second_item) < 0) {
+        PyBuffer_Release(first);
+        return -1;
+    }
+    if (check_pair(first, first_item, second, second_item) < 0) {
+        PyBuffer_Release(second);
+        PyBuffer_Release(first);
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- entry points ---- */
 
 PyDoc_STRVAR(reduce_doc, "reduce(dst, src, dtype, op, portable)\n--\n\n"
@@ -145,16 +166,7 @@ static PyObject *ck_py_reduce(PyObject *module, PyObject *const *args, Py_ssize_
     }
     size_t item = ck_itemsizes[dt];
     Py_buffer dst, src;
-    if (get_buffer(args[0], &dst, 1, "dst", item) < 0) {
-        return NULL;
-    }
-    if (get_buffer(args[1], &src, 0, "src", item) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    if (check_pair(&dst, item, &src, item) < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&dst);
+    if (get_pair(args[0], "dst", item, &dst, args[1], "src", item, 0, &src) < 0) {
         return NULL;
     }
     size_t n = (size_t)dst.len / item;
@@ -200,16 +212,7 @@ static PyObject *ck_py_reduce_widened(PyObject *module, PyObject *const *args, P
     }
     float ds = (float)dst_scale;
     Py_buffer dst, src;
-    if (get_buffer(args[0], &dst, 1, "dst", 4) < 0) {
-        return NULL;
-    }
-    if (get_buffer(args[1], &src, 0, "src", 2) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    if (check_pair(&dst, 4, &src, 2) < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&dst);
+    if (get_pair(args[0], "dst", 4, &dst, args[1], "src", 2, 0, &src) < 0) {
         return NULL;
     }
     size_t n = (size_t)dst.len / 4;
@@ -298,16 +301,7 @@ static PyObject *ck_py_to_half(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_buffer src, dst;
-    if (get_buffer(args[1], &dst, 1, "dst", 2) < 0) {
-        return NULL;
-    }
-    if (get_buffer(args[0], &src, 0, "src", 4) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    if (check_pair(&dst, 2, &src, 4) < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&dst);
+    if (get_pair(args[1], "dst", 2, &dst, args[0], "src", 4, 0, &src) < 0) {
         return NULL;
     }
     size_t n = (size_t)dst.len / 2, overflow = 0;
@@ -345,16 +339,7 @@ static PyObject *ck_py_from_half(PyObject *module, PyObject *const *args, Py_ssi
         return NULL;
     }
     Py_buffer src, dst;
-    if (get_buffer(args[1], &dst, 1, "dst", 4) < 0) {
-        return NULL;
-    }
-    if (get_buffer(args[0], &src, 0, "src", 2) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    if (check_pair(&dst, 4, &src, 2) < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&dst);
+    if (get_pair(args[1], "dst", 4, &dst, args[0], "src", 2, 0, &src) < 0) {
         return NULL;
     }
     size_t n = (size_t)dst.len / 4;
@@ -397,16 +382,7 @@ static PyObject *ck_py_round_trip(PyObject *module, PyObject *const *args, Py_ss
         return NULL;
     }
     Py_buffer buf, wire;
-    if (get_buffer(args[0], &buf, 1, "buf", 4) < 0) {
-        return NULL;
-    }
-    if (get_buffer(args[1], &wire, 1, "wire", 2) < 0) {
-        PyBuffer_Release(&buf);
-        return NULL;
-    }
-    if (check_pair(&wire, 2, &buf, 4) < 0) {
-        PyBuffer_Release(&wire);
-        PyBuffer_Release(&buf);
+    if (get_pair(args[0], "buf", 4, &buf, args[1], "wire", 2, 1, &wire) < 0) {
         return NULL;
     }
     size_t n = (size_t)buf.len / 4, overflow = 0;
