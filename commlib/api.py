@@ -17,7 +17,7 @@ from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
 from .dtypes import check_contiguous, check_reducible, check_writable, dtype_name
 from .errors import CommlibError
-from .ops import Average, ReduceOp, Sum, as_op
+from .ops import Average, Sum, as_op
 from .runtime import Runtime
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
 from ..compression import WireCodec
 from ..ops import ReduceOp
 from ..transport.base import Transport
 from . import partition, ring
 from .recursive_doubling import Fold
+from .scaling import with_scaling_passes
 
 
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None,
@@ -32,12 +32,8 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
     transport = transport or ctx.transport
     p, n = transport.size, buf.size
     if p == 1 or n == 0 or codec is None:
-        if prescale != 1.0:
-            kernels.scale_(buf, prescale)
-        overflow = 0 if p == 1 or n == 0 else _allreduce(ctx, transport, buf, op, None, 1.0, 1.0)
-        if postscale != 1.0:
-            kernels.scale_(buf, postscale)
-        return overflow
+        return with_scaling_passes(buf, prescale, postscale, lambda: 0 if p == 1 or n == 0 else
+                                   _allreduce(ctx, transport, buf, op, None, 1.0, 1.0))
     return _allreduce(ctx, transport, buf, op, codec, prescale, postscale)
 
 

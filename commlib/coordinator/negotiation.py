@@ -10,7 +10,6 @@ field by field, so a disagreement can be reported with every rank's value.
 
 from __future__ import annotations
 
-import time
 
 from .requests import Kind, Meta, Response
 

@@ -3,8 +3,6 @@
 argv: [quick]. Exits non-zero (via an uncaught exception) on any wrong value.
 """
 
-import sys
-
 import ml_dtypes
 import numpy as np
 
