@@ -159,8 +159,13 @@ class Coordinator:
         self._thread.join(timeout=30)
         with self._progress:
             self._fail_all("commlib was shut down before it completed")
-            self._announce_gone("shut down")
-            self._await_peers_shutdown()
+            try:
+                self._announce_gone("shut down")
+                self._await_peers_shutdown()
+            except Exception as exc:  # a failed coordinator may have lost its channel: still shut down
+                if self._failure is None:
+                    raise
+                log.warning("commlib shutdown after a failure on rank %d: %r", self.rank, exc)
         self._lanes.close()
         self._channel.close()
 
@@ -169,9 +174,9 @@ class Coordinator:
     def _cycle_guarded(self) -> bool:
         try:
             return self._cycle()
-        except BaseException as exc:
+        except Exception as exc:  # the user sees a CollectiveError, as every other rank's waiter will
             self._fail(exc)
-            raise
+            raise self._failure_error() from exc
 
     def _cycle(self) -> bool:
         """One round: announce new requests, read messages, decide (rank 0), execute. True if any
