@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import AlgorithmContext, execute, partition, prepare, rabenseifner, recursive_doubling, ring
+from .algorithms import (AlgorithmContext, execute, partition, prepare, rabenseifner, recursive_doubling,
+                         resolve, ring, ring_many)
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -110,6 +111,30 @@ class Engine:
         if overflow:
             warn_overflow(name, overflow, codec)
         return buf
+
+    def allreduce_many_(self, bufs: Sequence[np.ndarray], op=ReduceOp.SUM, algorithm: str | None = None,
+                        prescale: float = 1.0, postscale: float = 1.0, codec: WireCodec | None = None,
+                        name: str = "tensors") -> None:
+        """Reduce several C-contiguous buffers of one dtype in place, as :meth:`allreduce_` would each.
+
+        When the algorithm for their total size is the ring (and there is no codec or prescale), they are
+        reduced together in one ring pass over their concatenation, without copying them
+        (:mod:`commlib.algorithms.ring_many`); otherwise one :meth:`allreduce_` each."""
+        op = as_op(op)
+        flats = [b.reshape(-1) for b in bufs]
+        for flat in flats:
+            check_contiguous(flat, name)
+            check_reducible(flat, op, name)
+        total = sum(f.nbytes for f in flats)
+        chosen = resolve(self.context, algorithm or self.config.algorithm, total)
+        if len(flats) < 2 or codec is not None or prescale != 1.0 or chosen != "ring" or self.size == 1:
+            for flat in flats:
+                self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
+            return
+        if postscale != 1.0 and flats[0].dtype.kind in "iu":
+            raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {flats[0].dtype}")
+        post = postscale / self.size if op is ReduceOp.AVERAGE else postscale
+        ring_many.allreduce(self.context, flats, op.kernel_op, postscale=post)
 
     # -- data movement ----------------------------------------------------------------------------------
     def _row_counts(self, rows: int) -> list[int]:

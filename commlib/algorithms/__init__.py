@@ -13,7 +13,7 @@ from ..compression import FLOAT32, WireCodec
 from ..config import ALGORITHMS as ALGORITHM_NAMES
 from ..errors import CommlibError, ConfigError
 from ..ops import ReduceOp, as_op
-from . import hierarchical, native, rabenseifner, recursive_doubling, ring, select, torus2d
+from . import hierarchical, native, rabenseifner, recursive_doubling, ring, ring_many, select, torus2d
 from .context import AlgorithmContext, TorusGrid
 
 ALGORITHMS = {

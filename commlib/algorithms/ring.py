@@ -65,7 +65,7 @@ def _segment(ctx, count: int, itemsize: int) -> int:
 
 def _exchange(ctx, transport: Transport, nsend: int, dest: int, nrecv: int, source: int, seg: int,
               dtype: np.dtype, fill, drain, recv_into: np.ndarray | None = None,
-              send_slots: bool = False) -> None:
+              send_slots: bool = False, send_segs=None, recv_segs=None) -> None:
     """Send ``nsend`` elements to ``dest`` while receiving ``nrecv`` from ``source``, in segments of ``seg``.
 
     ``fill(a, b, slot)`` returns what to send for elements ``[a, b)``: a view of existing data, or ``slot``
@@ -73,9 +73,10 @@ def _exchange(ctx, transport: Transport, nsend: int, dest: int, nrecv: int, sour
     received)`` consumes elements ``[a, b)`` once they have arrived. Receives go to ``recv_into[a:b]``, or
     else to ``_SLOTS`` rotating segment-sized slots. Sends are posted as segments are filled; receives
     ``_SLOTS`` ahead; each segment is drained as soon as it has arrived, still in cache, while the next
-    one is in flight."""
-    send_segs = partition.segments(0, nsend, seg)
-    recv_segs = partition.segments(0, nrecv, seg)
+    one is in flight. ``send_segs``/``recv_segs`` replace the even cut by explicit ranges of at most
+    ``seg`` elements (both sides must cut alike)."""
+    send_segs = send_segs or partition.segments(0, nsend, seg)
+    recv_segs = recv_segs or partition.segments(0, nrecv, seg)
     slots = ctx.scratch.get("exchange.slots", _SLOTS * seg, dtype) if recv_into is None else None
     out_slots = ctx.scratch.get("exchange.send_slots", _SEND_SLOTS * seg, dtype) if send_slots else None
 

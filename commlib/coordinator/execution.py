@@ -75,14 +75,21 @@ class Lane:
                 self.engine.allreduce_(outputs[0].reshape(-1), op, **kwargs)
         else:
             names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
-            total = sum(o.size for o in outputs)
-            fused = self._scratch.get("fusion", total, meta.dtype)
-            with self._span("pack", names, response):
-                pack(outputs, fused)
+            inplace_bytes = self.engine.config.fusion_inplace_bytes
+            small = [o for o in outputs if o.nbytes < inplace_bytes]
+            buffers = [o.reshape(-1) for o in outputs if o.nbytes >= inplace_bytes]
+            if len(small) > 1:
+                fused = self._scratch.get("fusion", sum(o.size for o in small), meta.dtype)
+                with self._span("pack", names, response, tensors=len(small)):
+                    pack(small, fused)
+                buffers.insert(0, fused)
+            else:
+                buffers[:0] = [o.reshape(-1) for o in small]
             with self._span("communicate", names, response, tensors=len(outputs)):
-                self.engine.allreduce_(fused, op, **kwargs)
-            with self._span("unpack", names, response):
-                unpack(fused, outputs)
+                self.engine.allreduce_many_(buffers, op, **kwargs)
+            if len(small) > 1:
+                with self._span("unpack", names, response, tensors=len(small)):
+                    unpack(fused, small)
         for entry, output in zip(entries, outputs):
             if entry is not None:
                 entry.handle.set_result(output)

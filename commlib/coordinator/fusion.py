@@ -1,11 +1,12 @@
 """Tensor fusion: which ready allreduces share one buffer, and packing them into it.
 
 Policy (measured on this machine, see docs/coordinator.md): a copy costs as much as ~1/3 of the
-transfer it saves, and a per-call overhead of tens of microseconds is paid per collective. So small
-tensors are fused (their copies are cheap, the calls they save are not) and large tensors are reduced in
-place, without any copy. A tensor of at least ``fusion_inplace_bytes`` is never copied; the others are
-grouped by everything that must agree (dtype, op, scale factors, compression, algorithm, joined ranks)
-into buffers of at most ``fusion_threshold_bytes``.
+transfer it saves, and a per-call overhead of tens to hundreds of microseconds is paid per collective.
+Ready allreduces that agree on everything that must agree (dtype, op, scale factors, compression,
+algorithm, joined ranks) form one group of at most ``fusion_threshold_bytes``. In a group, tensors under
+``fusion_inplace_bytes`` are packed into one reused buffer (their copies are cheap, the calls they save
+are not); larger ones are never copied: the group is reduced in one ring pass over the packed buffer and
+the large tensors in place (``Engine.allreduce_many_``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 from .requests import Kind, Response
 
 
-def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int) -> list[Response]:
-    """Merge compatible small allreduce responses; keep everything else as it is, in order."""
+def fuse(responses: list[Response], threshold_bytes: int) -> list[Response]:
+    """Merge compatible allreduce responses into groups; keep everything else as it is, in order."""
     out: list[Response] = []
     open_groups: dict[tuple, tuple[Response, int]] = {}
     for response in responses:
@@ -25,7 +26,7 @@ def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int) ->
             continue
         meta = response.metas[0]
         nbytes = meta.nbytes
-        if threshold_bytes <= 0 or nbytes >= inplace_bytes or nbytes > threshold_bytes:
+        if threshold_bytes <= 0 or nbytes > threshold_bytes:
             out.append(response)
             continue
         key = meta.fusion_key() + (response.joined,)

@@ -1,0 +1,11 @@
+"""Several buffers reduced in one ring pass without copying them, on 1-4 real MPI ranks."""
+
+import pytest
+
+from mpirun import run_mpi
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_allreduce_many_matches_numpy(nprocs):
+    out = run_mpi(nprocs, "ring_many_check.py", timeout=180)
+    assert out.count("checks OK") == nprocs, out
