@@ -121,10 +121,13 @@ class Engine:
         reduced together in one ring pass over their concatenation, without copying them
         (:mod:`commlib.algorithms.ring_many`); otherwise one :meth:`allreduce_` each."""
         op = as_op(op)
+        for buf in bufs:  # before flattening: reshape(-1) of a non-contiguous array is a silent copy
+            check_contiguous(buf, name)
+            check_reducible(buf, op, name)
         flats = [b.reshape(-1) for b in bufs]
-        for flat in flats:
-            check_contiguous(flat, name)
-            check_reducible(flat, op, name)
+        if len({f.dtype for f in flats}) > 1:
+            raise TypeError(f"{name}: allreduce_many_ needs buffers of one dtype, got "
+                            f"{sorted({f.dtype.name for f in flats})}")
         total = sum(f.nbytes for f in flats)
         chosen = resolve(self.context, algorithm or self.config.algorithm, total)
         if len(flats) < 2 or codec is not None or prescale != 1.0 or chosen != "ring" or self.size == 1:

@@ -43,7 +43,7 @@ class Runtime:
         self.timeline = None
         if self.config.timeline:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank)
-        lanes = [Lane(i, Engine(MPITransport(self.comm.Dup()), self.topology, self.config), self.timeline)
+        lanes = [Lane(i, Engine(MPITransport.duplicate(self.comm), self.topology, self.config), self.timeline)
                  for i in range(self.config.num_streams)]
         self.coordinator = Coordinator(ControlChannel(self.comm.Dup()), lanes, self.config, self.timeline)
         self._unnamed = {}

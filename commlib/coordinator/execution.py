@@ -22,8 +22,6 @@ from ..ops import ReduceOp
 from .fusion import pack, unpack
 from .requests import Entry, Kind, Response
 
-_CODECS = {"none": None, "fp16": Compression.fp16, "bf16": Compression.bf16}
-
 Finish = Callable[[Response, list, BaseException | None], None]
 
 
@@ -66,7 +64,7 @@ class Lane:
         meta = response.metas[0]
         outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
                    for e, m in zip(entries, response.metas)]
-        codec = codec_for(_CODECS[meta.compression], np.dtype(meta.dtype), meta.name)
+        codec = codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
         kwargs = dict(algorithm=meta.algorithm or None, prescale=meta.prescale, postscale=meta.postscale,
                       codec=codec, name=meta.name)
         op = ReduceOp(meta.op)

@@ -58,5 +58,14 @@ for dtype in DTYPES:
                                              f"buffer {i} ({algorithm}, postscale {postscale}): got "
                                              f"{got[:5]}, want {want[:5]}")
                     checks += 1
+# bad input is refused before anything is sent (every rank passes the same, so every rank raises)
+for bad, needle in [([np.zeros(4, np.float32), np.zeros(4, np.float64)], "one dtype"),
+                    ([np.zeros((4, 4), np.float32)[:, ::2], np.zeros(3, np.float32)], "not contiguous")]:
+    try:
+        engine.allreduce_many_(bad, ReduceOp.SUM, algorithm="ring")
+    except Exception as exc:  # TypeError or CommlibError
+        assert needle in str(exc), exc
+    else:
+        raise AssertionError(f"rank {rank}: allreduce_many_ accepted {needle!r} input")
 engine.close()
 print(f"rank {rank}: allreduce_many_ {checks} checks OK", flush=True)
