@@ -11,12 +11,20 @@ kernels = Extension(
     extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"],
 )
 
+# Cross-memory attach between the ranks of one node; reduces with the same loops as commlib._kernels.
+peer_memory = Extension(
+    "commlib._peer_memory",
+    sources=["csrc/peer_memory.c", "csrc/kernels_portable.c", "csrc/kernels_x86.c"],
+    depends=["csrc/kernels.h"],
+    extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
+)
+
 setup(
     name="commlib",
     version="0.1.0",
     description="Communication layer for data-parallel training: coordinator, fusion, topology-aware allreduce",
     packages=find_packages(include=["commlib", "commlib.*"]),
-    ext_modules=[kernels],
+    ext_modules=[kernels, peer_memory],
     python_requires=">=3.9",
     install_requires=["numpy", "mpi4py>=3.1", "ml_dtypes"],
     extras_require={

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 
-ALGORITHMS = ("auto", "native", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "torus2d")
+ALGORITHMS = ("auto", "native", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "torus2d", "cma")
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -49,6 +49,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _switch(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a switch; use 1 or 0")
+
+
 def _algorithm(text: str) -> str:
     value = str(text).strip().lower()
     if value not in ALGORITHMS:
@@ -76,6 +85,8 @@ class Config:
     torus_shape: tuple[int, int] | None = None
     ring_segment_bytes: int = 1 << 20
     small_message_bytes: int = 64 << 10
+    cma: bool = True
+    cma_segment_bytes: int = 256 << 10
     cycle_time_ms: float = 1.0
     fusion_threshold_bytes: int = 64 << 20
     fusion_inplace_bytes: int = 64 << 10
@@ -121,6 +132,8 @@ class Config:
         return config
 
     def _validate(self) -> None:
+        if self.cma_segment_bytes < 8:
+            raise ConfigError(f"COMMLIB_CMA_SEGMENT must be at least 8 bytes, got {self.cma_segment_bytes}")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of: {', '.join(ALGORITHMS)}")
         if self.stall_shutdown_time_s and self.stall_shutdown_time_s < self.stall_check_time_s:
@@ -143,6 +156,12 @@ FIELDS: dict[str, _Field] = {
     "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
                                   "auto: messages up to this size use a latency-optimal algorithm "
                                   "(default 64K)"),
+    "cma": _Field("COMMLIB_CMA", _switch,
+                  "1: on one node, probe cross-memory attach at init and let auto use the cma algorithm; "
+                  "0: never (default 1)"),
+    "cma_segment_bytes": _Field("COMMLIB_CMA_SEGMENT", parse_size,
+                                "bytes the cma algorithm copies from a peer per step, kept in cache "
+                                "(default 256K)"),
     "cycle_time_ms": _Field("COMMLIB_CYCLE_TIME", _non_negative_float,
                             "longest sleep of the background coordinator between polls, ms (default 1)"),
     "fusion_threshold_bytes": _Field("COMMLIB_FUSION_THRESHOLD", parse_size,

@@ -19,8 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import (AlgorithmContext, execute, partition, prepare, rabenseifner, recursive_doubling,
-                         resolve, ring, ring_many)
+from .algorithms import (AlgorithmContext, cma, execute, partition, prepare, rabenseifner,
+                         recursive_doubling, resolve, ring, ring_many)
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -39,7 +39,12 @@ _FOLDS_SCALING = {
     "ring": ring.allreduce,
     "recursive_doubling": recursive_doubling.allreduce,
     "rabenseifner": rabenseifner.allreduce,
+    "cma": cma.allreduce,
 }
+
+
+#: Algorithms that reduce several buffers in one pass over their concatenation, without copying them.
+_MANY = {"ring": ring_many.allreduce, "cma": cma.allreduce_many}
 
 
 class Engine:
@@ -117,9 +122,10 @@ class Engine:
                         name: str = "tensors") -> None:
         """Reduce several C-contiguous buffers of one dtype in place, as :meth:`allreduce_` would each.
 
-        When the algorithm for their total size is the ring (and there is no codec or prescale), they are
-        reduced together in one ring pass over their concatenation, without copying them
-        (:mod:`commlib.algorithms.ring_many`); otherwise one :meth:`allreduce_` each."""
+        When the algorithm for their total size is the ring or cma (and there is no codec or prescale), they
+        are reduced together in one pass over their concatenation, without copying them
+        (:mod:`commlib.algorithms.ring_many`, :mod:`commlib.algorithms.cma`); otherwise one
+        :meth:`allreduce_` each."""
         op = as_op(op)
         for buf in bufs:  # before flattening: reshape(-1) of a non-contiguous array is a silent copy
             check_contiguous(buf, name)
@@ -130,14 +136,15 @@ class Engine:
                             f"{sorted({f.dtype.name for f in flats})}")
         total = sum(f.nbytes for f in flats)
         chosen = resolve(self.context, algorithm or self.config.algorithm, total)
-        if len(flats) < 2 or codec is not None or prescale != 1.0 or chosen != "ring" or self.size == 1:
+        together = _MANY.get(chosen)
+        if len(flats) < 2 or codec is not None or prescale != 1.0 or together is None or self.size == 1:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
         if postscale != 1.0 and flats[0].dtype.kind in "iu":
             raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {flats[0].dtype}")
         post = postscale / self.size if op is ReduceOp.AVERAGE else postscale
-        ring_many.allreduce(self.context, flats, op.kernel_op, postscale=post)
+        together(self.context, flats, op.kernel_op, postscale=post)
 
     # -- data movement ----------------------------------------------------------------------------------
     def _row_counts(self, rows: int) -> list[int]:

@@ -222,6 +222,14 @@ def reduce_round_trip_(dst: np.ndarray, src: np.ndarray, wire: np.ndarray, op: R
                                       float(postscale), portable)
 
 
+def dtype_code(dtype) -> int:
+    """The C extensions' number for ``dtype`` (one of the 8 reducible dtypes)."""
+    code = _CODES.get(np.dtype(dtype))
+    if code is None:
+        raise UnsupportedDtypeError(f"dtype {dtype} has no kernels; use one of: {', '.join(map(str, _CODES))}")
+    return code
+
+
 def cpu_features() -> dict:
     """What the CPU offers (``f16c``, ``avx2``, ``avx512f``) and whether the SIMD loops run (``simd``)."""
     return _kernels.cpu_features()

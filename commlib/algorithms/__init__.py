@@ -13,7 +13,7 @@ from ..compression import FLOAT32, WireCodec
 from ..config import ALGORITHMS as ALGORITHM_NAMES
 from ..errors import CommlibError, ConfigError
 from ..ops import ReduceOp, as_op
-from . import hierarchical, native, rabenseifner, recursive_doubling, ring, ring_many, select, torus2d
+from . import cma, hierarchical, native, rabenseifner, recursive_doubling, ring, ring_many, select, torus2d
 from .context import AlgorithmContext, TorusGrid
 
 ALGORITHMS = {
@@ -23,17 +23,19 @@ ALGORITHMS = {
     "rabenseifner": rabenseifner.allreduce,
     "hierarchical": hierarchical.allreduce,
     "torus2d": torus2d.allreduce,
+    "cma": cma.allreduce,
 }
 assert set(ALGORITHMS) | {"auto"} == set(ALGORITHM_NAMES)
 
 __all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "execute", "prepare", "resolve", "run_allreduce"]
 
 
-def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int) -> str:
-    """The concrete algorithm ``algorithm`` stands for on a message of ``nbytes`` bytes."""
+def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, compressed: bool = False) -> str:
+    """The concrete algorithm ``algorithm`` stands for on a message of ``nbytes`` bytes (``compressed``:
+    it will travel through a codec)."""
     if algorithm not in ALGORITHM_NAMES:
         raise ConfigError(f"unknown algorithm {algorithm!r}; use one of: {', '.join(ALGORITHM_NAMES)}")
-    return select.choose(ctx, nbytes) if algorithm == "auto" else algorithm
+    return select.choose(ctx, nbytes, compressed) if algorithm == "auto" else algorithm
 
 
 def prepare(ctx: AlgorithmContext, buf: np.ndarray, algorithm: str = "auto",
@@ -46,9 +48,11 @@ def prepare(ctx: AlgorithmContext, buf: np.ndarray, algorithm: str = "auto",
         )
     if codec is not None and buf.dtype != FLOAT32:
         raise TypeError(f"{codec!r} compresses float32 buffers, not {buf.dtype}")
-    name = resolve(ctx, algorithm, buf.nbytes)
+    name = resolve(ctx, algorithm, buf.nbytes, codec is not None)
     if name == "native" and codec is not None:
         native.allreduce(ctx, buf, ReduceOp.SUM, codec)  # raises the explanation
+    if name == "cma" and (codec is not None or ctx.peer_memory is None) and ctx.size > 1:
+        cma.allreduce(ctx, buf[:0], ReduceOp.SUM, codec)  # raises the explanation
     if name == "torus2d":
         ctx.torus()  # a bad COMMLIB_TORUS_SHAPE is an error on any number of ranks
     return name

@@ -10,6 +10,7 @@ from ..config import Config
 from ..errors import ConfigError
 from ..topology import Topology
 from ..transport.base import UNDEFINED, Transport
+from ..transport.peer_memory import PeerMemory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,16 +26,22 @@ class TorusGrid:
 class AlgorithmContext:
     """Everything a schedule needs besides the buffer. One per execution lane; not thread-safe.
 
+    :meth:`create` is collective: on one node (and unless COMMLIB_CMA=0) it probes cross-memory attach.
+
     Sub-groups are created by collective ``split`` calls the first time an algorithm needs them. Every
     rank runs the same algorithm on the same call, so every rank reaches those splits together.
     """
 
     def __init__(self, transport: Transport, topology: Topology, config: Config,
-                 scratch: ScratchPool | None = None):
+                 scratch: ScratchPool | None = None, peer_memory: PeerMemory | None = None,
+                 peer_memory_reason: str = "not probed"):
         self.transport = transport
         self.topology = topology
         self.config = config
         self.scratch = scratch if scratch is not None else ScratchPool()
+        #: cross-memory attach to every rank of the group (the cma algorithm), or None and why not
+        self.peer_memory = peer_memory
+        self.peer_memory_reason = "" if peer_memory is not None else peer_memory_reason
         self._intra: Transport | None = None
         self._shard_groups: list[Transport | None] | None = None
         self._torus: TorusGrid | None = None
@@ -47,7 +54,13 @@ class AlgorithmContext:
                 f"{transport.rank}/{transport.size}; detect the topology on the communicator the transport "
                 "was made from"
             )
-        return cls(transport, topology, config)
+        peers, reason = None, "COMMLIB_CMA=0"
+        if config.cma:
+            if topology.cross_size == 1:
+                peers, reason = PeerMemory.probe(transport)  # collective, like this constructor
+            else:
+                reason = f"the ranks are on {topology.cross_size} nodes, not one"
+        return cls(transport, topology, config, peer_memory=peers, peer_memory_reason=reason)
 
     @property
     def rank(self) -> int:

@@ -15,10 +15,12 @@ rank picks the same algorithm.
 from __future__ import annotations
 
 
-def choose(ctx, nbytes: int) -> str:
+def choose(ctx, nbytes: int, compressed: bool = False) -> str:
     """The algorithm ``auto`` runs for a message of ``nbytes`` bytes (the float32 size with a codec)."""
     if nbytes <= ctx.config.small_message_bytes:
         return "recursive_doubling"
+    if ctx.peer_memory is not None and not compressed:
+        return "cma"
     topo = ctx.topology
     if topo.cross_size > 1 and topo.max_local_size > 1:
         return "hierarchical"

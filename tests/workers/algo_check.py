@@ -143,11 +143,16 @@ def main() -> None:
         contexts.append(ctx)
         return ctx
 
-    small = context(ring_segment_bytes=1024, small_message_bytes=256)  # several segments already at 1K
+    small = context(ring_segment_bytes=1024, small_message_bytes=256, cma_segment_bytes=64)  # several segments already at 1K
     large = context(ring_segment_bytes=256 << 10)
     algorithms = ["auto"] + list(ALGORITHMS)
     if not topology.uniform:
         algorithms.remove("torus2d")  # default grid needs equal nodes: checked as an error below
+    cma_usable = small.peer_memory is not None
+    if not cma_usable:
+        algorithms.remove("cma")  # several (emulated) nodes: checked as an error below
+    elif topology.cross_size == 1 and p > 1:
+        assert large.peer_memory is not None, "cross-memory attach probed differently for two contexts"
     sizes = sorted({0, 1, max(p - 1, 0), p + 1, 7, 13, 1031})
 
     # Every algorithm x op x dtype x size.
@@ -159,7 +164,7 @@ def main() -> None:
                     case += 1
                     check.allreduce(small, algorithm, dtype, op, n, case)
     # Codecs on float32, every algorithm that supports them.
-    for algorithm in [a for a in algorithms if a != "native"]:
+    for algorithm in [a for a in algorithms if a not in ("native", "cma")]:
         for codec in (Compression.fp16, Compression.bf16):
             for op in OPS:
                 for n in (0, 1, p + 1, 1031):
@@ -170,7 +175,7 @@ def main() -> None:
     for algorithm in algorithms:
         case += 1
         check.allreduce(large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, case)
-        if algorithm != "native":
+        if algorithm not in ("native", "cma"):
             case += 1
             check.allreduce(large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, case, Compression.bf16)
     check.allreduce(large, "ring", BFLOAT16, ReduceOp.SUM, big, case + 1)
@@ -200,6 +205,17 @@ def main() -> None:
                  "non-contiguous buffer")
     expect_error(TypeError, "float32", lambda: run_allreduce(small, np.ones(8), ReduceOp.SUM, "ring", Compression.bf16),
                  "codec on float64")
+    if p > 1:
+        expect_error(CommlibError, "no wire to compress",
+                     lambda: run_allreduce(small, f32, ReduceOp.SUM, "cma", Compression.fp16), "cma with a codec")
+    if p > 1 and topology.cross_size > 1:
+        expect_error(CommlibError, "nodes", lambda: run_allreduce(small, f32, ReduceOp.SUM, "cma"),
+                     "cma across nodes")
+    off = context(cma=False)
+    expect_error(CommlibError, "COMMLIB_CMA=0", lambda: run_allreduce(off, f32.copy(), ReduceOp.SUM, "cma"),
+                 "cma switched off") if p > 1 else None
+    if p > 1:
+        assert AlgorithmContext.create(off.transport, topology, off.config).peer_memory is None
 
     for ctx in contexts:
         ctx.close()

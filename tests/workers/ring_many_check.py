@@ -15,8 +15,10 @@ from commlib.transport.mpi import MPITransport
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-# a small segment so that buffers cross segment boundaries without large data
-engine = Engine(MPITransport(comm.Dup()), Topology.detect(comm), Config.load(ring_segment_bytes=4096))
+# small segments so that buffers cross segment boundaries without large data (cma: 32 bytes)
+engine = Engine(MPITransport(comm.Dup()), Topology.detect(comm),
+                Config.load(ring_segment_bytes=4096, cma_segment_bytes=32))
+assert engine.context.peer_memory is not None, engine.context.peer_memory_reason  # one node: cma probed
 DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.int64]
 NUMPY = {ReduceOp.SUM: np.add, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.PRODUCT: np.multiply}
 LAYOUTS = [[0, 1, max(size - 1, 0), 5000, 3, 0, 2049], [1], [0, 0], [7] * 13, [size * 1000 + 1, 17]]
@@ -35,7 +37,7 @@ for dtype in DTYPES:
         if op is ReduceOp.AVERAGE and np.dtype(dtype).kind in "iu":
             continue
         for li, layout in enumerate(LAYOUTS):
-            for algorithm, postscale in [("ring", 1.0), ("ring", 0.5), ("native", 1.0)]:
+            for algorithm, postscale in [("ring", 1.0), ("ring", 0.5), ("native", 1.0), ("cma", 1.0), ("cma", 0.5)]:
                 if postscale != 1.0 and np.dtype(dtype).kind in "iu":
                     continue
                 bufs = [data(1000 * li + i, n, dtype, rank) for i, n in enumerate(layout)]
