@@ -100,3 +100,31 @@ def test_timeline_records_every_phase(tmp_path):
         comm = [e for e in events if e.get("name") == "communicate"]
         assert all("algorithm" in e["args"] and "lane" in e["args"] for e in comm)
         assert any(e["args"]["compression"] == "fp16" for e in comm)
+
+
+def test_fusion_groups_bound_the_packed_bytes_only():
+    from commlib.coordinator.fusion import fuse
+    from commlib.coordinator.requests import Kind, Meta, Response
+
+    def allreduce(name, count, dtype="float32", op=0):
+        return Response(Kind.ALLREDUCE, [Meta(name, Kind.ALLREDUCE, dtype, (count,), op=op)])
+
+    def groups(responses, threshold, inplace):
+        return [[m.name for m in r.metas] for r in fuse(responses, threshold, inplace)]
+
+    def small():  # 400 B each: packed (fresh responses each time: fuse extends the first of a group)
+        return [allreduce(f"s{i}", 100) for i in range(5)]
+
+    def large():  # 40 KB each: in place
+        return [allreduce(f"L{i}", 10_000) for i in range(2)]
+
+    # in-place tensors never count against the threshold: one group, whatever their size
+    assert groups(small()[:2] + large() + small()[2:], 4096, 1024) == [["s0", "s1", "L0", "L1", "s2", "s3", "s4"]]
+    # packed bytes are bounded: 1000 B holds two 400 B tensors
+    assert groups(small(), 1000, 1024) == [["s0", "s1"], ["s2", "s3"], ["s4"]]
+    # incompatible dtypes or ops never share a group; other kinds stay as they are, in order
+    barrier = Response(Kind.BARRIER, [Meta("b", Kind.BARRIER, "float32", ())])
+    mixed = [*small()[:1], allreduce("d", 100, "float64"), barrier, allreduce("m", 100, op=3), small()[1]]
+    assert groups(mixed, 4096, 1024) == [["s0", "s1"], ["d"], ["b"], ["m"]]
+    # a threshold of 0 turns fusion off
+    assert groups(small()[:2] + large(), 0, 1024) == [["s0"], ["s1"], ["L0"], ["L1"]]

@@ -195,7 +195,8 @@ class Coordinator:
                 responses += self._check_stalls(now)
             if responses:
                 busy = True
-                responses = fuse(responses, self._config.fusion_threshold_bytes)
+                responses = fuse(responses, self._config.fusion_threshold_bytes,
+                                 self._config.fusion_inplace_bytes)
                 if self.size > 1:
                     message = ("resp", [self._compact(r) for r in responses])
                     for worker in range(1, self.size):

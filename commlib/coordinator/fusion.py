@@ -3,10 +3,12 @@
 Policy (measured on this machine, see docs/coordinator.md): a copy costs as much as ~1/3 of the
 transfer it saves, and a per-call overhead of tens to hundreds of microseconds is paid per collective.
 Ready allreduces that agree on everything that must agree (dtype, op, scale factors, compression,
-algorithm, joined ranks) form one group of at most ``fusion_threshold_bytes``. In a group, tensors under
-``fusion_inplace_bytes`` are packed into one reused buffer (their copies are cheap, the calls they save
-are not); larger ones are never copied: the group is reduced in one ring pass over the packed buffer and
-the large tensors in place (``Engine.allreduce_many_``).
+algorithm, joined ranks) form one group. In a group, tensors under ``fusion_inplace_bytes`` are packed
+into one reused buffer of at most ``fusion_threshold_bytes`` (their copies are cheap, the calls they save
+are not); larger ones are never copied: the group is reduced in one pass over the packed buffer and the
+large tensors in place (``Engine.allreduce_many_``, with the ring or cma algorithm). The threshold bounds
+the fusion buffer, so in-place tensors do not count against it: ResNet-50's 102 MB of gradients, all
+ready at once, run as one group (20.6 ms on 2 ranks) rather than two of at most 64 MB (22-23 ms).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import numpy as np
 from .requests import Kind, Response
 
 
-def fuse(responses: list[Response], threshold_bytes: int) -> list[Response]:
-    """Merge compatible allreduce responses into groups; keep everything else as it is, in order."""
+def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int) -> list[Response]:
+    """Merge compatible allreduce responses into groups whose packed tensors (those under
+    ``inplace_bytes``) hold at most ``threshold_bytes``; keep everything else as it is, in order.
+    A threshold of 0 turns fusion off."""
     out: list[Response] = []
     open_groups: dict[tuple, tuple[Response, int]] = {}
     for response in responses:
@@ -25,7 +29,7 @@ def fuse(responses: list[Response], threshold_bytes: int) -> list[Response]:
             out.append(response)
             continue
         meta = response.metas[0]
-        nbytes = meta.nbytes
+        nbytes = meta.nbytes if meta.nbytes < inplace_bytes else 0  # bytes it adds to the fusion buffer
         if threshold_bytes <= 0 or nbytes > threshold_bytes:
             out.append(response)
             continue
