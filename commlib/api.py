@@ -15,9 +15,9 @@ import numpy as np
 from .compression import Compression, WireCodec, codec_for
 from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
-from .dtypes import check_contiguous, check_reducible, check_writable, dtype_name
+from .dtypes import REDUCIBLE, check_contiguous, check_reducible, check_writable, dtype_name
 from .errors import CommlibError
-from .ops import Average, Sum, as_op
+from .ops import Average, ReduceOp, Sum, as_op
 from .runtime import Runtime
 
 
@@ -125,6 +125,31 @@ def _in_place(tensor, name: str, operation: str) -> np.ndarray:
     return tensor
 
 
+_PLAIN_DTYPES = frozenset(REDUCIBLE)
+
+
+def _plain_allreduce_meta(runtime: Runtime, name: str, output: np.ndarray, op, prescale: float,
+                          postscale: float) -> Meta | None:
+    """The request's metadata when nothing about it needs checking beyond a few flags (a ReduceOp, no
+    compression or forced algorithm, a writable C-contiguous array of a reducible dtype), looked up in
+    ``runtime.metas``; else None (the caller validates in full). A training loop's repeated calls take
+    this path: building and comparing a fresh Meta each time costs more than the rest of a small call."""
+    dtype = output.dtype
+    if type(op) is not ReduceOp or dtype not in _PLAIN_DTYPES:
+        return None
+    flags = output.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return None
+    key = (name, dtype, output.shape, op, prescale, postscale)
+    meta = runtime.metas.get(key)
+    if meta is None:
+        if dtype.kind in "iu" and (op is Average or prescale != 1.0 or postscale != 1.0):
+            return None  # an error: the full path explains it
+        meta = runtime.metas.put(key, Meta(name, Kind.ALLREDUCE, dtype_name(dtype), tuple(output.shape),
+                                           int(op), prescale=float(prescale), postscale=float(postscale)))
+    return meta
+
+
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
                       compression, wait: bool) -> Handle:
     runtime = _rt()
@@ -134,6 +159,10 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")
+    if compression is None and algorithm is None:
+        meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
+        if meta is not None:
+            return _submit(runtime, meta, array, output, wait=wait)
     errors = []
     try:
         op = as_op(op)

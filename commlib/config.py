@@ -84,7 +84,7 @@ class Config:
     local_size: int | None = None
     torus_shape: tuple[int, int] | None = None
     ring_segment_bytes: int = 1 << 20
-    small_message_bytes: int = 64 << 10
+    small_message_bytes: int = 128 << 10
     cma: bool = True
     cma_segment_bytes: int = 256 << 10
     cycle_time_ms: float = 1.0
@@ -154,8 +154,8 @@ FIELDS: dict[str, _Field] = {
     "ring_segment_bytes": _Field("COMMLIB_RING_SEGMENT", parse_size,
                                  "pipeline segment of the ring algorithm, bytes (K/M/G suffix; default 1M)"),
     "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
-                                  "auto: messages up to this size use a latency-optimal algorithm "
-                                  "(default 64K)"),
+                                  "auto: messages up to this size use MPI's own allreduce (recursive "
+                                  "doubling with a codec) (default 128K)"),
     "cma": _Field("COMMLIB_CMA", _switch,
                   "1: on one node, probe cross-memory attach at init and let auto use the cma algorithm; "
                   "0: never (default 1)"),

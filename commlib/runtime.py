@@ -22,6 +22,22 @@ from .transport.control import ControlChannel
 from .transport.mpi import MPITransport
 
 
+class MetaCache:
+    """Request metadata by call signature, so that repeated calls reuse one Meta (built and compared
+    once). Bounded: auto-named tensors get a new name per call, so it is emptied when full."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._metas: dict = {}
+        self.get = self._metas.get
+
+    def put(self, key, meta):
+        if len(self._metas) >= self._capacity:
+            self._metas.clear()
+        self._metas[key] = meta
+        return meta
+
+
 class Runtime:
     """Everything ``init()`` creates. Build it with ``Runtime(comm, **settings)``; end it with ``close()``."""
 
@@ -47,6 +63,7 @@ class Runtime:
                  for i in range(self.config.num_streams)]
         self.coordinator = Coordinator(ControlChannel(self.comm.Dup()), lanes, self.config, self.timeline)
         self._unnamed = {}
+        self.metas = MetaCache(4 * self.config.cache_capacity)
 
     def auto_name(self, operation: str) -> str:
         """Names for unnamed tensors, the same on every rank as long as ranks call in the same order."""

@@ -215,7 +215,7 @@ class Coordinator:
                 continue
             self._undecided.add(meta.name)
             hit = self._cache.get(meta.name)
-            if hit is not None and hit[1] == meta:
+            if hit is not None and (hit[1] is meta or hit[1] == meta):
                 cached |= 1 << hit[0]
             else:
                 full.append(meta)

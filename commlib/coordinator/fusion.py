@@ -22,6 +22,8 @@ def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int) ->
     """Merge compatible allreduce responses into groups whose packed tensors (those under
     ``inplace_bytes``) hold at most ``threshold_bytes``; keep everything else as it is, in order.
     A threshold of 0 turns fusion off."""
+    if len(responses) < 2:
+        return responses
     out: list[Response] = []
     open_groups: dict[tuple, tuple[Response, int]] = {}
     for response in responses:
