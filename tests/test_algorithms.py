@@ -67,3 +67,19 @@ def test_scratch_pool_reuses_memory():
     pool.get("a", 1001, np.float32)
     assert pool.nbytes >= 2 * held - 128  # grown geometrically
     assert pool.get("b", 0, np.int8).size == 0
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_cma_failure_on_one_rank_raises_on_every_rank(nprocs):
+    out = run_mpi(nprocs, "cma_failure.py", timeout=60)
+    assert out.count("cma failure checks OK") == nprocs, out[-2000:]
+
+
+def test_meta_cache_is_bounded():
+    from commlib.runtime import MetaCache
+
+    cache = MetaCache(3)
+    for i in range(10):
+        assert cache.put(("t", i), i) == i
+        assert cache.get(("t", i)) == i
+    assert len(cache._metas) <= 3
