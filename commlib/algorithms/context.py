@@ -42,6 +42,8 @@ class AlgorithmContext:
         #: cross-memory attach to every rank of the group (the cma algorithm), or None and why not
         self.peer_memory = peer_memory
         self.peer_memory_reason = "" if peer_memory is not None else peer_memory_reason
+        #: what algorithms learn across calls, by key (e.g. cma's balanced shares); equal on every rank
+        self.tuning: dict[str, object] = {}
         self._intra: Transport | None = None
         self._shard_groups: list[Transport | None] | None = None
         self._torus: TorusGrid | None = None
@@ -134,3 +136,4 @@ class AlgorithmContext:
                 group.free()
         self._intra, self._shard_groups, self._torus = None, None, None
         self.scratch.clear()
+        self.tuning.clear()

@@ -60,6 +60,19 @@ for dtype in DTYPES:
                                              f"buffer {i} ({algorithm}, postscale {postscale}): got "
                                              f"{got[:5]}, want {want[:5]}")
                     checks += 1
+# cma moves the shares of a layout it has seen towards equal time: results stay right, and every rank
+# holds the same split
+layout = [300_000, 5, 200_003, 70_000]  # > 1 MiB of float32: balanced
+for repeat in range(4):
+    bufs = [data(77 + i, n, np.float32, rank) for i, n in enumerate(layout)]
+    engine.allreduce_many_(bufs, ReduceOp.AVERAGE, algorithm="cma")
+    for i, (n, got) in enumerate(zip(layout, bufs)):
+        want = sum(data(77 + i, n, np.float32, r).astype(np.float64) for r in range(size)) / size
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), f"rank {rank}: balanced cma, repeat {repeat}"
+    checks += 1
+if size > 1:
+    splits = engine.context.tuning["cma.shares"]._offsets
+    assert len(splits) == 1 and comm.allgather(splits) == [splits] * size, splits
 # bad input is refused before anything is sent (every rank passes the same, so every rank raises)
 for bad, needle in [([np.zeros(4, np.float32), np.zeros(4, np.float64)], "one dtype"),
                     ([np.zeros((4, 4), np.float32)[:, ::2], np.zeros(3, np.float32)], "not contiguous")]:
