@@ -113,14 +113,17 @@ static PyObject *pm_py_read(PyObject *module, PyObject *const *args, Py_ssize_t 
 }
 
 PyDoc_STRVAR(allreduce_share_doc,
-             "allreduce_share(bufs, pids, addresses, lo, hi, dtype, op, postscale, scratch, simd)\n--\n\n"
+             "allreduce_share(bufs, pids, addresses, lo, hi, dtype, op, postscale, scratch, simd, rank)\n"
+             "--\n\n"
              "Reduce bytes [lo, hi) of the concatenation of `bufs` (this rank's share) with the same bytes\n"
              "of every peer, in place, multiply by `postscale` (floating dtypes; 1.0 skips it), and write\n"
-             "the result into every peer.\n\n"
+             "the result into every peer. With more than two ranks the values are combined in rank order\n"
+             "(this process is rank `rank`), so the result does not depend on which rank owns a byte.\n\n"
              "bufs: writable C-contiguous buffers of one dtype, identical in length on every rank.\n"
              "pids: int64 buffer, one process id per peer. addresses: uint64 buffer of len(pids) rows of\n"
              "len(bufs) base addresses (peer i's buffer k at addresses[i * len(bufs) + k]).\n"
-             "scratch: writable buffer; its length (rounded down to whole elements) is the segment size.\n"
+             "scratch: writable buffer; its length (halved with more than one peer, rounded down to whole\n"
+             "elements) is the segment size.\n"
              "Raises OSError naming the peer when the kernel refuses a copy.");
 
 typedef struct {
@@ -141,14 +144,15 @@ static void pm_release(pm_views *v)
 static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "allreduce_share takes 10 arguments");
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError, "allreduce_share takes 11 arguments");
         return NULL;
     }
     long long lo = PyLong_AsLongLong(args[3]), hi = PyLong_AsLongLong(args[4]);
     long dtv = PyLong_AsLong(args[5]), opv = PyLong_AsLong(args[6]);
     double postscale = PyFloat_AsDouble(args[7]);
     int simd = PyObject_IsTrue(args[9]);
+    long rank = PyLong_AsLong(args[10]);
     if (PyErr_Occurred() || simd < 0) {
         return NULL;
     }
@@ -216,7 +220,13 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
         PyErr_Format(PyExc_ValueError, "need one int64 pid per peer and %zd uint64 addresses per peer", nbufs);
         goto done;
     }
-    size_t segment = (size_t)scratch.len / item * item;
+    size_t npeers_checked = (size_t)pids.len / sizeof(int64_t);
+    if (rank < 0 || (size_t)rank > npeers_checked) {
+        PyErr_Format(PyExc_ValueError, "rank %ld is not one of %zu ranks", rank, npeers_checked + 1);
+        goto done;
+    }
+    /* with more than one peer the scratch holds two segments: the accumulator and the copy */
+    size_t segment = (size_t)scratch.len / (npeers_checked > 1 ? 2 : 1) / item * item;
     if (segment == 0 || (uintptr_t)scratch.buf % item) {
         PyErr_SetString(PyExc_ValueError, "scratch must hold at least one aligned element");
         goto done;
@@ -248,12 +258,37 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
             for (size_t s = start; s < stop && !err; s += segment) {
                 size_t n = stop - s < segment ? stop - s : segment;
                 char *mine = (char *)local.views[k].buf + s;
-                for (size_t q = 0; q < npeers && !err; q++) {
-                    err = pm_move((pid_t)pid[q], scratch.buf, (uintptr_t)addr[q * (size_t)nbufs + k] + s, n, 0);
+                if (npeers == 1) { /* two ranks: x0 op x1 == x1 op x0 exactly, so reduce in place */
+                    err = pm_move((pid_t)pid[0], scratch.buf, (uintptr_t)addr[k] + s, n, 0);
                     if (err) {
-                        failed_peer = q;
+                        failed_peer = 0;
                     } else {
                         pm_reduce(simd, dt, op, mine, scratch.buf, n / item);
+                    }
+                } else { /* more: accumulate in rank order, so the result does not depend on the owner */
+                    char *acc = (char *)scratch.buf, *tmp = acc + segment;
+                    for (size_t q = 0; q <= npeers && !err; q++) { /* q: rank, this rank included */
+                        const void *src = mine;
+                        if (q != (size_t)rank) {
+                            size_t peer = q < (size_t)rank ? q : q - 1;
+                            void *into = q == 0 ? acc : tmp;
+                            err = pm_move((pid_t)pid[peer], into, (uintptr_t)addr[peer * (size_t)nbufs + k] + s, n, 0);
+                            if (err) {
+                                failed_peer = peer;
+                                break;
+                            }
+                            src = into;
+                        }
+                        if (q == 0) {
+                            if (src != acc) {
+                                memcpy(acc, src, n);
+                            }
+                        } else {
+                            pm_reduce(simd, dt, op, acc, src, n / item);
+                        }
+                    }
+                    if (!err) {
+                        memcpy(mine, acc, n);
                     }
                 }
                 if (!err && postscale != 1.0) {

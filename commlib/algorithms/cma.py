@@ -15,7 +15,9 @@ Balanced shares: equal byte shares do not take equal time when the memory differ
 separately allocated tensors is slower than one of a few large ones (ResNet-50's gradients on 2 ranks:
 17.4 ms against 14.3 ms for the two halves). For a layout seen before (same dtype and buffer sizes) the
 shares are moved towards equal time, from the times every rank reported for the last call
-(:class:`ShareSplit`). Every rank computes the same split from the same gathered numbers.
+(:class:`ShareSplit`). Every rank computes the same split from the same gathered numbers. Which rank
+owns a byte does not change its value: two values combine the same either way round, and with more than
+two ranks the owner combines them in rank order.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, postscale: flo
     layout = (dtype.str, tuple(buf.size for buf in bufs))
     offs = split.offsets(layout, total, p)
     item = dtype.itemsize
-    scratch = ctx.scratch.get("cma.segment", max(ctx.config.cma_segment_bytes // item, 1), dtype)
+    per_segment = max(ctx.config.cma_segment_bytes // item, 1)
+    scratch = ctx.scratch.get("cma.segment", per_segment * (1 if p == 2 else 2), dtype)
     failure = None
     start = time.perf_counter()
     try:

@@ -42,12 +42,13 @@ class PeerMemory:
                          postscale: float, scratch: np.ndarray) -> None:
         """Reduce bytes ``[lo, hi)`` of the concatenation of ``bufs`` with the same bytes of every peer
         (whose buffer k starts at ``peer_addresses[i, k]``, peers in rank order), in place, times
-        ``postscale``, and write the result into every peer. No synchronisation: the caller's job.
-        Raises OSError when the kernel refuses a copy."""
+        ``postscale``, and write the result into every peer. With more than two ranks ``scratch`` holds
+        two segments and values combine in rank order. No synchronisation: the caller's job. Raises
+        OSError when the kernel refuses a copy."""
         code = kernels.dtype_code(bufs[0].dtype)
         _peer_memory.allreduce_share(bufs, self.peer_pids, np.ascontiguousarray(peer_addresses, _U64),
                                      int(lo), int(hi), code, int(op.kernel_op), float(postscale), scratch,
-                                     self._simd)
+                                     self._simd, self.rank)
 
     @classmethod
     def probe(cls, transport: Transport) -> tuple["PeerMemory | None", str]:
