@@ -58,7 +58,8 @@ def main() -> None:
     backward = list(reversed(range(len(grads))))
     total = sum(g.size for g in grads)
     packed = np.concatenate([g.reshape(-1) for g in grads])
-    engine = Engine(MPITransport(comm.Dup()), Topology.detect(comm), Config.load())
+    config = Config.load()  # COMMLIB_LOCAL_SIZE applies to the packed peer as to the coordinator
+    engine = Engine(MPITransport(comm.Dup()), Topology.detect(comm, config.local_size), config)
     candidates = [a for a in ALGORITHMS if a != "native"]
 
     def mpi_per_tensor():
