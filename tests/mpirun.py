@@ -6,6 +6,7 @@ which makes ``mpiexec`` fail the job.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -28,6 +29,44 @@ def mpiexec() -> str:
     return found
 
 
+_TARGET = """
+import ctypes, os, sys
+buf = ctypes.create_string_buffer(b"commlib-cma-probe", 32)
+print(os.getpid(), ctypes.addressof(buf), flush=True)
+sys.stdin.read()
+"""
+
+_READER = """
+import ctypes, sys
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+libc = ctypes.CDLL(None, use_errno=True)
+pid, address = int(sys.argv[1]), int(sys.argv[2])
+buf = ctypes.create_string_buffer(32)
+local, remote = iovec(ctypes.addressof(buf), 17), iovec(address, 17)
+got = libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+print("ok" if got == 17 and buf.raw[:17] == b"commlib-cma-probe" else f"refused {ctypes.get_errno()}")
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def cross_memory_attach_permitted() -> bool:
+    """Whether this kernel lets one process read a sibling's memory (``process_vm_readv``), as the
+    ranks of an MPI job are siblings. Found out independently of commlib, so that the tests can check
+    commlib's own probe against it (set as CMA_EXPECTED=1/0 in every job's environment)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    target = subprocess.Popen([sys.executable, "-c", _TARGET], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        pid, address = target.stdout.readline().split()
+        reader = subprocess.run([sys.executable, "-c", _READER, pid, address], capture_output=True, text=True,
+                                timeout=30)
+        return reader.stdout.strip() == "ok"
+    finally:
+        target.communicate(input="", timeout=30)
+
+
 class MPIJobFailed(AssertionError):
     """The MPI job exited non-zero or timed out; the message carries its output."""
 
@@ -46,6 +85,7 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH", "")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
     for key in [k for k in full_env if k.startswith("COMMLIB_")]:
         del full_env[key]
     full_env.update(env or {})

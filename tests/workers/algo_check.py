@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import traceback
 
@@ -149,6 +150,8 @@ def main() -> None:
     if not topology.uniform:
         algorithms.remove("torus2d")  # default grid needs equal nodes: checked as an error below
     cma_usable = small.peer_memory is not None
+    if topology.cross_size == 1 and p > 1:  # the probe agrees with the kernel (tests/mpirun.py finds out)
+        assert cma_usable == (os.environ["CMA_EXPECTED"] == "1"), small.peer_memory_reason
     if not cma_usable:
         algorithms.remove("cma")  # several (emulated) nodes: checked as an error below
     elif topology.cross_size == 1 and p > 1:
