@@ -132,8 +132,8 @@ class Config:
         return config
 
     def _validate(self) -> None:
-        if self.cma_segment_bytes < 8:
-            raise ConfigError(f"COMMLIB_CMA_SEGMENT must be at least 8 bytes, got {self.cma_segment_bytes}")
+        if self.cma_segment_bytes < 64:
+            raise ConfigError(f"COMMLIB_CMA_SEGMENT must be at least 64 bytes, got {self.cma_segment_bytes}")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of: {', '.join(ALGORITHMS)}")
         if self.stall_shutdown_time_s and self.stall_shutdown_time_s < self.stall_check_time_s:
@@ -160,8 +160,8 @@ FIELDS: dict[str, _Field] = {
                   "1: on one node, probe cross-memory attach at init and let auto use the cma algorithm; "
                   "0: never (default 1)"),
     "cma_segment_bytes": _Field("COMMLIB_CMA_SEGMENT", parse_size,
-                                "bytes the cma algorithm copies from a peer per step, kept in cache "
-                                "(default 256K)"),
+                                "bytes the cma algorithm copies from a peer per step, kept in cache; "
+                                "rounded down to a multiple of 64 (default 256K)"),
     "cycle_time_ms": _Field("COMMLIB_CYCLE_TIME", _non_negative_float,
                             "longest sleep of the background coordinator between polls, ms (default 1)"),
     "fusion_threshold_bytes": _Field("COMMLIB_FUSION_THRESHOLD", parse_size,

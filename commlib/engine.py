@@ -43,8 +43,31 @@ _FOLDS_SCALING = {
 }
 
 
-#: Algorithms that reduce several buffers in one pass over their concatenation, without copying them.
-_MANY = {"ring": ring_many.allreduce, "cma": cma.allreduce_many}
+def _ring_many(ctx, bufs, op, codec=None, prescale=1.0, postscale=1.0) -> int:
+    assert codec is None and prescale == 1.0, "ring_many takes neither a codec nor a prescale"
+    ring_many.allreduce(ctx, bufs, op, postscale=postscale)
+    return 0
+
+
+#: Algorithms that reduce several buffers in one pass over their concatenation, without copying them:
+#: ``(ctx, bufs, op, codec=, prescale=, postscale=) -> overflow count``.
+_MANY = {"ring": _ring_many, "cma": cma.allreduce_many}
+
+
+def _scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
+                   size: int) -> tuple[float, float]:
+    """The factors an algorithm applies before and after reducing: the user's, an Average's division, and
+    with fp16 on the wire a division by the ranks first (so that no partial sum of in-range inputs can
+    exceed float16's range), undone afterwards for Sum."""
+    average = op is ReduceOp.AVERAGE and size > 1
+    predivide = codec is not None and codec.wire_dtype == FLOAT16 and size > 1 and op.kernel_op is ReduceOp.SUM
+    pre = prescale / size if predivide else prescale
+    post = postscale
+    if predivide and not average:
+        post *= size  # Sum: undo the division
+    elif average and not predivide:
+        post /= size
+    return pre, post
 
 
 class Engine:
@@ -93,16 +116,7 @@ class Engine:
             raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {buf.dtype}")
         algorithm = prepare(self.context, buf.reshape(-1), algorithm or self.config.algorithm, codec)
         size = self.size
-        average = op is ReduceOp.AVERAGE and size > 1
-        # Divide first so that no partial sum of in-range inputs can exceed float16's range on the wire.
-        predivide = (codec is not None and codec.wire_dtype == FLOAT16 and size > 1
-                     and op.kernel_op is ReduceOp.SUM)
-        pre = prescale / size if predivide else prescale
-        post = postscale
-        if predivide and not average:
-            post *= size  # Sum: undo the division
-        elif average and not predivide:
-            post /= size
+        pre, post = _scale_factors(op, codec, prescale, postscale, size)
         flat = buf.reshape(-1)
         folds_scaling = _FOLDS_SCALING.get(algorithm) if size > 1 else None
         if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
@@ -122,9 +136,9 @@ class Engine:
                         name: str = "tensors") -> None:
         """Reduce several C-contiguous buffers of one dtype in place, as :meth:`allreduce_` would each.
 
-        When the algorithm for their total size is the ring or cma (and there is no codec or prescale), they
-        are reduced together in one pass over their concatenation, without copying them
-        (:mod:`commlib.algorithms.ring_many`, :mod:`commlib.algorithms.cma`); otherwise one
+        When the algorithm for their total size is cma, or the ring without a codec or prescale, they are
+        reduced together in one pass over their concatenation, without copying them
+        (:mod:`commlib.algorithms.cma`, :mod:`commlib.algorithms.ring_many`); otherwise one
         :meth:`allreduce_` each."""
         op = as_op(op)
         for buf in bufs:  # before flattening: reshape(-1) of a non-contiguous array is a silent copy
@@ -135,16 +149,21 @@ class Engine:
             raise TypeError(f"{name}: allreduce_many_ needs buffers of one dtype, got "
                             f"{sorted({f.dtype.name for f in flats})}")
         total = sum(f.nbytes for f in flats)
-        chosen = resolve(self.context, algorithm or self.config.algorithm, total)
+        chosen = resolve(self.context, algorithm or self.config.algorithm, total, codec is not None)
         together = _MANY.get(chosen)
-        if len(flats) < 2 or codec is not None or prescale != 1.0 or together is None or self.size == 1:
+        plain = codec is None and prescale == 1.0
+        if len(flats) < 2 or together is None or self.size == 1 or (chosen == "ring" and not plain):
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
-        if postscale != 1.0 and flats[0].dtype.kind in "iu":
+        if (prescale != 1.0 or postscale != 1.0) and flats[0].dtype.kind in "iu":
             raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {flats[0].dtype}")
-        post = postscale / self.size if op is ReduceOp.AVERAGE else postscale
-        together(self.context, flats, op.kernel_op, postscale=post)
+        if codec is not None and flats[0].dtype != FLOAT32:
+            raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {flats[0].dtype}; pass codec=None")
+        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        overflow = together(self.context, flats, op.kernel_op, codec=codec, prescale=pre, postscale=post)
+        if overflow:
+            warn_overflow(name, overflow, codec)
 
     # -- data movement ----------------------------------------------------------------------------------
     def _row_counts(self, rows: int) -> list[int]:

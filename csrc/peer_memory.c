@@ -112,20 +112,6 @@ static PyObject *pm_py_read(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(allreduce_share_doc,
-             "allreduce_share(bufs, pids, addresses, lo, hi, dtype, op, postscale, scratch, simd, rank)\n"
-             "--\n\n"
-             "Reduce bytes [lo, hi) of the concatenation of `bufs` (this rank's share) with the same bytes\n"
-             "of every peer, in place, multiply by `postscale` (floating dtypes; 1.0 skips it), and write\n"
-             "the result into every peer. With more than two ranks the values are combined in rank order\n"
-             "(this process is rank `rank`), so the result does not depend on which rank owns a byte.\n\n"
-             "bufs: writable C-contiguous buffers of one dtype, identical in length on every rank.\n"
-             "pids: int64 buffer, one process id per peer. addresses: uint64 buffer of len(pids) rows of\n"
-             "len(bufs) base addresses (peer i's buffer k at addresses[i * len(bufs) + k]).\n"
-             "scratch: writable buffer; its length (halved with more than one peer, rounded down to whole\n"
-             "elements) is the segment size.\n"
-             "Raises OSError naming the peer when the kernel refuses a copy.");
-
 typedef struct {
     Py_buffer *views;
     Py_ssize_t count;
@@ -141,18 +127,129 @@ static void pm_release(pm_views *v)
     v->count = 0;
 }
 
+/* What one call reduces and how: shared by every segment of the share. */
+typedef struct {
+    const int64_t *pid;      /* peers' process ids, in rank order without this rank */
+    const uint64_t *addr;    /* peer i's buffer k starts at addr[i * nbufs + k] */
+    size_t npeers, nbufs, rank, item;
+    ck_dtype dt;
+    ck_op op;
+    int simd;
+    int half;                /* -1, or the wire type (CK_FLOAT16 / CK_BFLOAT16) of a codec */
+    double prescale, postscale;
+    char *acc, *tmp;         /* two segments of scratch (tmp only with more than one peer) */
+    void *wire;              /* half a segment of scratch, for the codec's encoded values */
+    size_t overflow;         /* values that became inf on the way through the codec */
+    size_t failed_peer;
+} pm_share;
+
+static size_t pm_round_trip(const pm_share *c, float *buf, float scale, float post, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (c->simd) {
+        return ck_round_trip_avx2((ck_dtype)c->half, buf, c->wire, scale, post, n);
+    }
+#endif
+    return ck_round_trip_portable((ck_dtype)c->half, buf, c->wire, scale, post, n);
+}
+
+/* One contribution, in place: through the codec (scaled, then rounded to what the wire would carry),
+ * or only scaled. */
+static void pm_contribution(pm_share *c, void *buf, size_t n)
+{
+    if (c->half >= 0) {
+        c->overflow += pm_round_trip(c, (float *)buf, (float)c->prescale, 1.0f, n);
+    } else if (c->prescale != 1.0) {
+        pm_scale(c->simd, c->dt, buf, c->prescale, n);
+    }
+}
+
+#ifdef __linux__
+/* Reduce `n` bytes at offset `s` of buffer `k` (`mine` points there) with every peer, finish them
+ * (codec rounding, postscale) and write them into every peer. 0, or an errno value. */
+static int pm_segment(pm_share *c, size_t k, size_t s, char *mine, size_t n)
+{
+    size_t count = n / c->item;
+    int err = 0;
+    if (c->npeers == 1) { /* two ranks: x0 op x1 == x1 op x0 exactly, so reduce in place */
+        err = pm_move((pid_t)c->pid[0], c->acc, (uintptr_t)c->addr[k] + s, n, 0);
+        if (err) {
+            c->failed_peer = 0;
+            return err;
+        }
+        pm_contribution(c, c->acc, count);
+        pm_contribution(c, mine, count);
+        pm_reduce(c->simd, c->dt, c->op, mine, c->acc, count);
+    } else { /* more: accumulate in rank order, so the result does not depend on the owner */
+        for (size_t q = 0; q <= c->npeers; q++) { /* q: rank, this rank included */
+            void *src = mine;
+            if (q != c->rank) {
+                size_t peer = q < c->rank ? q : q - 1;
+                src = q == 0 ? c->acc : c->tmp;
+                err = pm_move((pid_t)c->pid[peer], src, (uintptr_t)c->addr[peer * c->nbufs + k] + s, n, 0);
+                if (err) {
+                    c->failed_peer = peer;
+                    return err;
+                }
+            }
+            pm_contribution(c, src, count);
+            if (q == 0) {
+                if (src != c->acc) {
+                    memcpy(c->acc, src, n);
+                }
+            } else {
+                pm_reduce(c->simd, c->dt, c->op, c->acc, src, count);
+            }
+        }
+        memcpy(mine, c->acc, n);
+    }
+    if (c->half >= 0) { /* the result as the wire carries it, then the postscale */
+        c->overflow += pm_round_trip(c, (float *)mine, 1.0f, (float)c->postscale, count);
+    } else if (c->postscale != 1.0) {
+        pm_scale(c->simd, c->dt, mine, c->postscale, count);
+    }
+    for (size_t q = 0; q < c->npeers; q++) {
+        err = pm_move((pid_t)c->pid[q], mine, (uintptr_t)c->addr[q * c->nbufs + k] + s, n, 1);
+        if (err) {
+            c->failed_peer = q;
+            return err;
+        }
+    }
+    return 0;
+}
+#endif
+
+PyDoc_STRVAR(allreduce_share_doc,
+             "allreduce_share(bufs, pids, addresses, rank, lo, hi, dtype, op, prescale, postscale, half,\n"
+             "                scratch, segment, simd) -> int\n--\n\n"
+             "Reduce bytes [lo, hi) of the concatenation of `bufs` (this rank's share) with the same bytes\n"
+             "of every peer, in place, and write the result into every peer. Every contribution is first\n"
+             "multiplied by `prescale`; with a codec (`half` = the wire's dtype code, -1 for none; float32\n"
+             "buffers only) it is then rounded to what the wire would carry, and so is the result, before\n"
+             "`postscale` multiplies it. With more than two ranks values combine in rank order (this process\n"
+             "is rank `rank`), so the result does not depend on which rank owns a byte. Returns how many\n"
+             "values became inf in the codec's rounding.\n\n"
+             "bufs: writable C-contiguous buffers of one dtype, identical in length on every rank.\n"
+             "pids: int64 buffer, one process id per peer. addresses: uint64 buffer of len(pids) rows of\n"
+             "len(bufs) base addresses (peer i's buffer k at addresses[i * len(bufs) + k]).\n"
+             "scratch: writable, 64-byte aligned; `segment` bytes (whole elements) are copied at a time, and\n"
+             "scratch holds 2 segments (more than one peer) or 1, plus half a segment with a codec.\n"
+             "Raises OSError naming the peer when the kernel refuses a copy.");
+
 static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "allreduce_share takes 11 arguments");
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "allreduce_share takes 14 arguments");
         return NULL;
     }
-    long long lo = PyLong_AsLongLong(args[3]), hi = PyLong_AsLongLong(args[4]);
-    long dtv = PyLong_AsLong(args[5]), opv = PyLong_AsLong(args[6]);
-    double postscale = PyFloat_AsDouble(args[7]);
-    int simd = PyObject_IsTrue(args[9]);
-    long rank = PyLong_AsLong(args[10]);
+    long rank = PyLong_AsLong(args[3]);
+    long long lo = PyLong_AsLongLong(args[4]), hi = PyLong_AsLongLong(args[5]);
+    long dtv = PyLong_AsLong(args[6]), opv = PyLong_AsLong(args[7]);
+    double prescale = PyFloat_AsDouble(args[8]), postscale = PyFloat_AsDouble(args[9]);
+    long half = PyLong_AsLong(args[10]);
+    long long segment_arg = PyLong_AsLongLong(args[12]);
+    int simd = PyObject_IsTrue(args[13]);
     if (PyErr_Occurred() || simd < 0) {
         return NULL;
     }
@@ -160,18 +257,34 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
         PyErr_Format(PyExc_ValueError, "unknown dtype code %ld or op %ld", dtv, opv);
         return NULL;
     }
-    ck_dtype dt = (ck_dtype)dtv;
-    ck_op op = (ck_op)opv;
-    size_t item = pm_itemsizes[dt];
-    int floating = dt == CK_FLOAT16 || dt == CK_BFLOAT16 || dt == CK_FLOAT32 || dt == CK_FLOAT64;
-    if (postscale != 1.0 && !floating) {
-        PyErr_SetString(PyExc_TypeError, "postscale needs a floating dtype");
+    pm_share c;
+    memset(&c, 0, sizeof c);
+    c.dt = (ck_dtype)dtv;
+    c.op = (ck_op)opv;
+    c.item = pm_itemsizes[c.dt];
+    c.simd = simd;
+    c.half = (int)half;
+    c.prescale = prescale;
+    c.postscale = postscale;
+    int floating = c.dt == CK_FLOAT16 || c.dt == CK_BFLOAT16 || c.dt == CK_FLOAT32 || c.dt == CK_FLOAT64;
+    if ((postscale != 1.0 || prescale != 1.0) && !floating) {
+        PyErr_SetString(PyExc_TypeError, "prescale/postscale need a floating dtype");
         return NULL;
     }
-    if (lo < 0 || hi < lo || (size_t)lo % item || (size_t)hi % item) {
+    if (half != -1 && ((half != CK_FLOAT16 && half != CK_BFLOAT16) || c.dt != CK_FLOAT32)) {
+        PyErr_Format(PyExc_TypeError, "a codec (wire dtype code %ld) needs float32 buffers and a float16 or "
+                     "bfloat16 wire", half);
+        return NULL;
+    }
+    if (lo < 0 || hi < lo || (size_t)lo % c.item || (size_t)hi % c.item) {
         PyErr_Format(PyExc_ValueError, "share [%lld, %lld) is not a range of whole elements", lo, hi);
         return NULL;
     }
+    if (segment_arg <= 0 || (size_t)segment_arg % 64) {
+        PyErr_Format(PyExc_ValueError, "segment of %lld bytes: must be a positive multiple of 64", segment_arg);
+        return NULL;
+    }
+    size_t segment = (size_t)segment_arg;
 
     PyObject *seq = PySequence_Fast(args[0], "bufs must be a sequence of buffers");
     if (seq == NULL) {
@@ -193,8 +306,8 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
             goto done;
         }
         local.count++;
-        if ((size_t)local.views[k].len % item || (uintptr_t)local.views[k].buf % item) {
-            PyErr_Format(PyExc_ValueError, "buffer %zd is not made of aligned %zu-byte elements", k, item);
+        if ((size_t)local.views[k].len % c.item || (uintptr_t)local.views[k].buf % c.item) {
+            PyErr_Format(PyExc_ValueError, "buffer %zd is not made of aligned %zu-byte elements", k, c.item);
             goto done;
         }
         total += (size_t)local.views[k].len;
@@ -211,94 +324,48 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
         goto done;
     }
     have_addresses = 1;
-    if (PyObject_GetBuffer(args[8], &scratch, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+    if (PyObject_GetBuffer(args[11], &scratch, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
         goto done;
     }
     have_scratch = 1;
-    size_t npeers = (size_t)pids.len / sizeof(int64_t);
-    if ((size_t)pids.len % sizeof(int64_t) || (size_t)addresses.len != npeers * (size_t)nbufs * sizeof(uint64_t)) {
+    c.npeers = (size_t)pids.len / sizeof(int64_t);
+    c.nbufs = (size_t)nbufs;
+    if ((size_t)pids.len % sizeof(int64_t) || (size_t)addresses.len != c.npeers * c.nbufs * sizeof(uint64_t)) {
         PyErr_Format(PyExc_ValueError, "need one int64 pid per peer and %zd uint64 addresses per peer", nbufs);
         goto done;
     }
-    size_t npeers_checked = (size_t)pids.len / sizeof(int64_t);
-    if (rank < 0 || (size_t)rank > npeers_checked) {
-        PyErr_Format(PyExc_ValueError, "rank %ld is not one of %zu ranks", rank, npeers_checked + 1);
+    if (rank < 0 || (size_t)rank > c.npeers) {
+        PyErr_Format(PyExc_ValueError, "rank %ld is not one of %zu ranks", rank, c.npeers + 1);
         goto done;
     }
-    /* with more than one peer the scratch holds two segments: the accumulator and the copy */
-    size_t segment = (size_t)scratch.len / (npeers_checked > 1 ? 2 : 1) / item * item;
-    if (segment == 0 || (uintptr_t)scratch.buf % item) {
-        PyErr_SetString(PyExc_ValueError, "scratch must hold at least one aligned element");
+    c.rank = (size_t)rank;
+    size_t needed = (c.npeers > 1 ? 2 : 1) * segment + (c.half >= 0 ? segment / 2 : 0);
+    if ((size_t)scratch.len < needed || (uintptr_t)scratch.buf % 64) {
+        PyErr_Format(PyExc_ValueError, "scratch must be 64-byte aligned and hold %zu bytes, not %zd", needed,
+                     scratch.len);
         goto done;
     }
+    c.acc = (char *)scratch.buf;
+    c.tmp = c.npeers > 1 ? c.acc + segment : NULL;
+    c.wire = c.acc + (c.npeers > 1 ? 2 : 1) * segment;
+    c.pid = (const int64_t *)pids.buf;
+    c.addr = (const uint64_t *)addresses.buf;
 
     {
-        const int64_t *pid = (const int64_t *)pids.buf;
-        const uint64_t *addr = (const uint64_t *)addresses.buf;
         int err = 0;
-        size_t failed_peer = 0;
 #ifndef __linux__
         err = ENOSYS;
-        (void)pid;
-        (void)addr;
-        (void)postscale;
-        (void)floating;
-        (void)segment;
 #else
         Py_BEGIN_ALLOW_THREADS
         size_t base = 0; /* byte offset of buffer k in the concatenation */
-        for (Py_ssize_t k = 0; k < nbufs && !err; k++) {
+        for (size_t k = 0; k < c.nbufs && !err; k++) {
             size_t len = (size_t)local.views[k].len;
-            if (base + len <= (size_t)lo || base >= (size_t)hi) { /* outside this rank's share */
-                base += len;
-                continue;
-            }
-            size_t start = (size_t)lo > base ? (size_t)lo - base : 0;
-            size_t stop = (size_t)hi < base + len ? (size_t)hi - base : len;
-            for (size_t s = start; s < stop && !err; s += segment) {
-                size_t n = stop - s < segment ? stop - s : segment;
-                char *mine = (char *)local.views[k].buf + s;
-                if (npeers == 1) { /* two ranks: x0 op x1 == x1 op x0 exactly, so reduce in place */
-                    err = pm_move((pid_t)pid[0], scratch.buf, (uintptr_t)addr[k] + s, n, 0);
-                    if (err) {
-                        failed_peer = 0;
-                    } else {
-                        pm_reduce(simd, dt, op, mine, scratch.buf, n / item);
-                    }
-                } else { /* more: accumulate in rank order, so the result does not depend on the owner */
-                    char *acc = (char *)scratch.buf, *tmp = acc + segment;
-                    for (size_t q = 0; q <= npeers && !err; q++) { /* q: rank, this rank included */
-                        const void *src = mine;
-                        if (q != (size_t)rank) {
-                            size_t peer = q < (size_t)rank ? q : q - 1;
-                            void *into = q == 0 ? acc : tmp;
-                            err = pm_move((pid_t)pid[peer], into, (uintptr_t)addr[peer * (size_t)nbufs + k] + s, n, 0);
-                            if (err) {
-                                failed_peer = peer;
-                                break;
-                            }
-                            src = into;
-                        }
-                        if (q == 0) {
-                            if (src != acc) {
-                                memcpy(acc, src, n);
-                            }
-                        } else {
-                            pm_reduce(simd, dt, op, acc, src, n / item);
-                        }
-                    }
-                    if (!err) {
-                        memcpy(mine, acc, n);
-                    }
-                }
-                if (!err && postscale != 1.0) {
-                    pm_scale(simd, dt, mine, postscale, n / item);
-                }
-                for (size_t q = 0; q < npeers && !err; q++) {
-                    err = pm_move((pid_t)pid[q], mine, (uintptr_t)addr[q * (size_t)nbufs + k] + s, n, 1);
-                    if (err) {
-                        failed_peer = q;
-                    }
+            if (base + len > (size_t)lo && base < (size_t)hi) { /* overlaps this rank's share */
+                size_t start = (size_t)lo > base ? (size_t)lo - base : 0;
+                size_t stop = (size_t)hi < base + len ? (size_t)hi - base : len;
+                for (size_t s = start; s < stop && !err; s += segment) {
+                    size_t n = stop - s < segment ? stop - s : segment;
+                    err = pm_segment(&c, k, s, (char *)local.views[k].buf + s, n);
                 }
             }
             base += len;
@@ -307,12 +374,11 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
 #endif
         if (err) {
             PyErr_Format(PyExc_OSError, "cross-memory attach with process %lld failed: %s",
-                         npeers ? (long long)pid[failed_peer] : -1LL, strerror(err));
+                         c.npeers ? (long long)c.pid[c.failed_peer] : -1LL, strerror(err));
             goto done;
         }
     }
-    result = Py_None;
-    Py_INCREF(result);
+    result = PyLong_FromSize_t(c.overflow);
 done:
     if (have_scratch) {
         PyBuffer_Release(&scratch);

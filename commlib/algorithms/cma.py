@@ -2,14 +2,22 @@
 buffers and writes the result straight into them (see :mod:`commlib.transport.peer_memory`).
 
 Rank r owns elements ``partition.offsets(n, p)[r:r + 2]`` of the buffers' concatenation. Per segment of
-that share (``config.cma_segment_bytes``, small enough to stay in cache) it copies each peer's bytes into scratch
-once, reduces them into its own buffer, applies the postscale, and writes the finished segment into
-every peer. A byte crosses between processes twice in all (there and back), against four copies for a
+that share (``config.cma_segment_bytes``, small enough to stay in cache) it copies each peer's bytes into
+scratch once, applies the prescale to every contribution, reduces them into its own buffer, applies the
+postscale, and writes the finished segment into every peer. Scaling costs no pass of its own. A byte crosses between processes twice in all (there and back), against four copies for a
 message through MPI's shared memory; several buffers are handled in one pass without packing them.
 
 Synchronisation: one allgather of buffer addresses before (every rank's input is then in place), one
 allgather of (error flag, seconds spent) after (no rank returns while a peer may still write into it; a
 failure anywhere becomes an error everywhere). Needs ``ctx.peer_memory``: every rank on one node, probed.
+
+With a codec (float32 only), nothing is encoded for a wire - there is none - but the numbers are those of
+compressed traffic: each contribution is rounded to the wire format (after the prescale, e.g. fp16's
+division by the number of ranks) and the result is too, accumulating in float32; values that overflow
+are counted for the caller's warning (on the rank that owns them, which may not be the rank that sent
+them). The roundings happen on the segment while it is in cache, so compression costs little here - and
+gains nothing, which is why auto picks cma with a codec only for the numbers' sake: on one node there
+is no wire to save (docs/coordinator.md, "Compression").
 
 Balanced shares: equal byte shares do not take equal time when the memory differs - a share of many
 separately allocated tensors is slower than one of a few large ones (ResNet-50's gradients on 2 ranks:
@@ -73,39 +81,31 @@ class ShareSplit:
         self._offsets[key] = new
 
 
-def available(ctx) -> bool:
-    return ctx.peer_memory is not None
-
-
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, prescale: float = 1.0,
               postscale: float = 1.0) -> int:
-    """Reduce ``buf`` in place; the ALGORITHMS entry point (no codec: nothing travels on a wire)."""
-    if codec is not None:
-        raise ConfigError("the cma algorithm moves memory between processes and has no wire to compress; "
-                           "use compression=none with it, or another algorithm")
-    if prescale != 1.0:
-        kernels.scale_(buf, prescale)
-    allreduce_many(ctx, [buf], op, postscale)
-    return 0
+    """Reduce ``buf`` in place; the ALGORITHMS entry point. Returns the codec's overflow count."""
+    return allreduce_many(ctx, [buf], op, codec=codec, prescale=prescale, postscale=postscale)
 
 
-def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, postscale: float = 1.0) -> None:
+def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, codec=None, prescale: float = 1.0,
+                   postscale: float = 1.0) -> int:
     """Reduce every 1-D C-contiguous buffer of ``bufs`` (one dtype, same lengths on every rank) in place
-    across the group in one pass, then multiply by ``postscale``."""
+    across the group in one pass: ``postscale * sum(prescale * x)`` for Sum, through the codec's
+    rounding if there is one. Returns how many values this rank's rounding overflowed to inf."""
     peers = ctx.peer_memory
     if peers is None:
         raise ConfigError(f"the cma algorithm needs cross-memory attach between the ranks of one node: "
-                           f"{ctx.peer_memory_reason}; choose another algorithm")
+                          f"{ctx.peer_memory_reason}; choose another algorithm")
     transport = ctx.transport
     p, r = transport.size, transport.rank
     total = sum(buf.size for buf in bufs)
     if total == 0:
-        return
-    if p == 1:
-        if postscale != 1.0:
+        return 0
+    if p == 1:  # as every algorithm: one rank does not round through a codec
+        if prescale * postscale != 1.0:
             for buf in bufs:
-                kernels.scale_(buf, postscale)
-        return
+                kernels.scale_(buf, prescale * postscale)
+        return 0
     dtype = bufs[0].dtype
     n = len(bufs)
     mine = np.fromiter((buf.ctypes.data for buf in bufs), _U64, n)
@@ -113,16 +113,17 @@ def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, postscale: flo
     transport.allgatherv(mine, every, [n] * p)
     peer_addresses = np.delete(every.reshape(p, n), r, axis=0)
     split = ctx.tuning.setdefault("cma.shares", ShareSplit())
-    layout = (dtype.str, tuple(buf.size for buf in bufs))
+    layout = (dtype.str, codec.name if codec is not None else "", tuple(buf.size for buf in bufs))
     offs = split.offsets(layout, total, p)
     item = dtype.itemsize
-    per_segment = max(ctx.config.cma_segment_bytes // item, 1)
-    scratch = ctx.scratch.get("cma.segment", per_segment * (1 if p == 2 else 2), dtype)
-    failure = None
+    segment = max(ctx.config.cma_segment_bytes // 64 * 64, 64)
+    scratch = ctx.scratch.get("cma.segment", peers.scratch_bytes(segment, codec), np.uint8)
+    failure, overflow = None, 0
     start = time.perf_counter()
     try:
-        peers.allreduce_share_(bufs, peer_addresses, offs[r] * item, offs[r + 1] * item, op, postscale,
-                               scratch)
+        overflow = peers.allreduce_share_(bufs, peer_addresses, offs[r] * item, offs[r + 1] * item, op,
+                                          prescale=prescale, postscale=postscale, codec=codec,
+                                          scratch=scratch, segment=segment)
     except Exception as exc:  # noqa: BLE001 - whatever it is, every rank must hear of it, not hang
         failure = exc
     report = np.array([1.0 if failure else 0.0, time.perf_counter() - start], _F64)
@@ -134,3 +135,4 @@ def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, postscale: flo
         raise CommlibError(f"cma allreduce failed {where}; the buffers hold partial results. "
                            "Set COMMLIB_CMA=0 to use MPI instead") from failure
     split.update(layout, offs, reports[1::2].tolist(), item)
+    return overflow

@@ -38,17 +38,24 @@ class PeerMemory:
         self.peer_pids = np.array([pid for i, pid in enumerate(self.pids) if i != rank], np.int64)
         self._simd = bool(kernels.cpu_features()["simd"])
 
-    def allreduce_share_(self, bufs, peer_addresses: np.ndarray, lo: int, hi: int, op: ReduceOp,
-                         postscale: float, scratch: np.ndarray) -> None:
+    def scratch_bytes(self, segment: int, codec) -> int:
+        """Scratch that :meth:`allreduce_share_` needs for ``segment``-byte copies."""
+        return (1 if len(self.pids) <= 2 else 2) * segment + (segment // 2 if codec is not None else 0)
+
+    def allreduce_share_(self, bufs, peer_addresses: np.ndarray, lo: int, hi: int, op: ReduceOp, *,
+                         prescale: float, postscale: float, codec, scratch: np.ndarray, segment: int) -> int:
         """Reduce bytes ``[lo, hi)`` of the concatenation of ``bufs`` with the same bytes of every peer
-        (whose buffer k starts at ``peer_addresses[i, k]``, peers in rank order), in place, times
-        ``postscale``, and write the result into every peer. With more than two ranks ``scratch`` holds
-        two segments and values combine in rank order. No synchronisation: the caller's job. Raises
-        OSError when the kernel refuses a copy."""
-        code = kernels.dtype_code(bufs[0].dtype)
-        _peer_memory.allreduce_share(bufs, self.peer_pids, np.ascontiguousarray(peer_addresses, _U64),
-                                     int(lo), int(hi), code, int(op.kernel_op), float(postscale), scratch,
-                                     self._simd, self.rank)
+        (whose buffer k starts at ``peer_addresses[i, k]``, peers in rank order), in place, and write the
+        result into every peer. Each contribution is multiplied by ``prescale`` and, with a ``codec``
+        (float32 buffers), rounded to what the wire would carry, as is the result before ``postscale``
+        multiplies it; returns how many values that rounding overflowed to inf. ``scratch``: 64-byte
+        aligned, :meth:`scratch_bytes` long. No synchronisation: the caller's job. Raises OSError when
+        the kernel refuses a copy."""
+        half = -1 if codec is None else kernels.dtype_code(codec.wire_dtype)
+        return _peer_memory.allreduce_share(
+            bufs, self.peer_pids, np.ascontiguousarray(peer_addresses, _U64), self.rank, int(lo), int(hi),
+            kernels.dtype_code(bufs[0].dtype), int(op.kernel_op), float(prescale), float(postscale), half,
+            scratch, int(segment), self._simd)
 
     @classmethod
     def probe(cls, transport: Transport) -> tuple["PeerMemory | None", str]:

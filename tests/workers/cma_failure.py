@@ -37,7 +37,7 @@ def main() -> None:
         return
     assert peers is not None, engine.context.peer_memory_reason
     assert select.choose(engine.context, 1 << 20) == "cma"
-    assert select.choose(engine.context, 1 << 20, compressed=True) == "ring"
+    assert select.choose(engine.context, 1 << 20, compressed=True) == "cma"
 
     buf = np.ones(1 << 16, np.float32)
     engine.allreduce_(buf, ReduceOp.SUM, algorithm="cma")

@@ -17,9 +17,9 @@ from commlib.transport.mpi import MPITransport
 
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
-# small segments so that buffers cross segment boundaries without large data (cma: 32 bytes)
+# small segments so that buffers cross segment boundaries without large data (cma: 64 bytes)
 engine = Engine(MPITransport(comm.Dup()), Topology.detect(comm),
-                Config.load(ring_segment_bytes=4096, cma_segment_bytes=32))
+                Config.load(ring_segment_bytes=4096, cma_segment_bytes=64))
 # one node: cma is usable exactly when the kernel lets siblings read each other (tests/mpirun.py finds out)
 CMA = engine.context.peer_memory is not None
 if size > 1:
@@ -76,6 +76,29 @@ for repeat in range(4 if CMA else 0):
         want = sum(data(77 + i, n, np.float32, r).astype(np.float64) for r in range(size)) / size
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), f"rank {rank}: balanced cma, repeat {repeat}"
     checks += 1
+# cma with a codec, several buffers in one pass: the numbers of half-precision traffic (each contribution
+# and the result representable in the wire format, accumulated in float32), fp16's predivide included
+from commlib.compression import Compression  # noqa: E402
+
+for codec, wire in ([(Compression.fp16, np.float16), (Compression.bf16, ml_dtypes.bfloat16)] if CMA else []):
+    for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX):
+        layout = [5000, 3, 0, 70_001]
+        bufs = [data(300 + i, n, np.float32, rank) * 50 for i, n in enumerate(layout)]
+        engine.allreduce_many_(bufs, op, algorithm="cma", codec=codec)
+        pre = 1.0 / size if codec is Compression.fp16 and op is not ReduceOp.MAX else 1.0
+        for i, (n, got) in enumerate(zip(layout, bufs)):
+            parts = [(data(300 + i, n, np.float32, r) * 50 * np.float32(pre)).astype(wire).astype(np.float64)
+                     for r in range(size)]
+            want = np.max(parts, axis=0) if op is ReduceOp.MAX else np.sum(parts, axis=0)
+            if op is not ReduceOp.MAX:
+                want = want / pre / (size if op is ReduceOp.AVERAGE else 1)
+            if size > 1 and op is not ReduceOp.AVERAGE and codec is Compression.bf16:  # result is a wire value
+                assert np.array_equal(got, got.astype(wire).astype(np.float32)), f"{codec} {op.name}: not on the wire grid"
+            rel = 2.0 ** -10 if codec is Compression.fp16 else 2.0 ** -7
+            assert np.allclose(got, want, rtol=4 * rel, atol=1e-3), f"rank {rank}: cma {codec} {op.name} buffer {i}"
+            assert comm.allgather(got.tobytes()) == [got.tobytes()] * size, "ranks differ"
+            checks += 1
+
 if size > 1 and CMA:
     splits = engine.context.tuning["cma.shares"]._offsets
     assert len(splits) == 1 and comm.allgather(splits) == [splits] * size, splits
