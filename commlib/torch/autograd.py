@@ -28,8 +28,8 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, compression):
         ctx.op, ctx.prescale, ctx.postscale = op, prescale_factor, postscale_factor
-        return C.synchronize(C.allreduce_async(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                                               postscale_factor=postscale_factor, compression=compression))
+        return C.allreduce_now(tensor, name=name, op=op, prescale_factor=prescale_factor,
+                               postscale_factor=postscale_factor, compression=compression)
 
     @staticmethod
     def backward(ctx, grad):
@@ -75,11 +75,11 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name):
         ctx.rows = tensor.shape[0] if tensor.dim() else 0
-        return C.synchronize(C.allgather_async(tensor, name=name))
+        return C.allgather_now(tensor, name=name)
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = C.synchronize(C.allreduce_async(grad.contiguous(), op=Average))
+        reduced = C.allreduce_now(grad.contiguous(), op=Average)
         rows = _cl.allgather(np.array([ctx.rows], dtype=np.int64))
         offset = int(rows[: _cl.rank()].sum())
         return reduced.narrow(0, offset, ctx.rows), None
@@ -94,11 +94,11 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name):
         ctx.root_rank = root_rank
-        return C.synchronize(C.broadcast_async(tensor, root_rank, name=name))
+        return C.broadcast_now(tensor, root_rank, name=name)
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = C.synchronize(C.allreduce_async(grad.contiguous(), op=Average))
+        reduced = C.allreduce_now(grad.contiguous(), op=Average)
         if _cl.rank() != ctx.root_rank:
             reduced.zero_()
         return reduced, None, None
@@ -123,7 +123,7 @@ class _Reducescatter(torch.autograd.Function):
         if ctx.op not in (Sum, Average):
             raise NotImplementedError(f"the gradient of reducescatter with op {ctx.op.name} is not defined; "
                                       "use op=Sum or op=Average")
-        gathered = C.synchronize(C.allgather_async(grad.contiguous()))
+        gathered = C.allgather_now(grad.contiguous())
         if ctx.scale != 1.0:
             gathered.mul_(ctx.scale)
         return gathered, None, None, None, None, None

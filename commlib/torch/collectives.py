@@ -1,7 +1,11 @@
 """The collectives on torch tensors: asynchronous and in-place forms, poll and synchronize.
 
 Each function checks the tensor (:mod:`.tensors`), hands the numpy view of its memory to commlib, and
-returns a :class:`Handle`. ``synchronize(handle)`` waits and returns torch tensors: for in-place forms the
+returns a :class:`Handle`. The synchronous forms (``allreduce_``, ``broadcast_`` and the ``*_now``
+helpers the differentiable forms use) call commlib's synchronous functions instead of waiting on a
+handle: the calling thread then drives the collective itself, where an asynchronous submission would
+wake commlib's background thread and hand the work over (measured: 6 small named allreduces took 1.26 ms
+that way, ~200 us each, against ~40 us each driven in place). ``synchronize(handle)`` waits and returns torch tensors: for in-place forms the
 very tensor that was passed in, for out-of-place forms a new tensor that shares memory with commlib's
 result (no copy). Differentiable forms live in :mod:`.autograd`.
 """
@@ -124,8 +128,18 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                compression=Compression.none):
     """Reduce ``tensor`` over all ranks in place and return it."""
     op = resolve_op(op, average)
-    return synchronize(allreduce_async_(tensor, name=name, op=op, prescale_factor=prescale_factor,
-                                        postscale_factor=postscale_factor, compression=compression))
+    _cl.allreduce_(as_array(tensor, name, "allreduce"), op=op, name=name, prescale_factor=prescale_factor,
+                   postscale_factor=postscale_factor, compression=compression)
+    return tensor
+
+
+def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
+                  compression=Compression.none):
+    """Reduce ``tensor`` over all ranks into a new tensor, synchronously (``tensor`` is unchanged)."""
+    result = _cl.allreduce(as_array(tensor, name, "allreduce"), op=op, name=name,
+                           prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                           compression=compression)
+    return as_tensor(result)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -160,13 +174,22 @@ def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_facto
 
 # --- allgather, broadcast -------------------------------------------------------------------------------
 
-def allgather_async(tensor, name=None) -> Handle:
-    """Start concatenating every rank's ``tensor`` along the first dimension (which may differ by rank)."""
+def _allgather_array(tensor, name) -> np.ndarray:
     array = as_array(tensor, name, "allgather")
     if array.ndim == 0:
         raise ValueError(f"allgather of tensor {name!r}: it concatenates along the first dimension, but the "
                          "tensor is a scalar; pass tensor.reshape(1)")
-    return Handle(_cl.allgather_async(array, name=name), _new, tensor)
+    return array
+
+
+def allgather_async(tensor, name=None) -> Handle:
+    """Start concatenating every rank's ``tensor`` along the first dimension (which may differ by rank)."""
+    return Handle(_cl.allgather_async(_allgather_array(tensor, name), name=name), _new, tensor)
+
+
+def allgather_now(tensor, name=None):
+    """Concatenate every rank's ``tensor`` along the first dimension, synchronously; a new tensor."""
+    return as_tensor(_cl.allgather(_allgather_array(tensor, name), name=name))
 
 
 def broadcast_async(tensor, root_rank, name=None) -> Handle:
@@ -183,7 +206,13 @@ def broadcast_async_(tensor, root_rank, name=None) -> Handle:
 
 def broadcast_(tensor, root_rank, name=None):
     """Overwrite ``tensor`` with ``root_rank``'s on every rank and return it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name=name))
+    _cl.broadcast_(as_array(tensor, name, "broadcast"), root_rank, name=name)
+    return tensor
+
+
+def broadcast_now(tensor, root_rank, name=None):
+    """``root_rank``'s ``tensor`` on every rank, synchronously, as a new tensor (``tensor`` unchanged)."""
+    return as_tensor(_cl.broadcast(as_array(tensor, name, "broadcast"), root_rank, name=name))
 
 
 # --- reducescatter, alltoall ----------------------------------------------------------------------------
