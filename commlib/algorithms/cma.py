@@ -4,8 +4,9 @@ buffers and writes the result straight into them (see :mod:`commlib.transport.pe
 Rank r owns elements ``partition.offsets(n, p)[r:r + 2]`` of the buffers' concatenation. Per segment of
 that share (``config.cma_segment_bytes``, small enough to stay in cache) it copies each peer's bytes into
 scratch once, applies the prescale to every contribution, reduces them into its own buffer, applies the
-postscale, and writes the finished segment into every peer. Scaling costs no pass of its own. A byte crosses between processes twice in all (there and back), against four copies for a
-message through MPI's shared memory; several buffers are handled in one pass without packing them.
+postscale, and writes the finished segment into every peer, so scaling costs no pass of its own. A byte
+crosses between processes twice in all (there and back), against four copies for a message through MPI's
+shared memory; several buffers are handled in one pass without packing them.
 
 Synchronisation: one allgather of buffer addresses before (every rank's input is then in place), one
 allgather of (error flag, seconds spent) after (no rank returns while a peer may still write into it; a
@@ -15,13 +16,13 @@ With a codec (float32 only), nothing is encoded for a wire - there is none - but
 compressed traffic: each contribution is rounded to the wire format (after the prescale, e.g. fp16's
 division by the number of ranks) and the result is too, accumulating in float32; values that overflow
 are counted for the caller's warning (on the rank that owns them, which may not be the rank that sent
-them). The roundings happen on the segment while it is in cache, so compression costs little here - and
-gains nothing, which is why auto picks cma with a codec only for the numbers' sake: on one node there
-is no wire to save (docs/coordinator.md, "Compression").
+them). The roundings happen on the segment while it is in cache: compression costs less here than
+through the ring's codec, but it gains nothing, because on one node there is no wire to save
+(docs/coordinator.md, "Compression").
 
 Balanced shares: equal byte shares do not take equal time when the memory differs - a share of many
 separately allocated tensors is slower than one of a few large ones (ResNet-50's gradients on 2 ranks:
-17.4 ms against 14.3 ms for the two halves). For a layout seen before (same dtype and buffer sizes) the
+17.4 ms against 14.3 ms for the two halves). For a layout seen before (same dtype, codec and buffer sizes) the
 shares are moved towards equal time, from the times every rank reported for the last call
 (:class:`ShareSplit`). Every rank computes the same split from the same gathered numbers. Which rank
 owns a byte does not change its value: two values combine the same either way round, and with more than
