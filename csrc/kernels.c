@@ -172,19 +172,10 @@ static PyObject *ck_py_reduce(PyObject *module, PyObject *const *args, Py_ssize_
     size_t n = (size_t)dst.len / item;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-    int done = 0;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        done = ck_reduce_avx2(dt, op, dst.buf, src.buf, n);
-    }
-#endif
-    if (!done) {
-        ck_reduce_portable(dt, op, dst.buf, src.buf, n);
-    }
+    ck_reduce(simd, dt, op, dst.buf, src.buf, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;
@@ -218,25 +209,10 @@ static PyObject *ck_py_reduce_widened(PyObject *module, PyObject *const *args, P
     size_t n = (size_t)dst.len / 4;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-    int done = 0;
-    /* dst_scale 1 takes the plain loops (x * 1 == x), which are a multiply cheaper */
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        done = ds == 1.0f ? ck_reduce_widened_avx2(half, op, (float *)dst.buf, src.buf, n)
-                          : ck_reduce_widened_scaled_avx2(half, op, (float *)dst.buf, src.buf, ds, n);
-    }
-#endif
-    if (!done) {
-        if (ds == 1.0f) {
-            ck_reduce_widened_portable(half, op, (float *)dst.buf, src.buf, n);
-        } else {
-            ck_reduce_widened_scaled_portable(half, op, (float *)dst.buf, src.buf, ds, n);
-        }
-    }
+    ck_reduce_widened(simd, half, op, (float *)dst.buf, src.buf, ds, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;
@@ -268,19 +244,10 @@ static PyObject *ck_py_scale(PyObject *module, PyObject *const *args, Py_ssize_t
     size_t n = (size_t)buf.len / item;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-    int done = 0;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        done = ck_scale_avx2(dt, buf.buf, factor, n);
-    }
-#endif
-    if (!done) {
-        ck_scale_portable(dt, buf.buf, factor, n);
-    }
+    ck_scale(simd, dt, buf.buf, factor, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&buf);
     Py_RETURN_NONE;
 }
@@ -307,18 +274,10 @@ static PyObject *ck_py_to_half(PyObject *module, PyObject *const *args, Py_ssize
     size_t n = (size_t)dst.len / 2, overflow = 0;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        overflow = ck_to_half_avx2(half, (const float *)src.buf, dst.buf, (float)scale, n);
-    } else
-#endif
-    {
-        overflow = ck_to_half_portable(half, (const float *)src.buf, dst.buf, (float)scale, n);
-    }
+    overflow = ck_to_half(simd, half, (const float *)src.buf, dst.buf, (float)scale, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     return PyLong_FromSize_t(overflow);
@@ -345,18 +304,10 @@ static PyObject *ck_py_from_half(PyObject *module, PyObject *const *args, Py_ssi
     size_t n = (size_t)dst.len / 4;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        ck_from_half_avx2(half, src.buf, (float *)dst.buf, (float)scale, n);
-    } else
-#endif
-    {
-        ck_from_half_portable(half, src.buf, (float *)dst.buf, (float)scale, n);
-    }
+    ck_from_half(simd, half, src.buf, (float *)dst.buf, (float)scale, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;
@@ -388,18 +339,10 @@ static PyObject *ck_py_round_trip(PyObject *module, PyObject *const *args, Py_ss
     size_t n = (size_t)buf.len / 4, overflow = 0;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        overflow = ck_round_trip_avx2(half, (float *)buf.buf, wire.buf, (float)scale, (float)post, n);
-    } else
-#endif
-    {
-        overflow = ck_round_trip_portable(half, (float *)buf.buf, wire.buf, (float)scale, (float)post, n);
-    }
+    overflow = ck_round_trip(simd, half, (float *)buf.buf, wire.buf, (float)scale, (float)post, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&wire);
     PyBuffer_Release(&buf);
     return PyLong_FromSize_t(overflow);
@@ -451,20 +394,11 @@ static PyObject *ck_py_reduce_round_trip(PyObject *module, PyObject *const *args
     size_t n = (size_t)dst.len / 4, overflow = 0;
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        overflow = ck_reduce_round_trip_avx2(half, op, (float *)dst.buf, src.buf, wire.buf, (float)dst_scale,
-                                             (float)post, n);
-    } else
-#endif
-    {
-        overflow = ck_reduce_round_trip_portable(half, op, (float *)dst.buf, src.buf, wire.buf, (float)dst_scale,
-                                                 (float)post, n);
-    }
+    overflow = ck_reduce_round_trip(simd, half, op, (float *)dst.buf, src.buf, wire.buf, (float)dst_scale,
+                                    (float)post, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }
-    (void)simd;
     PyBuffer_Release(&wire);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);

@@ -138,4 +138,94 @@ size_t ck_reduce_round_trip_avx2(ck_dtype half, ck_op op, float *dst, const void
                                  float dst_scale, float post, size_t n);
 #endif
 
+/* ---- Dispatch: the AVX2+F16C loop when `simd` is set (the CPU has both and the caller did not ask for
+ * the portable loops) and one exists for the case, else the portable loop. Shared by commlib._kernels and
+ * commlib._peer_memory. ---- */
+static inline void ck_reduce(int simd, ck_dtype dt, ck_op op, void *dst, const void *src, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd && ck_reduce_avx2(dt, op, dst, src, n)) {
+        return;
+    }
+#endif
+    (void)simd;
+    ck_reduce_portable(dt, op, dst, src, n);
+}
+
+/* dst_scale 1 takes the plain loops (x * 1 == x), which are a multiply cheaper */
+static inline void ck_reduce_widened(int simd, ck_dtype half, ck_op op, float *dst, const void *src,
+                                     float dst_scale, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd && (dst_scale == 1.0f ? ck_reduce_widened_avx2(half, op, dst, src, n)
+                                   : ck_reduce_widened_scaled_avx2(half, op, dst, src, dst_scale, n))) {
+        return;
+    }
+#endif
+    (void)simd;
+    if (dst_scale == 1.0f) {
+        ck_reduce_widened_portable(half, op, dst, src, n);
+    } else {
+        ck_reduce_widened_scaled_portable(half, op, dst, src, dst_scale, n);
+    }
+}
+
+static inline void ck_scale(int simd, ck_dtype dt, void *buf, double factor, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd && ck_scale_avx2(dt, buf, factor, n)) {
+        return;
+    }
+#endif
+    (void)simd;
+    ck_scale_portable(dt, buf, factor, n);
+}
+
+static inline size_t ck_to_half(int simd, ck_dtype half, const float *src, void *dst, float scale, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        return ck_to_half_avx2(half, src, dst, scale, n);
+    }
+#endif
+    (void)simd;
+    return ck_to_half_portable(half, src, dst, scale, n);
+}
+
+static inline void ck_from_half(int simd, ck_dtype half, const void *src, float *dst, float scale, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        ck_from_half_avx2(half, src, dst, scale, n);
+        return;
+    }
+#endif
+    (void)simd;
+    ck_from_half_portable(half, src, dst, scale, n);
+}
+
+static inline size_t ck_round_trip(int simd, ck_dtype half, float *buf, void *wire, float scale, float post,
+                                   size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        return ck_round_trip_avx2(half, buf, wire, scale, post, n);
+    }
+#endif
+    (void)simd;
+    return ck_round_trip_portable(half, buf, wire, scale, post, n);
+}
+
+static inline size_t ck_reduce_round_trip(int simd, ck_dtype half, ck_op op, float *dst, const void *src,
+                                          void *wire, float dst_scale, float post, size_t n)
+{
+#if defined(CK_HAVE_X86)
+    if (simd) {
+        return ck_reduce_round_trip_avx2(half, op, dst, src, wire, dst_scale, post, n);
+    }
+#endif
+    (void)simd;
+    return ck_reduce_round_trip_portable(half, op, dst, src, wire, dst_scale, post, n);
+}
+
 #endif /* COMMLIB_KERNELS_H */

@@ -50,34 +50,6 @@ static int pm_move(pid_t pid, void *local, uintptr_t remote, size_t len, int wri
 }
 #endif
 
-static void pm_reduce(int simd, ck_dtype dt, ck_op op, void *dst, const void *src, size_t n)
-{
-    int done = 0;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        done = ck_reduce_avx2(dt, op, dst, src, n);
-    }
-#endif
-    if (!done) {
-        ck_reduce_portable(dt, op, dst, src, n);
-    }
-    (void)simd;
-}
-
-static void pm_scale(int simd, ck_dtype dt, void *buf, double factor, size_t n)
-{
-    int done = 0;
-#if defined(CK_HAVE_X86)
-    if (simd) {
-        done = ck_scale_avx2(dt, buf, factor, n);
-    }
-#endif
-    if (!done) {
-        ck_scale_portable(dt, buf, factor, n);
-    }
-    (void)simd;
-}
-
 PyDoc_STRVAR(read_doc, "read(pid, address, dst)\n--\n\n"
                        "Copy len(dst) bytes at `address` in process `pid` into the writable buffer dst.\n"
                        "Raises OSError (with the errno) when the kernel refuses.");
@@ -143,24 +115,14 @@ typedef struct {
     size_t failed_peer;
 } pm_share;
 
-static size_t pm_round_trip(const pm_share *c, float *buf, float scale, float post, size_t n)
-{
-#if defined(CK_HAVE_X86)
-    if (c->simd) {
-        return ck_round_trip_avx2((ck_dtype)c->half, buf, c->wire, scale, post, n);
-    }
-#endif
-    return ck_round_trip_portable((ck_dtype)c->half, buf, c->wire, scale, post, n);
-}
-
 /* One contribution, in place: through the codec (scaled, then rounded to what the wire would carry),
  * or only scaled. */
 static void pm_contribution(pm_share *c, void *buf, size_t n)
 {
     if (c->half >= 0) {
-        c->overflow += pm_round_trip(c, (float *)buf, (float)c->prescale, 1.0f, n);
+        c->overflow += ck_round_trip(c->simd, (ck_dtype)c->half, (float *)buf, c->wire, (float)c->prescale, 1.0f, n);
     } else if (c->prescale != 1.0) {
-        pm_scale(c->simd, c->dt, buf, c->prescale, n);
+        ck_scale(c->simd, c->dt, buf, c->prescale, n);
     }
 }
 
@@ -179,7 +141,7 @@ static int pm_segment(pm_share *c, size_t k, size_t s, char *mine, size_t n)
         }
         pm_contribution(c, c->acc, count);
         pm_contribution(c, mine, count);
-        pm_reduce(c->simd, c->dt, c->op, mine, c->acc, count);
+        ck_reduce(c->simd, c->dt, c->op, mine, c->acc, count);
     } else { /* more: accumulate in rank order, so the result does not depend on the owner */
         for (size_t q = 0; q <= c->npeers; q++) { /* q: rank, this rank included */
             void *src = mine;
@@ -198,15 +160,15 @@ static int pm_segment(pm_share *c, size_t k, size_t s, char *mine, size_t n)
                     memcpy(c->acc, src, n);
                 }
             } else {
-                pm_reduce(c->simd, c->dt, c->op, c->acc, src, count);
+                ck_reduce(c->simd, c->dt, c->op, c->acc, src, count);
             }
         }
         memcpy(mine, c->acc, n);
     }
     if (c->half >= 0) { /* the result as the wire carries it, then the postscale */
-        c->overflow += pm_round_trip(c, (float *)mine, 1.0f, (float)c->postscale, count);
+        c->overflow += ck_round_trip(c->simd, (ck_dtype)c->half, (float *)mine, c->wire, 1.0f, (float)c->postscale, count);
     } else if (c->postscale != 1.0) {
-        pm_scale(c->simd, c->dt, mine, c->postscale, count);
+        ck_scale(c->simd, c->dt, mine, c->postscale, count);
     }
     for (size_t q = 0; q < c->npeers; q++) {
         err = pm_move((pid_t)c->pid[q], mine, (uintptr_t)c->addr[q * c->nbufs + k] + s, n, 1);
