@@ -54,6 +54,15 @@ def _ring_many(ctx, bufs, op, codec=None, prescale=1.0, postscale=1.0) -> int:
 _MANY = {"ring": _ring_many, "cma": cma.allreduce_many}
 
 
+def _check_options(dtype: np.dtype, codec: WireCodec | None, prescale: float, postscale: float,
+                   name: str) -> None:
+    """Refuse a codec on anything but float32 and scale factors on integers."""
+    if codec is not None and dtype != FLOAT32:
+        raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {dtype}; pass codec=None")
+    if (prescale != 1.0 or postscale != 1.0) and dtype.kind in "iu":
+        raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {dtype}")
+
+
 def _scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
                    size: int) -> tuple[float, float]:
     """The factors an algorithm applies before and after reducing: the user's, an Average's division, and
@@ -110,10 +119,7 @@ class Engine:
         op = as_op(op)
         check_contiguous(buf, name)
         check_reducible(buf, op, name)
-        if codec is not None and buf.dtype != FLOAT32:
-            raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {buf.dtype}; pass codec=None")
-        if (prescale != 1.0 or postscale != 1.0) and buf.dtype.kind in "iu":
-            raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {buf.dtype}")
+        _check_options(buf.dtype, codec, prescale, postscale, name)
         algorithm = prepare(self.context, buf.reshape(-1), algorithm or self.config.algorithm, codec)
         size = self.size
         pre, post = _scale_factors(op, codec, prescale, postscale, size)
@@ -156,10 +162,7 @@ class Engine:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
-        if (prescale != 1.0 or postscale != 1.0) and flats[0].dtype.kind in "iu":
-            raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {flats[0].dtype}")
-        if codec is not None and flats[0].dtype != FLOAT32:
-            raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {flats[0].dtype}; pass codec=None")
+        _check_options(flats[0].dtype, codec, prescale, postscale, name)
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         overflow = together(self.context, flats, op.kernel_op, codec=codec, prescale=pre, postscale=post)
         if overflow:

@@ -51,8 +51,8 @@ def prepare(ctx: AlgorithmContext, buf: np.ndarray, algorithm: str = "auto",
     name = resolve(ctx, algorithm, buf.nbytes, codec is not None)
     if name == "native" and codec is not None:
         native.allreduce(ctx, buf, ReduceOp.SUM, codec)  # raises the explanation
-    if name == "cma" and ctx.peer_memory is None and ctx.size > 1:
-        cma.allreduce(ctx, buf[:1], ReduceOp.SUM)  # raises the explanation (before touching buf)
+    if name == "cma" and ctx.size > 1:
+        cma.require(ctx)
     if name == "torus2d":
         ctx.torus()  # a bad COMMLIB_TORUS_SHAPE is an error on any number of ranks
     return name

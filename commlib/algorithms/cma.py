@@ -82,6 +82,13 @@ class ShareSplit:
         self._offsets[key] = new
 
 
+def require(ctx) -> None:
+    """Raise, saying why, when this context has no cross-memory attach to its peers."""
+    if ctx.peer_memory is None:
+        raise ConfigError(f"the cma algorithm needs cross-memory attach between the ranks of one node: "
+                          f"{ctx.peer_memory_reason}; choose another algorithm")
+
+
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, prescale: float = 1.0,
               postscale: float = 1.0) -> int:
     """Reduce ``buf`` in place; the ALGORITHMS entry point. Returns the codec's overflow count."""
@@ -93,10 +100,8 @@ def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, codec=None, pr
     """Reduce every 1-D C-contiguous buffer of ``bufs`` (one dtype, same lengths on every rank) in place
     across the group in one pass: ``postscale * sum(prescale * x)`` for Sum, through the codec's
     rounding if there is one. Returns how many values this rank's rounding overflowed to inf."""
+    require(ctx)
     peers = ctx.peer_memory
-    if peers is None:
-        raise ConfigError(f"the cma algorithm needs cross-memory attach between the ranks of one node: "
-                          f"{ctx.peer_memory_reason}; choose another algorithm")
     transport = ctx.transport
     p, r = transport.size, transport.rank
     total = sum(buf.size for buf in bufs)
