@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -28,6 +26,7 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
+from worker import run
 
 OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 EPS = {FLOAT16: 2.0 ** -11, BFLOAT16: 2.0 ** -8, np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** -53}
@@ -226,10 +225,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run(main)

@@ -8,8 +8,6 @@ working afterwards. Also checks the probe's verdict and that COMMLIB_CMA=0 keeps
 from __future__ import annotations
 
 import os
-import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -22,6 +20,7 @@ from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
 from commlib.transport.peer_memory import PeerMemory
+from worker import run
 
 
 def main() -> None:
@@ -68,9 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run(main)

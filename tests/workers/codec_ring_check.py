@@ -16,8 +16,6 @@ doubling and rabenseifner) is also compared with separate scaling passes around 
 
 from __future__ import annotations
 
-import sys
-import traceback
 import warnings
 
 import numpy as np
@@ -31,6 +29,7 @@ from commlib.engine import Engine
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
+from worker import run
 
 F32 = np.float32
 SEGMENT_BYTES = 4096  # a codec segment is SEGMENT_BYTES / 16 = 256 elements
@@ -142,9 +141,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except Exception:
-        traceback.print_exc()
-        sys.stdout.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run(main)

@@ -7,11 +7,8 @@ reducescatter, alltoall, barrier) against numpy, sizes 0 and 1 and multi-dimensi
 from __future__ import annotations
 
 import argparse
-import sys
-import traceback
 import warnings
 
-import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -24,6 +21,7 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
+from worker import run
 
 REL = {FLOAT16: 2.0 ** -9, BFLOAT16: 2.0 ** -6, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 MOVABLE = list(REDUCIBLE) + [np.dtype(np.bool_), np.dtype(np.complex128), np.dtype(np.int16)]
@@ -200,10 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+    run(main)

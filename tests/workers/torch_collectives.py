@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 import commlib.torch as hvd
-from torch_common import assert_same_on_all_ranks, close, expect_error, run
+from torch_common import assert_same_on_all_ranks, close, expect_error
+from worker import run
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
           torch.int64]

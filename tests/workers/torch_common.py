@@ -1,24 +1,9 @@
-"""Helpers shared by the torch workers: run checks, fail the whole job on any error, compare across ranks."""
+"""Helpers shared by the torch workers: expected errors, comparisons across ranks, shutdown."""
 
 from __future__ import annotations
 
-import sys
-import traceback
-
 import numpy as np
 import torch
-
-
-def run(main) -> None:
-    """Run ``main()``; on any exception print it with the rank and abort every rank (exit non-zero)."""
-    from mpi4py import MPI
-
-    try:
-        main()
-    except BaseException:  # noqa: BLE001 - any failure must take the whole job down, not hang it
-        sys.stdout.flush()
-        print(f"[rank {MPI.COMM_WORLD.Get_rank()}] FAILED:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        MPI.COMM_WORLD.Abort(1)
 
 
 def expect_error(exc_type, fn, *needles):

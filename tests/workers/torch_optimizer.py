@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 import commlib.torch as hvd
-from torch_common import assert_same_on_all_ranks, close, expect_error, run
+from torch_common import assert_same_on_all_ranks, close, expect_error
+from worker import run
 
 BATCH = 12  # per micro-batch, over all ranks; divisible by 1, 2, 3, 4 ranks
 STEPS = 5
