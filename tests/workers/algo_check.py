@@ -26,7 +26,7 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from worker import run
+from worker import expect_error, run
 
 OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 EPS = {FLOAT16: 2.0 ** -11, BFLOAT16: 2.0 ** -8, np.dtype(np.float32): 2.0 ** -24, np.dtype(np.float64): 2.0 ** -53}
@@ -111,16 +111,6 @@ class Checker:
                 raise AssertionError(f"{what}: element {i} is {buf[i]}, want {ref[i]} (error {err[i]:.3g} > {tol[i]:.3g})")
         self.identical(buf, what)
         self.checks += 1
-
-
-def expect_error(kind, fragment, func, what):
-    try:
-        func()
-    except kind as exc:
-        if fragment not in str(exc):
-            raise AssertionError(f"{what}: error {exc!r} does not mention {fragment!r}") from None
-        return
-    raise AssertionError(f"{what}: expected {kind.__name__}, nothing was raised")
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from worker import run
+from worker import expect_error, run
 
 REL = {FLOAT16: 2.0 ** -9, BFLOAT16: 2.0 ** -6, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 MOVABLE = list(REDUCIBLE) + [np.dtype(np.bool_), np.dtype(np.complex128), np.dtype(np.int16)]
@@ -48,16 +48,6 @@ def close(got, want, dtype, what, p, rel_dtype=None):
         ok = np.allclose(got.astype(np.float64), want, rtol=rel * p, atol=0)
     if not ok or got.shape != np.shape(want) or got.dtype != dtype:
         raise AssertionError(f"{what}: got {got.dtype}{got.shape} {got.ravel()[:6]}, want {np.ravel(want)[:6]}")
-
-
-def expect_error(kind, fragment, func, what):
-    try:
-        func()
-    except kind as exc:
-        if fragment not in str(exc):
-            raise AssertionError(f"{what}: error {exc!r} does not mention {fragment!r}") from None
-        return
-    raise AssertionError(f"{what}: expected {kind.__name__}, nothing was raised")
 
 
 def main() -> None:

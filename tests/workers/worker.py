@@ -1,4 +1,5 @@
-"""What every worker shares: run its checks so that any failure takes the whole MPI job down."""
+"""What the workers share: run the checks so that any failure takes the whole MPI job down, and expect
+an error."""
 
 from __future__ import annotations
 
@@ -16,3 +17,14 @@ def run(main) -> None:
         sys.stdout.flush()
         print(f"[rank {MPI.COMM_WORLD.Get_rank()}] FAILED:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         MPI.COMM_WORLD.Abort(1)
+
+
+def expect_error(kind, fragment, func, what):
+    """Call ``func``; it must raise ``kind`` with ``fragment`` in its message (``what`` names the case)."""
+    try:
+        func()
+    except kind as exc:
+        if fragment not in str(exc):
+            raise AssertionError(f"{what}: error {exc!r} does not mention {fragment!r}") from None
+        return
+    raise AssertionError(f"{what}: expected {kind.__name__}, nothing was raised")
