@@ -1,13 +1,14 @@
 """The collectives on torch tensors: asynchronous and in-place forms, poll and synchronize.
 
 Each function checks the tensor (:mod:`.tensors`), hands the numpy view of its memory to commlib, and
-returns a :class:`Handle`. The synchronous forms (``allreduce_``, ``broadcast_`` and the ``*_now``
-helpers the differentiable forms use) call commlib's synchronous functions instead of waiting on a
-handle: the calling thread then drives the collective itself, where an asynchronous submission would
-wake commlib's background thread and hand the work over (measured: 6 small named allreduces took 1.26 ms
-that way, ~200 us each, against ~40 us each driven in place). ``synchronize(handle)`` waits and returns torch tensors: for in-place forms the
+returns a :class:`Handle`. ``synchronize(handle)`` waits and returns torch tensors: for in-place forms the
 very tensor that was passed in, for out-of-place forms a new tensor that shares memory with commlib's
 result (no copy). Differentiable forms live in :mod:`.autograd`.
+
+The synchronous forms (``allreduce_``, ``broadcast_`` and the ``*_now`` helpers the differentiable forms
+use) call commlib's synchronous functions instead of waiting on a handle: the calling thread then drives
+the collective itself, where an asynchronous submission would wake commlib's background thread and hand
+the work over (measured: 6 small named allreduces took 1.26 ms that way, against 0.53 ms driven in place).
 """
 
 from __future__ import annotations
