@@ -9,6 +9,7 @@ communicates.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from typing import Callable
@@ -63,43 +64,45 @@ class Lane:
     def _allreduce(self, response: Response, entries: list[Entry | None]) -> None:
         meta = response.metas[0]
         op = ReduceOp(meta.op)
-        if len(entries) == 1 and entries[0] is not None and meta.compression == "none" \
-                and self.timeline is None:  # the common small call: nothing to look up or record
+        codec = None if meta.compression == "none" else \
+            codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
+        if len(entries) == 1:  # kept lean: a small synchronous call's latency is mostly this kind of code
             entry = entries[0]
-            self.engine.allreduce_(entry.output.reshape(-1), op, meta.algorithm or None, meta.prescale,
-                                   meta.postscale, None, meta.name)
-            entry.handle.set_result(entry.output)
+            output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
+            with self._span("communicate", meta.name, response):
+                self.engine.allreduce_(output.reshape(-1), op, meta.algorithm or None, meta.prescale,
+                                       meta.postscale, codec, meta.name)
+            if entry is not None:
+                entry.handle.set_result(output)
             return
         outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
                    for e, m in zip(entries, response.metas)]
-        codec = codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
-        kwargs = dict(algorithm=meta.algorithm or None, prescale=meta.prescale, postscale=meta.postscale,
-                      codec=codec, name=meta.name)
-        if len(outputs) == 1:
-            with self._span("communicate", meta.name, response):
-                self.engine.allreduce_(outputs[0].reshape(-1), op, **kwargs)
+        names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
+        inplace_bytes = self.engine.config.fusion_inplace_bytes
+        small = [o for o in outputs if o.nbytes < inplace_bytes]
+        buffers = [o.reshape(-1) for o in outputs if o.nbytes >= inplace_bytes]
+        if len(small) > 1:
+            fused = self._scratch.get("fusion", sum(o.size for o in small), meta.dtype)
+            with self._span("pack", names, response, tensors=len(small)):
+                pack(small, fused)
+            buffers.insert(0, fused)
         else:
-            names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
-            inplace_bytes = self.engine.config.fusion_inplace_bytes
-            small = [o for o in outputs if o.nbytes < inplace_bytes]
-            buffers = [o.reshape(-1) for o in outputs if o.nbytes >= inplace_bytes]
-            if len(small) > 1:
-                fused = self._scratch.get("fusion", sum(o.size for o in small), meta.dtype)
-                with self._span("pack", names, response, tensors=len(small)):
-                    pack(small, fused)
-                buffers.insert(0, fused)
-            else:
-                buffers[:0] = [o.reshape(-1) for o in small]
-            with self._span("communicate", names, response, tensors=len(outputs)):
-                self.engine.allreduce_many_(buffers, op, **kwargs)
-            if len(small) > 1:
-                with self._span("unpack", names, response, tensors=len(small)):
-                    unpack(fused, small)
+            buffers[:0] = [o.reshape(-1) for o in small]
+        with self._span("communicate", names, response, tensors=len(outputs)):
+            self.engine.allreduce_many_(buffers, op, meta.algorithm or None, meta.prescale, meta.postscale, codec,
+                                        meta.name)
+        if len(small) > 1:
+            with self._span("unpack", names, response, tensors=len(small)):
+                unpack(fused, small)
         for entry, output in zip(entries, outputs):
             if entry is not None:
                 entry.handle.set_result(output)
 
     def _span(self, phase: str, name: str, response: Response, **args):
+        """A timeline event around a phase; without a timeline, a context manager that does nothing (a
+        small call's latency budget has no room for building the event's arguments)."""
+        if self.timeline is None:
+            return _NO_SPAN
         meta = response.metas[0]
         return _Span(self.timeline, phase, 1 + self.index, tensor=name, algorithm=meta.algorithm or "auto",
                      compression=meta.compression, lane=self.index, **args)
@@ -108,8 +111,11 @@ class Lane:
         self.engine.close()
 
 
+_NO_SPAN = contextlib.nullcontext()  # stateless: safe to share between lanes and calls
+
+
 class _Span:
-    """Context manager recording one timeline event (no-op without a timeline)."""
+    """Context manager recording one timeline event."""
 
     __slots__ = ("_timeline", "_phase", "_row", "_args", "_start")
 
@@ -117,13 +123,11 @@ class _Span:
         self._timeline, self._phase, self._row, self._args = timeline, phase, row, args
 
     def __enter__(self):
-        if self._timeline is not None:
-            self._start = self._timeline.now()
+        self._start = self._timeline.now()
         return self
 
     def __exit__(self, *exc):
-        if self._timeline is not None:
-            self._timeline.span(self._phase, self._start, self._timeline.now(), self._row, **self._args)
+        self._timeline.span(self._phase, self._start, self._timeline.now(), self._row, **self._args)
         return False
 
 
