@@ -101,8 +101,8 @@ def stop_timeline() -> None:
 # ---- building requests ---------------------------------------------------------------------------------
 
 def _validated(check, *args) -> str:
-    """Run a validation; return its message instead of raising, so that rank 0 can fail the tensor on
-    every rank rather than leave the others waiting."""
+    """Run a validation; return its message instead of raising, so that the tensor fails on every rank
+    rather than leave the others waiting."""
     try:
         check(*args)
     except (CommlibError, TypeError, ValueError) as exc:
@@ -155,7 +155,7 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     runtime = _rt()
     name = name or runtime.auto_name("allreduce")
     if inplace:
-        array = output = _in_place(tensor, name, "allreduce")
+        array = output = tensor if isinstance(tensor, np.ndarray) else _in_place(tensor, name, "allreduce")
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")

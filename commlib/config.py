@@ -131,6 +131,23 @@ class Config:
         config._validate()
         return config
 
+    #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
+    AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "num_streams", "cache_capacity")
+
+    def agreed_values(self) -> tuple:
+        return tuple(getattr(self, attr) for attr in self.AGREED)
+
+    @classmethod
+    def check_agreement(cls, values_by_rank: list[tuple]) -> None:
+        """Raise, naming the variable and every rank's value, if the ranks' :attr:`AGREED` settings differ
+        (``values_by_rank[r]`` is rank r's :meth:`agreed_values`)."""
+        for i, attr in enumerate(cls.AGREED):
+            values = [v[i] for v in values_by_rank]
+            if len(set(values)) > 1:
+                listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(values))
+                raise ConfigError(f"{FIELDS[attr].env} must be the same on every rank ({listing}); set it "
+                                  "alike everywhere, e.g. with mpiexec -genv")
+
     def _validate(self) -> None:
         if self.cma_segment_bytes < 64:
             raise ConfigError(f"COMMLIB_CMA_SEGMENT must be at least 64 bytes, got {self.cma_segment_bytes}")
@@ -172,7 +189,8 @@ FIELDS: dict[str, _Field] = {
     "num_streams": _Field("COMMLIB_NUM_STREAMS", _positive_int,
                           "execution lanes, each with its own communicator (default 1)"),
     "stall_check_time_s": _Field("COMMLIB_STALL_CHECK_TIME", _non_negative_float,
-                                 "seconds before rank 0 reports tensors some ranks have not submitted; "
+                                 "seconds before rank 0 reports tensors some ranks have not submitted (and "
+                                 "every rank reports peers that stopped answering); "
                                  "0 disables (default 60)"),
     "stall_shutdown_time_s": _Field("COMMLIB_STALL_SHUTDOWN_TIME", _non_negative_float,
                                     "seconds after which a stalled tensor fails on every rank; 0 disables "

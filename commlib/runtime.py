@@ -55,6 +55,11 @@ class Runtime:
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        try:
+            Config.check_agreement(self.comm.allgather(self.config.agreed_values()))
+        except ConfigError:
+            self.comm.Free()
+            raise
         self.topology = Topology.detect(self.comm, self.config.local_size)
         self.timeline = None
         if self.config.timeline:

@@ -2,33 +2,46 @@
 
 Negotiation protocol
 ====================
-Rank 0 coordinates; every message travels on the control channel (a communicator of its own), and no
-message ever blocks, so an idle rank sleeps instead of spinning in a collective.
+Every rank keeps the same ready table and decides the same things from it; what keeps the tables equal is
+the round exchange (:mod:`.rounds`): numbered rounds of one message from every rank, sent to every other
+rank on the control channel (a communicator of its own). No message blocks, so an idle rank sleeps
+instead of spinning in a collective.
 
-1. Request.  When a tensor is submitted, its rank sends ``("req", metas, hits)`` to rank 0: full
-   metadata (name, operation, dtype, shape, op, root, scale factors, compression, algorithm) for names
-   not negotiated before, and for names whose request equals the cached one only a bit in ``hits``, a
-   bit vector indexed by cache id. A local
-   validation failure travels as metadata with ``error`` set, so that every rank learns of it.
-2. Ready table.  Rank 0 records full requests per name and cached ones as bits in a (ranks x cache)
-   matrix (:mod:`.negotiation`). A name is ready when every rank that has not joined has submitted it; a
-   bitwise AND over the matrix finds all ready cached names at once.
-3. Response list.  Rank 0 checks that the requests agree (a disagreement becomes an error response that
-   names each rank's value), fuses small compatible allreduces (:mod:`.fusion`), assigns cache ids to
-   newly negotiated names, and sends the list ``("resp", responses)`` to every other rank. MPI keeps the
-   messages from one sender in order, so every rank executes the same responses in the same order; it
-   then runs them itself. Response i runs on lane i mod lanes everywhere (:mod:`.execution`).
-4. Join.  ``("join",)`` marks a rank that ran out of data: allreduces proceed with zeros from it, other
-   collectives fail; when all ranks have joined, a join response carries the last rank to join.
-5. Shutdown.  ``("gone", reason)`` says a rank shut down (or its coordinator failed). Rank 0 fails every
-   tensor that still needs it, on every rank; if rank 0 goes, the others fail what they have pending.
+1. Request.  A rank with newly submitted tensors contributes to the next round: full metadata (name,
+   operation, dtype, shape, op, root, scale factors, compression, algorithm) for names not negotiated
+   before, and for names whose request equals the cached one only a bit in ``hits``, a bit vector indexed
+   by cache id. A local validation failure travels as metadata with ``error`` set, so that every rank
+   learns of it. A rank that has nothing new answers a round another rank started with an empty message.
+2. Ready table.  When a round is complete, every rank feeds its messages into its table in rank order
+   (:mod:`.negotiation`): full requests per name, cached ones as bits in a (ranks x cache) matrix. A name
+   is ready when every rank that has not joined has submitted it; a bitwise AND over the matrix finds all
+   ready cached names at once.
+3. Response list.  The table checks that the requests agree (a disagreement becomes an error response
+   that names each rank's value) and assigns cache ids to newly negotiated names; ready allreduces are
+   fused (:mod:`.fusion`). Same messages, same order, same code: every rank computes the same response
+   list and executes it in order, without a further message. Response i runs on lane i mod lanes
+   everywhere (:mod:`.execution`). The settings these decisions read must agree; ``init`` checks them.
+4. Join.  A rank that ran out of data says ``join`` in its message: allreduces proceed with zeros from it,
+   other collectives fail; when all ranks have joined, a join response carries the last rank to join.
+5. Shutdown.  A rank that shuts down (or whose coordinator fails) says ``gone`` in its last message.
+   From that round on, rounds complete without it and every tensor that still needs it fails, on every
+   rank.
 
-Stall check: rank 0 logs tensors that some ranks submitted ``COMMLIB_STALL_CHECK_TIME`` seconds ago and
-others have not, with the missing ranks; after ``COMMLIB_STALL_SHUTDOWN_TIME`` they fail on every rank.
+Why not a coordinator rank: a request to rank 0 and a response back is two message latencies and rank 0's
+bookkeeping in between, on every small call; one round is one latency. The price is p - 1 messages per
+rank per round instead of one, which is right for the ranks of a node and a few nodes; a tree of relays
+would suit thousands of ranks (not built).
+
+Rank 0 still does what depends on a clock, since decisions from clocks differ between ranks: the stall
+check. It logs tensors that some ranks submitted ``COMMLIB_STALL_CHECK_TIME`` seconds ago and others have
+not, with the missing ranks; after ``COMMLIB_STALL_SHUTDOWN_TIME`` it names them in its next message, and
+they fail on every rank in that round. Every rank warns about peers that stop answering rounds (it cannot
+give up on them: a peer that was only slow would, on waking, decide from a round this rank abandoned).
 
 Progress is driven by whichever thread needs it: a thread waiting in ``synchronize`` runs the cycle
 itself (no thread hand-off, which costs ~50 us here), and the background thread runs it when nobody
-waits. Both back off from spinning to sleeping (at most ``COMMLIB_CYCLE_TIME``); an idle rank sleeps.
+waits. Both back off from spinning to sleeping (at most ``COMMLIB_CYCLE_TIME``); an idle rank sleeps and
+looks for messages every 50 ms.
 """
 
 from __future__ import annotations
@@ -42,7 +55,8 @@ from ..errors import CollectiveError, CommlibError
 from .execution import LaneSet
 from .fusion import fuse
 from .negotiation import ReadyTable
-from .requests import Entry, Handle, Kind, Meta, Response
+from .rounds import Rounds
+from .requests import Entry, Handle, Kind, Response
 
 log = logging.getLogger("commlib")
 
@@ -50,6 +64,7 @@ _POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a 
 _SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
 _IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
 _SHUTDOWN_GRACE_S = 10.0   # how long shutdown waits for the other ranks to shut down too
+_JOIN = Kind.JOIN          # a global: an enum member costs an attribute lookup on the hot path
 
 
 class Coordinator:
@@ -60,21 +75,23 @@ class Coordinator:
         self.rank = channel.rank
         self.size = channel.size
         self._config = config
+        self._cycle_s = config.cycle_time_ms / 1e3
         self._timeline = timeline
         self._lanes = LaneSet(lanes, self._finish)
-        self._table = ReadyTable(self.size, config.cache_capacity) if self.rank == 0 else None
+        self._table = ReadyTable(self.size, config.cache_capacity)
+        self._rounds = Rounds(channel)
         self._incoming: collections.deque[Entry] = collections.deque()
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
         self._undecided: set[str] = set()       # announced, no response yet (driving thread only)
-        self._cache: dict[str, tuple[int, Meta]] = {}   # name -> (cache id, agreed metadata)
-        self._cache_metas: dict[int, Meta] = {}          # cache id -> agreed metadata
+        self._extra: dict = {}                  # join / gone / fail, for this rank's next message
+        self._failing = False                   # rank 0: stalled tensors named, round not yet complete
+        self._stuck_since = 0.0                 # when this rank began waiting for a round (0: not waiting)
         self._progress = threading.Lock()       # held by the thread running a cycle
         self._wakeup = threading.Condition()
-        self._waiters = 0                       # user threads inside wait()
+        self._waiters: list = []                # an item per user thread inside wait() (append/pop: atomic)
         self._failure: BaseException | None = None
         self._closed = False
-        self._coordinator_gone = ""
         self._next_stall_check = time.monotonic()
         self._thread = threading.Thread(target=self._background, name="commlib-coordinator", daemon=True)
         self._thread.start()
@@ -84,7 +101,8 @@ class Coordinator:
     def submit(self, entry: Entry, drive: bool = False) -> Handle:
         """Queue ``entry`` for negotiation. ``drive``: the caller will wait on it at once, so the
         background thread need not be woken."""
-        self._check_usable()
+        if self._failure is not None or self._closed:
+            self._check_usable()
         name = entry.meta.name
         with self._names:
             if name in self._in_flight:
@@ -102,39 +120,40 @@ class Coordinator:
         """Return when ``handle`` is done, running the coordinator's cycle in this thread meanwhile."""
         if handle.done():
             return
-        with self._wakeup:
-            self._waiters += 1
+        self._waiters.append(None)
         try:
             self._drive(handle)
         finally:
-            with self._wakeup:
-                self._waiters -= 1
+            self._waiters.pop()
 
     def run(self, entry: Entry) -> Handle:
         """Submit ``entry`` and wait for it. Registered as a waiter first, so that the background thread
         leaves the cycle to this thread instead of taking it and handing the result over."""
-        with self._wakeup:
-            self._waiters += 1
+        self._waiters.append(None)
         try:
             handle = self.submit(entry, drive=True)
             self._drive(handle)
         finally:
-            with self._wakeup:
-                self._waiters -= 1
+            self._waiters.pop()
         return handle
 
     def _drive(self, handle: Handle) -> None:
-        cycle_s = self._config.cycle_time_ms / 1e3
+        cycle_s = self._cycle_s
+        timeout = max(cycle_s, 1e-3)
+        progress = self._progress
         idle = 0
         while not handle.done():
             if self._failure is not None:
                 raise self._failure_error()
-            if not self._progress.acquire(timeout=max(cycle_s, 1e-3)):
+            if not progress.acquire(timeout=timeout):
                 continue
             try:
-                busy = self._cycle_guarded()
+                busy = self._cycle()
+            except Exception as exc:  # the user sees a CollectiveError, as every other rank's waiter will
+                self._fail(exc)
+                raise self._failure_error() from exc
             finally:
-                self._progress.release()
+                progress.release()
             if busy:
                 idle = 0
                 continue
@@ -171,120 +190,96 @@ class Coordinator:
 
     # ---- the cycle ---------------------------------------------------------------------------------
 
-    def _cycle_guarded(self) -> bool:
-        try:
-            return self._cycle()
-        except Exception as exc:  # the user sees a CollectiveError, as every other rank's waiter will
-            self._fail(exc)
-            raise self._failure_error() from exc
-
     def _cycle(self) -> bool:
-        """One round: announce new requests, read messages, decide (rank 0), execute. True if any
-        progress was made."""
+        """One pass: contribute new requests, read messages, answer rounds others started, and decide
+        and execute every complete round. True if any progress was made."""
+        rounds = self._rounds
         busy = False
-        if self._incoming:
+        if self._incoming or self._extra:
             busy = True
-            self._announce()
-        for source, message in self._channel.receive_all():
+            self._contribute()
+        if rounds.receive():
             busy = True
-            self._on_message(source, message)
-        if self._table is not None:
+            while rounds.owed():
+                self._contribute()
+        while busy:  # without news, no round can have completed
+            messages = rounds.next_complete()
+            if messages is None:
+                break
+            self._complete_round(messages)
+        if rounds.sent > rounds.completed:  # waiting for a round to complete
+            if not self._stuck_since:
+                self._stuck_since = time.monotonic()
+        elif self._stuck_since:
+            self._stuck_since = 0.0
+        if self._stuck_since or self.rank == 0:
             now = time.monotonic()
-            responses = self._table.take_ready()
             if now >= self._next_stall_check:
-                responses += self._check_stalls(now)
-            if responses:
-                busy = True
-                responses = fuse(responses, self._config.fusion_threshold_bytes,
-                                 self._config.fusion_inplace_bytes)
-                if self.size > 1:
-                    message = ("resp", [self._compact(r) for r in responses])
-                    for worker in range(1, self.size):
-                        self._channel.post(worker, message)
-                self._execute(responses)
+                self._check_stalls(now)
         return busy
 
-    def _announce(self) -> None:
-        full, cached, joining = [], 0, False
-        now = time.monotonic()
+    def _contribute(self, last: bool = False) -> None:
+        """This rank's message for the next round: what was submitted since the last one (possibly
+        nothing), as cache bits where possible, plus any join, gone or fail notice."""
+        full, hits = [], 0
+        cache_id = self._table.cache_id
         while self._incoming:
             entry = self._incoming.popleft()
             meta = entry.meta
-            if meta.kind is Kind.JOIN:
-                joining = True
+            if meta.kind is _JOIN:
+                self._extra["join"] = True
                 continue
             self._undecided.add(meta.name)
-            hit = self._cache.get(meta.name)
-            if hit is not None and (hit[1] is meta or hit[1] == meta):
-                cached |= 1 << hit[0]
+            hit = cache_id(meta)
+            if hit >= 0:
+                hits |= 1 << hit
             else:
                 full.append(meta)
-        if self._coordinator_gone:
-            self._fail_all(self._coordinator_gone)
-            return
-        if self._table is not None:
+        if full or self._extra:
+            message = (full, hits, self._extra)
+            self._extra = {}
+        else:
+            message = hits  # the common message: a bare int pickles in a few bytes
+        self._rounds.contribute(message, last)
+
+    def _complete_round(self, messages: list) -> None:
+        """Feed a complete round into the ready table, in rank order, and execute what it decides."""
+        table = self._table
+        now = time.monotonic()
+        stalled = None
+        for source, message in messages:
+            if type(message) is int:
+                if message:
+                    table.add_cached(source, message, now)
+                continue
+            full, hits, extra = message
             for meta in full:
-                self._table.add_full(0, meta, now)
-            self._table.add_cached(0, cached, now)
-            if joining:
-                self._table.join(0)
-        else:
-            if full or cached:
-                self._channel.post(0, ("req", full, cached))
-            if joining:
-                self._channel.post(0, ("join",))
-
-    def _compact(self, response: Response):
-        """A plain response for cached names travels as its cache ids (an int, or a tuple when fused):
-        every rank knows their metadata, and pickling the full response would cost ~10 us per call."""
-        if response.error or response.joined or response.cache_ids or response.kind is Kind.JOIN:
-            return response
-        ids = []
-        for meta in response.metas:
-            hit = self._cache.get(meta.name)
-            if hit is None or hit[1] != meta:
-                return response
-            ids.append(hit[0])
-        return ids[0] if len(ids) == 1 else tuple(ids)
-
-    def _expand(self, item) -> Response:
-        if isinstance(item, Response):
-            return item
-        ids = (item,) if isinstance(item, int) else item
-        metas = [self._cache_metas[i] for i in ids]
-        return Response(metas[0].kind, metas)
-
-    def _on_message(self, source: int, message: tuple) -> None:
-        tag = message[0]
-        if tag == "resp":
-            self._execute([self._expand(item) for item in message[1]])
-        elif tag == "req":
-            now = time.monotonic()
-            for meta in message[1]:
-                self._table.add_full(source, meta, now)
-            self._table.add_cached(source, message[2], now)
-        elif tag == "join":
-            self._table.join(source)
-        elif tag == "gone":
-            if self._table is not None:
-                self._table.rank_gone(source, message[1])
-            else:
-                self._coordinator_gone = f"rank 0 (the coordinator) {message[1]}"
-                self._fail_all(self._coordinator_gone)
-        else:
-            raise CollectiveError(f"unknown control message {tag!r} from rank {source}")
+                table.add_full(source, meta, now)
+            table.add_cached(source, hits, now)
+            if extra:
+                if extra.get("join"):
+                    table.join(source)
+                if "fail" in extra:
+                    stalled = extra["fail"]
+                    self._failing = False
+                if "gone" in extra:
+                    table.rank_gone(source, extra["gone"])
+                    self._rounds.leave(source)
+        responses = table.take_ready()
+        if stalled:  # after all requests of the round
+            responses = table.fail_stalled(*stalled) + responses
+        if len(responses) > 1:
+            responses = fuse(responses, self._config.fusion_threshold_bytes, self._config.fusion_inplace_bytes)
+        if responses:
+            self._execute(responses)
 
     def _execute(self, responses: list[Response]) -> None:
         for response in responses:
-            for name, cache_id in response.cache_ids:
-                meta = next(m for m in response.metas if m.name == name)
-                self._cache[name] = (cache_id, meta)
-                self._cache_metas[cache_id] = meta
-            if response.kind is Kind.JOIN:
+            if response.kind is _JOIN:
                 self._finish_join(response.last_joined)
                 continue
-            with self._names:
-                entries = [self._in_flight.get(m.name) for m in response.metas]
+            in_flight = self._in_flight  # one dict.get each is atomic; submit's lock guards check-then-set
+            entries = [in_flight.get(m.name) for m in response.metas]
             for meta in response.metas:
                 self._undecided.discard(meta.name)
             if self._timeline is not None:
@@ -294,7 +289,7 @@ class Coordinator:
                         self._timeline.span("negotiate", entry.submitted, now, 0, tensor=entry.meta.name)
             if response.error:
                 self._finish(response, entries, CollectiveError(response.error))
-            elif any(e is None for e in entries) and self.rank not in response.joined:
+            elif None in entries and self.rank not in response.joined:
                 raise CollectiveError(
                     f"rank {self.rank} received a response for tensor(s) it never submitted: "
                     f"{[m.name for m, e in zip(response.metas, entries) if e is None]}")
@@ -322,17 +317,29 @@ class Coordinator:
         if entry is not None:
             entry.handle.set_result(last_joined)
 
-    def _check_stalls(self, now: float) -> list[Response]:
+    def _check_stalls(self, now: float) -> None:
         check = self._config.stall_check_time_s
         self._next_stall_check = now + max(min(check, 5.0), 0.05) if check else float("inf")
         if not check:
-            return []
+            return
+        shutdown = self._config.stall_shutdown_time_s
+        if self._stuck_since and now - self._stuck_since >= check:
+            # Only a warning: giving up on a round would be unsafe, since a peer that is merely slow
+            # (stopped, swapped out) would on waking decide from that round without this rank.
+            log.warning("commlib stall: rank %d has waited %.0f s for a coordinator message from rank(s) %s; "
+                        "a process may have died, or be stuck without releasing the GIL",
+                        self.rank, now - self._stuck_since, self._rounds.missing())
+        if self.rank != 0:
+            return
         for name, missing in self._table.stalled(check, now):
             if self._table.should_warn(name, now, check):
                 log.warning("commlib stall: tensor %r was submitted by some ranks more than %g s ago; "
                             "waiting for rank(s) %s", name, check, missing)
-        shutdown = self._config.stall_shutdown_time_s
-        return self._table.fail_stalled(shutdown, now) if shutdown else []
+        if shutdown and not self._failing:
+            names = [name for name, _ in self._table.stalled(shutdown, now)]
+            if names:  # failed in the round that carries them, on every rank alike
+                self._extra["fail"] = (names, shutdown)
+                self._failing = True
 
     # ---- background thread ---------------------------------------------------------------------------
 
@@ -359,7 +366,10 @@ class Coordinator:
                 self._back_off(idle)
 
     def _has_work(self) -> bool:
-        return bool(self._incoming or self._in_flight or (self._table is not None and self._table.has_pending()))
+        """Something to drive: own requests or notices, or (rank 0, the stall checker) tensors that some
+        ranks submitted. Peers' rounds alone are answered at the idle poll."""
+        return bool(self._incoming or self._in_flight or self._extra or
+                    (self.rank == 0 and self._table.has_pending()))
 
     def _back_off(self, idle: int) -> None:
         """Poll while a reply is likely imminent, then yield the core, then sleep longer and longer, up
@@ -406,15 +416,16 @@ class Coordinator:
             entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
 
     def _announce_gone(self, reason: str) -> None:
-        if self.rank == 0:
-            for worker in range(1, self.size):
-                self._channel.post(worker, ("gone", reason))
-        elif self.size > 1:
-            self._channel.post(0, ("gone", reason))
+        """This rank's last message: later rounds complete without it."""
+        if self._rounds.left:
+            return
+        self._incoming.clear()
+        self._extra["gone"] = reason
+        self._contribute(last=True)
 
     def _await_peers_shutdown(self) -> None:
         """Wait (bounded) until every rank has shut down, so no message is left in flight when the
-        communicators are freed; reading messages meanwhile keeps rank 0's notices flowing."""
+        communicators are freed; reading (and dropping) messages meanwhile keeps the others' sends flowing."""
         barrier = self._channel.ibarrier()
         deadline = time.monotonic() + _SHUTDOWN_GRACE_S
         while not barrier.Test():

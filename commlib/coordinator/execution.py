@@ -10,6 +10,7 @@ communicates.
 from __future__ import annotations
 
 import contextlib
+import math
 import queue
 import threading
 from typing import Callable
@@ -34,6 +35,7 @@ class Lane:
         self.engine = engine
         self.timeline = timeline
         self._scratch = ScratchPool()
+        self._plans: dict[int, tuple] = {}   # id(meta) -> (meta, engine plan); the meta keeps the id valid
 
     def execute(self, response: Response, entries: list[Entry | None]) -> None:
         """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
@@ -63,18 +65,19 @@ class Lane:
 
     def _allreduce(self, response: Response, entries: list[Entry | None]) -> None:
         meta = response.metas[0]
-        op = ReduceOp(meta.op)
-        codec = None if meta.compression == "none" else \
-            codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
         if len(entries) == 1:  # kept lean: a small synchronous call's latency is mostly this kind of code
             entry = entries[0]
             output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
+            plan = self._plans.get(id(meta))
+            if plan is None or plan[0] is not meta:
+                plan = self._plan(meta)
             with self._span("communicate", meta.name, response):
-                self.engine.allreduce_(output.reshape(-1), op, meta.algorithm or None, meta.prescale,
-                                       meta.postscale, codec, meta.name)
+                plan[1](output.reshape(-1))
             if entry is not None:
                 entry.handle.set_result(output)
             return
+        op = ReduceOp(meta.op)
+        codec = _codec(meta)
         outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
                    for e, m in zip(entries, response.metas)]
         names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
@@ -98,6 +101,17 @@ class Lane:
             if entry is not None:
                 entry.handle.set_result(output)
 
+    def _plan(self, meta) -> tuple:
+        """The engine's plan for ``meta`` (an agreed, validated request), remembered by the Meta object:
+        the coordinator hands the same one for every call of a negotiated name."""
+        plan = (meta, self.engine.plan_allreduce(np.dtype(meta.dtype), math.prod(meta.shape), ReduceOp(meta.op),
+                                                  meta.algorithm or None, meta.prescale, meta.postscale,
+                                                  _codec(meta), meta.name))
+        if len(self._plans) >= _PLANS:
+            self._plans.clear()
+        self._plans[id(meta)] = plan
+        return plan
+
     def _span(self, phase: str, name: str, response: Response, **args):
         """A timeline event around a phase; without a timeline, a context manager that does nothing (a
         small call's latency budget has no room for building the event's arguments)."""
@@ -111,6 +125,13 @@ class Lane:
         self.engine.close()
 
 
+def _codec(meta):
+    if meta.compression == "none":
+        return None
+    return codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
+
+
+_PLANS = 4096  # plans kept per lane; emptied when full (auto-named tensors make a new Meta per call)
 _NO_SPAN = contextlib.nullcontext()  # stateless: safe to share between lanes and calls
 
 

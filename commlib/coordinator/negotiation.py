@@ -1,8 +1,9 @@
-"""Rank 0's ready table: which named tensors every rank has submitted, and whether they match.
+"""The ready table: which named tensors every rank has submitted, and whether they match.
 
-Two paths feed it. A name negotiated before has a cache id on every rank (assigned by rank 0 in a
-response, so all ranks agree on it); a rank whose new requests equal its cached ones sends only a bit
-vector of their ids, which rank 0 ORs into that rank's vector. The bitwise AND of the vectors of all
+Every rank keeps one, fed with the same messages in the same order (:mod:`.rounds`), so every rank
+draws the same decisions from it. Two paths feed it. A name negotiated before has a cache id (assigned
+here when it is first decided, so every rank assigns the same); a rank whose new requests equal its
+cached ones sends only a bit vector of their ids, which is ORed into that rank's vector. The bitwise AND of the vectors of all
 active ranks is the set of cached tensors ready everywhere: one AND decides them all at once. Anything
 else (a first negotiation, a changed shape, a cache that is full) arrives as full metadata and is matched
 field by field, so a disagreement can be reported with every rank's value.
@@ -15,19 +16,22 @@ from .requests import Kind, Meta, Response
 
 
 class ReadyTable:
-    """Collects requests from all ranks on rank 0 and turns complete ones into responses."""
+    """Collects every rank's requests and turns complete ones into responses."""
 
     def __init__(self, size: int, cache_capacity: int):
         self.size = size
         self._pending: dict[str, dict[int, Meta]] = {}
         self._first_seen: dict[str, float] = {}
         self._cache_metas: list[Meta] = []
+        self._equal: list[Meta] = []          # per cache id: the last object found equal to its metadata
+        self._responses: list[Response] = []  # per cache id: its response when no rank has joined
         self._cache_ids: dict[str, int] = {}
         self._capacity = cache_capacity
         # One bit vector per rank (a Python int: bit k = cached tensor k submitted and not yet run).
         self._bits = [0] * size
         self._bits_dirty = False
         self._joined: list[int] = []
+        self._waiting_for = list(range(size))   # ranks that have not joined
         self._gone: dict[int, str] = {}
         self._warned: dict[str, float] = {}
 
@@ -48,15 +52,25 @@ class ReadyTable:
         """Requests that arrived as a bit vector of cache ids (their metadata equals the negotiated one)."""
         if not hits:
             return
+        pending, first_seen = self._pending, self._first_seen
         for cache_id in iter_bits(hits):
             name = self._cache_metas[cache_id].name
-            if name in self._pending:  # this name is being compared in full: join that comparison
-                self._pending[name][rank] = self._cache_metas[cache_id]
+            if name in pending:  # this name is being compared in full: join that comparison
+                pending[name][rank] = self._cache_metas[cache_id]
                 hits &= ~(1 << cache_id)
-            elif name not in self._first_seen:
-                self._first_seen[name] = now
+            elif name not in first_seen:
+                first_seen[name] = now
         self._bits[rank] |= hits
         self._bits_dirty = True
+
+    def cache_id(self, meta: Meta) -> int:
+        """The cache id that stands for ``meta`` (negotiated before with exactly this metadata), or -1."""
+        cache_id = self._cache_ids.get(meta.name, -1)
+        if cache_id >= 0 and self._equal[cache_id] is not meta:
+            if self._cache_metas[cache_id] != meta:
+                return -1
+            self._equal[cache_id] = meta  # the caller's object, usually reused: next time one `is`
+        return cache_id
 
     def _ranks_with(self, cache_id: int) -> list[int]:
         bit = 1 << cache_id
@@ -69,6 +83,7 @@ class ReadyTable:
     def join(self, rank: int) -> None:
         if rank not in self._joined:
             self._joined.append(rank)
+            self._waiting_for.remove(rank)
 
     def rank_gone(self, rank: int, reason: str) -> None:
         """``rank`` shut down or failed: whatever still needs it fails on every rank."""
@@ -78,31 +93,38 @@ class ReadyTable:
 
     def take_ready(self) -> list[Response]:
         """Responses for everything now decided: complete and matching, mismatched, or impossible."""
-        waiting_for = [r for r in range(self.size) if r not in self._joined]
+        waiting_for = self._waiting_for
         responses: list[Response] = []
         if self._bits_dirty and waiting_for:
             self._bits_dirty = False
+            bits = self._bits
             ready = -1
             for r in waiting_for:  # the bitwise AND that decides every cached tensor at once
-                ready &= self._bits[r]
+                ready &= bits[r]
             if ready:
-                self._bits = [b & ~ready for b in self._bits]
+                self._bits = [b & ~ready for b in bits]
+                joined = tuple(self._joined)
                 for cache_id in iter_bits(ready):
                     meta = self._cache_metas[cache_id]
                     self._first_seen.pop(meta.name, None)
-                    responses.append(self._decide_joined(meta) or
-                                     Response(meta.kind, [meta], joined=tuple(self._joined)))
-        for name in list(self._pending):
-            by_rank = self._pending[name]
-            response = self._decide(name, by_rank, waiting_for)
-            if response is not None:
-                del self._pending[name]
-                self._first_seen.pop(name, None)
-                responses.append(response)
-        responses.extend(self._decide_gone())
+                    if joined:
+                        responses.append(self._decide_joined(meta) or Response(meta.kind, [meta], joined=joined))
+                    else:  # the same object every time: nobody modifies a response (fuse copies)
+                        responses.append(self._responses[cache_id])
+        if self._pending:
+            for name in list(self._pending):
+                by_rank = self._pending[name]
+                response = self._decide(name, by_rank, waiting_for)
+                if response is not None:
+                    del self._pending[name]
+                    self._first_seen.pop(name, None)
+                    responses.append(response)
+        if self._gone:
+            responses.extend(self._decide_gone())
         if self._joined and len(self._joined) == self.size:
             last = self._joined[-1]
             self._joined = []
+            self._waiting_for = list(range(self.size))
             responses.append(Response(Kind.JOIN, [], last_joined=last))
         return responses
 
@@ -120,13 +142,15 @@ class ReadyTable:
         joined = self._decide_joined(metas[0])
         if joined:
             return joined
-        cache_ids = ()
+        # A cache id, once given, always means the same metadata: a rank may send a hit computed before
+        # it had seen the latest rounds. A name renegotiated with new metadata stays on the full path.
         if name not in self._cache_ids and len(self._cache_metas) < self._capacity \
                 and metas[0].kind is not Kind.BARRIER:
-            cache_ids = ((name, len(self._cache_metas)),)
             self._cache_ids[name] = len(self._cache_metas)
             self._cache_metas.append(metas[0])
-        return Response(metas[0].kind, metas, joined=tuple(self._joined), cache_ids=cache_ids)
+            self._equal.append(metas[0])
+            self._responses.append(Response(metas[0].kind, [metas[0]]))
+        return Response(metas[0].kind, metas, joined=tuple(self._joined))
 
     def _decide_joined(self, meta: Meta) -> Response | None:
         """Only allreduce can run while some ranks have joined (they contribute zeros)."""
@@ -161,21 +185,27 @@ class ReadyTable:
         """(name, missing ranks) for tensors some ranks submitted more than ``older_than`` s ago."""
         out = []
         for name, since in self._first_seen.items():
-            if now - since < older_than:
-                continue
-            if name in self._pending:
-                present = set(self._pending[name])
-            else:
-                present = set(self._ranks_with(self._cache_ids[name]))
-            missing = [r for r in range(self.size) if r not in present and r not in self._joined]
-            if missing:
-                out.append((name, missing))
+            if now - since >= older_than:
+                missing = self._missing(name)
+                if missing:
+                    out.append((name, missing))
         return out
 
-    def fail_stalled(self, older_than: float, now: float) -> list[Response]:
-        """Error responses for tensors stalled longer than ``older_than`` seconds."""
+    def _missing(self, name: str) -> list[int]:
+        if name in self._pending:
+            present = set(self._pending[name])
+        else:
+            present = set(self._ranks_with(self._cache_ids[name]))
+        return [r for r in range(self.size) if r not in present and r not in self._joined]
+
+    def fail_stalled(self, names: list[str], seconds: float) -> list[Response]:
+        """Error responses for ``names``, found stalled for ``seconds`` (by rank 0's clock), that are still
+        undecided here; names decided meanwhile are skipped."""
         responses = []
-        for name, missing in self.stalled(older_than, now):
+        for name in names:
+            if name not in self._first_seen:
+                continue
+            missing = self._missing(name)
             if name in self._pending:
                 meta = next(iter(self._pending.pop(name).values()))
             else:
@@ -184,7 +214,7 @@ class ReadyTable:
                 self._clear(cache_id)
             self._first_seen.pop(name, None)
             responses.append(Response(meta.kind, [meta], error=(
-                f"tensor {name!r} stalled: rank(s) {missing} did not submit it within {older_than:g} s "
+                f"tensor {name!r} stalled: rank(s) {missing} did not submit it within {seconds:g} s "
                 "(COMMLIB_STALL_SHUTDOWN_TIME); check that every rank calls the same collectives")))
         return responses
 
@@ -200,7 +230,14 @@ class ReadyTable:
 
 
 def iter_bits(bits: int):
-    """The indices of the set bits of a non-negative int, lowest first."""
+    """The indices of the set bits of a non-negative int, lowest first (for the common single bit, a
+    tuple: no generator to build)."""
+    if bits & (bits - 1) == 0:
+        return (bits.bit_length() - 1,) if bits else ()
+    return _each_bit(bits)
+
+
+def _each_bit(bits: int):
     while bits:
         low = bits & -bits
         yield low.bit_length() - 1

@@ -1,4 +1,4 @@
-"""What a rank submits (Request), what the ranks must agree on (Meta), and what rank 0 answers (Response)."""
+"""What a rank submits (Entry), what the ranks must agree on (Meta), and what they decide (Response)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ class Kind(enum.IntEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Meta:
-    """Everything about a request that every rank must agree on. Sent to rank 0 in full the first time a
+    """Everything about a request that every rank must agree on. Sent in full the first time a
     name is negotiated; afterwards a cache id stands for it. ``error`` carries a local validation failure
-    so that rank 0 can fail the tensor on every rank instead of leaving the others waiting."""
+    so that the tensor fails on every rank instead of leaving the others waiting."""
 
     name: str
     kind: Kind
@@ -71,17 +71,16 @@ class Meta:
 
 @dataclasses.dataclass
 class Response:
-    """Rank 0's decision, executed by every rank in the order received.
+    """A decision, made identically on every rank and executed by all in the same order.
 
     ``metas`` are the agreed requests (one, or several fused allreduces). ``error`` set: the tensors fail
-    on every rank with that message. ``joined`` are ranks that contribute zeros. ``cache_ids`` holds
-    (name, id) pairs: fast-path ids for newly negotiated names. ``last_joined`` completes a join."""
+    on every rank with that message. ``joined`` are ranks that contribute zeros. ``last_joined``
+    completes a join."""
 
     kind: Kind
     metas: list[Meta]
     error: str = ""
     joined: tuple = ()
-    cache_ids: tuple = ()
     last_joined: int = -1
 
 
@@ -143,13 +142,16 @@ class Handle:
         return f"<commlib handle {self.name!r} {state}>"
 
 
-@dataclasses.dataclass
 class Entry:
     """A submitted request on its own rank: the metadata plus the arrays it reads and writes."""
 
-    meta: Meta
-    array: np.ndarray | None
-    output: np.ndarray | None
-    handle: Handle
-    splits: np.ndarray | None = None
-    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    __slots__ = ("meta", "array", "output", "handle", "splits", "submitted")
+
+    def __init__(self, meta: Meta, array: np.ndarray | None, output: np.ndarray | None, handle: Handle,
+                 splits: np.ndarray | None = None):
+        self.meta = meta
+        self.array = array
+        self.output = output
+        self.handle = handle
+        self.splits = splits
+        self.submitted = time.perf_counter()

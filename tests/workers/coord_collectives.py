@@ -3,6 +3,8 @@
 argv: [quick]. Exits non-zero (via an uncaught exception) on any wrong value.
 """
 
+import time
+
 import ml_dtypes
 import numpy as np
 
@@ -85,6 +87,15 @@ for rnd in range(2):
     for i, h in enumerate(hs):
         out = cl.synchronize(h)
         assert out is xs[i] and np.all(out == sum(r + i for r in range(size))), (i, out)
+
+# a cached name renegotiated with a new shape on every rank, submitted at staggered times (a rank that has
+# nothing to submit answers the rounds the others start) and interleaved with cached calls
+for n in (5, 7, 5, 7):
+    time.sleep(0.02 * rank)
+    h = cl.allreduce_async(np.ones(2), op=cl.Sum, name="steady")
+    got = cl.allreduce(np.full(n, rank + 1.0), op=cl.Sum, name="reshaped")
+    assert got.shape == (n,) and np.all(got == size * (size + 1) / 2), (n, got)
+    assert np.all(cl.synchronize(h) == size)
 
 # scale factors and a large in-place tensor
 x = inputs(9, 3 << 20, np.float32, rank)
