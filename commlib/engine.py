@@ -14,7 +14,7 @@ Example (on every rank)::
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -119,23 +119,38 @@ class Engine:
         op = as_op(op)
         check_contiguous(buf, name)
         check_reducible(buf, op, name)
-        _check_options(buf.dtype, codec, prescale, postscale, name)
-        algorithm = prepare(self.context, buf.reshape(-1), algorithm or self.config.algorithm, codec)
-        size = self.size
-        pre, post = _scale_factors(op, codec, prescale, postscale, size)
-        flat = buf.reshape(-1)
-        folds_scaling = _FOLDS_SCALING.get(algorithm) if size > 1 else None
-        if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
-            overflow = folds_scaling(self.context, flat, op.kernel_op, codec, prescale=pre, postscale=post)
-        else:
-            if pre != 1.0:
-                kernels.scale_(flat, pre)
-            overflow = execute(self.context, flat, op.kernel_op, algorithm, codec)
-            if post != 1.0:
-                kernels.scale_(flat, post)
-        if overflow:
-            warn_overflow(name, overflow, codec)
+        self.plan_allreduce(buf.dtype, buf.size, op, algorithm, prescale, postscale, codec, name)(buf.reshape(-1))
         return buf
+
+    def plan_allreduce(self, dtype: np.dtype, count: int, op=ReduceOp.SUM, algorithm: str | None = None,
+                       prescale: float = 1.0, postscale: float = 1.0, codec: WireCodec | None = None,
+                       name: str = "tensor") -> Callable[[np.ndarray], None]:
+        """What :meth:`allreduce_` does to a buffer of ``count`` values of ``dtype``, decided once: a
+        function that reduces such a 1-D C-contiguous buffer in place. The checks, the algorithm choice
+        and the scale factors depend only on the request, so the coordinator keeps one function per
+        negotiated request; a small call's latency is mostly decisions like these."""
+        op = as_op(op)
+        _check_options(dtype, codec, prescale, postscale, name)
+        ctx = self.context
+        algorithm = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
+        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        kernel_op = op.kernel_op
+        if self.size > 1 and count and algorithm == "native" and pre == 1.0 and post == 1.0:
+            return self.transport.native_allreducer(dtype, kernel_op)
+        folds_scaling = _FOLDS_SCALING.get(algorithm) if self.size > 1 else None
+
+        def run(flat: np.ndarray) -> None:
+            if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
+                overflow = folds_scaling(ctx, flat, kernel_op, codec, prescale=pre, postscale=post)
+            else:
+                if pre != 1.0:
+                    kernels.scale_(flat, pre)
+                overflow = execute(ctx, flat, kernel_op, algorithm, codec)
+                if post != 1.0:
+                    kernels.scale_(flat, post)
+            if overflow:
+                warn_overflow(name, overflow, codec)
+        return run
 
     def allreduce_many_(self, bufs: Sequence[np.ndarray], op=ReduceOp.SUM, algorithm: str | None = None,
                         prescale: float = 1.0, postscale: float = 1.0, codec: WireCodec | None = None,

@@ -38,19 +38,16 @@ def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, compressed: bool
     return select.choose(ctx, nbytes, compressed) if algorithm == "auto" else algorithm
 
 
-def prepare(ctx: AlgorithmContext, buf: np.ndarray, algorithm: str = "auto",
+def prepare(ctx: AlgorithmContext, dtype: np.dtype, nbytes: int, algorithm: str = "auto",
             codec: WireCodec | None = None) -> str:
-    """Check everything ``run_allreduce`` would reject, without communicating or touching ``buf``;
-    return the concrete algorithm that will run. Callers that scale ``buf`` first call this first."""
-    if buf.ndim != 1 or not buf.flags.c_contiguous:
-        raise CommlibError(
-            f"allreduce buffer must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
-        )
-    if codec is not None and buf.dtype != FLOAT32:
-        raise TypeError(f"{codec!r} compresses float32 buffers, not {buf.dtype}")
-    name = resolve(ctx, algorithm, buf.nbytes, codec is not None)
+    """Check everything ``run_allreduce`` would reject for a buffer of ``dtype`` and ``nbytes`` bytes,
+    without communicating; return the concrete algorithm that will run. Callers that scale a buffer
+    first call this first."""
+    if codec is not None and dtype != FLOAT32:
+        raise TypeError(f"{codec!r} compresses float32 buffers, not {dtype}")
+    name = resolve(ctx, algorithm, nbytes, codec is not None)
     if name == "native" and codec is not None:
-        native.allreduce(ctx, buf, ReduceOp.SUM, codec)  # raises the explanation
+        native.allreduce(ctx, np.empty(0, dtype), ReduceOp.SUM, codec)  # raises the explanation
     if name == "cma" and ctx.size > 1:
         cma.require(ctx)
     if name == "torus2d":
@@ -67,7 +64,11 @@ def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "
     travels as ``codec.wire_dtype`` and accumulates in float32; every rank ends with identical values,
     each exactly representable in the wire format. On one rank nothing happens, with or without a codec.
     """
-    return execute(ctx, buf, as_op(op).kernel_op, prepare(ctx, buf, algorithm, codec), codec)
+    if buf.ndim != 1 or not buf.flags.c_contiguous:
+        raise CommlibError(
+            f"allreduce buffer must be 1-D and C-contiguous (shape: {buf.shape}, strides: {buf.strides})"
+        )
+    return execute(ctx, buf, as_op(op).kernel_op, prepare(ctx, buf.dtype, buf.nbytes, algorithm, codec), codec)
 
 
 def execute(ctx: AlgorithmContext, buf: np.ndarray, op: ReduceOp, name: str, codec: WireCodec | None) -> int:

@@ -11,7 +11,7 @@ Point-to-point calls between the same pair of ranks with the same tag match in t
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -63,6 +63,13 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def allreduce_native_(self, buf: np.ndarray, op: ReduceOp) -> None:
         """Reduce ``buf`` across the group in place with the underlying library's own allreduce."""
+
+    def native_allreducer(self, dtype: np.dtype, op: ReduceOp) -> Callable[[np.ndarray], None]:
+        """A function doing ``allreduce_native_(buf, op)`` for 1-D C-contiguous buffers of ``dtype``, with
+        whatever can be looked up once looked up once (a transport may return something faster)."""
+        def run(buf: np.ndarray) -> None:
+            self.allreduce_native_(buf, op)
+        return run
 
     @abc.abstractmethod
     def allgatherv(self, sendbuf: np.ndarray, recvbuf: np.ndarray, counts: Sequence[int]) -> None:

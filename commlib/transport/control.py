@@ -20,17 +20,18 @@ class ControlChannel:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._sends: list[MPI.Request] = []
+        self._status = MPI.Status()
 
     def post(self, dest: int, message: Any) -> None:
         """Send ``message`` to ``dest`` without waiting for it to be received."""
-        self._sends.append(self._comm.isend(message, dest=dest, tag=_TAG))
+        self._sends.append(self._comm.isend(message, dest, _TAG))
         if len(self._sends) > 64:
             self._reap()
 
     def receive_all(self) -> list[tuple[int, Any]]:
         """Every message that has arrived, as (source, message), in arrival order per source."""
         received = []
-        status = MPI.Status()
+        status = self._status
         while True:
             msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=_TAG, status=status)
             if msg is None:

@@ -86,7 +86,8 @@ class MPITransport(Transport):
         self._owns_comm = owns_comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
-        self._half_ops: dict[tuple[np.dtype, ReduceOp], MPI.Op] = {}
+        self._half_ops: dict[tuple[np.dtype, ReduceOp], MPI.Op] = {}   # to free at the end
+        self._native: dict = {}   # (dtype, op) -> function running MPI's Allreduce
 
     @classmethod
     def duplicate(cls, comm: MPI.Comm) -> "MPITransport":
@@ -124,20 +125,31 @@ class MPITransport(Transport):
         MPI.Request.Waitall(list(requests))
 
     def allreduce_native_(self, buf, op):
-        op = ReduceOp(op).kernel_op
         if buf.ndim != 1 or not buf.flags.c_contiguous:
             _raw(buf)  # raises the contiguity error
-        if buf.dtype in (FLOAT16, BFLOAT16):
-            key = (buf.dtype, op)
-            mpi_op = self._half_ops.get(key)
-            if mpi_op is None:
-                mpi_op = self._half_ops[key] = _half_op(buf.dtype, op)
-            self._comm.Allreduce(MPI.IN_PLACE, [buf.view(np.uint16), MPI.UINT16_T], mpi_op)
-            return
-        mpitype = _REDUCE_TYPES.get(buf.dtype)
-        if mpitype is None:
-            raise CommlibError(f"native allreduce cannot reduce dtype {buf.dtype}")
-        self._comm.Allreduce(MPI.IN_PLACE, [buf, mpitype], _MPI_OPS[op])
+        self.native_allreducer(buf.dtype, ReduceOp(op).kernel_op)(buf)
+
+    def native_allreducer(self, dtype, op):
+        key = (dtype, op)
+        run = self._native.get(key)
+        if run is not None:
+            return run
+        allreduce, in_place = self._comm.Allreduce, MPI.IN_PLACE
+        if dtype in (FLOAT16, BFLOAT16):  # reduced by commlib's C kernels, registered as an MPI op
+            half_op = self._half_ops[key] = _half_op(dtype, op)
+
+            def run(buf):
+                allreduce(in_place, [buf.view(np.uint16), MPI.UINT16_T], half_op)
+        else:
+            mpitype = _REDUCE_TYPES.get(dtype)
+            if mpitype is None:
+                raise CommlibError(f"native allreduce cannot reduce dtype {dtype}")
+            mpi_op = _MPI_OPS[op]
+
+            def run(buf):
+                allreduce(in_place, [buf, mpitype], mpi_op)
+        self._native[key] = run
+        return run
 
     def allgatherv(self, sendbuf, recvbuf, counts):
         if len(counts) != self._size:
@@ -162,6 +174,7 @@ class MPITransport(Transport):
         return MPITransport(comm, owns_comm=True)
 
     def free(self):
+        self._native.clear()
         if MPI.Is_finalized():  # nothing left to release
             self._half_ops.clear()
             return
