@@ -60,6 +60,7 @@ from .requests import Entry, Handle, Kind, Response
 
 log = logging.getLogger("commlib")
 
+_REPLY_POLLS = 16         # reads of the channel right after contributing, before the next cycle
 _POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a reply is imminent)
 _SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
 _IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
@@ -198,10 +199,14 @@ class Coordinator:
         if self._incoming or self._extra:
             busy = True
             self._contribute()
+            for _ in range(_REPLY_POLLS):  # peers usually answer within microseconds: wait here for it
+                if rounds.receive():
+                    break
         if rounds.receive():
             busy = True
-            while rounds.owed():
-                self._contribute()
+        while rounds.owed():  # a peer started a round this rank has not joined: answer it
+            busy = True
+            self._contribute()
         while busy:  # without news, no round can have completed
             messages = rounds.next_complete()
             if messages is None:
