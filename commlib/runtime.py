@@ -14,6 +14,7 @@ from mpi4py import MPI
 from .config import Config
 from .coordinator.controller import Coordinator
 from .coordinator.execution import Lane
+from .coordinator.requests import AUTO_NAME_MARK
 from .engine import Engine
 from .errors import ConfigError
 from .timeline import Timeline, rank_path
@@ -73,7 +74,7 @@ class Runtime:
     def auto_name(self, operation: str) -> str:
         """Names for unnamed tensors, the same on every rank as long as ranks call in the same order."""
         counter = self._unnamed.setdefault(operation, itertools.count())
-        return f"{operation}.noname.{next(counter)}"
+        return f"{operation}{AUTO_NAME_MARK}{next(counter)}"
 
     def start_timeline(self, path: str) -> None:
         self.stop_timeline()

@@ -200,7 +200,7 @@ class Coordinator:
             busy = True
             self._contribute()
             for _ in range(_REPLY_POLLS):  # peers usually answer within microseconds: wait here for it
-                if rounds.receive():
+                if not rounds.blocked() or rounds.receive():
                     break
         if rounds.receive():
             busy = True

@@ -12,7 +12,7 @@ field by field, so a disagreement can be reported with every rank's value.
 from __future__ import annotations
 
 
-from .requests import Kind, Meta, Response
+from .requests import AUTO_NAME_MARK, Kind, Meta, Response
 
 
 class ReadyTable:
@@ -143,9 +143,10 @@ class ReadyTable:
         if joined:
             return joined
         # A cache id, once given, always means the same metadata: a rank may send a hit computed before
-        # it had seen the latest rounds. A name renegotiated with new metadata stays on the full path.
+        # it had seen the latest rounds. A name renegotiated with new metadata stays on the full path, as
+        # do barriers and unnamed tensors (each call has a new name: a cache id would be wasted on it).
         if name not in self._cache_ids and len(self._cache_metas) < self._capacity \
-                and metas[0].kind is not Kind.BARRIER:
+                and metas[0].kind is not Kind.BARRIER and AUTO_NAME_MARK not in name:
             self._cache_ids[name] = len(self._cache_metas)
             self._cache_metas.append(metas[0])
             self._equal.append(metas[0])
@@ -246,6 +247,10 @@ def _each_bit(bits: int):
 
 def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:
     """'' if every rank's request agrees, else a message naming each field and every rank's value."""
+    metas = iter(by_rank.values())
+    first = next(metas)
+    if all(m == first for m in metas):  # the usual case, without building the field tables
+        return ""
     fields = {r: m.matched_fields() for r, m in by_rank.items()}
     first = fields[min(fields)]
     problems = []

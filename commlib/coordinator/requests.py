@@ -13,6 +13,11 @@ from typing import Any
 import numpy as np
 
 
+#: In the names given to unnamed tensors: such a name is never submitted twice, so it gets no cache id
+#: (it would occupy one for good; the cache never forgets, see :mod:`.negotiation`).
+AUTO_NAME_MARK = ".noname."
+
+
 class Kind(enum.IntEnum):
     """The collective a request asks for."""
 

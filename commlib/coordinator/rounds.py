@@ -65,12 +65,18 @@ class Rounds:
 
     def next_complete(self) -> list[tuple[int, Any]] | None:
         """The next round's messages as (rank, message) in rank order, once all have arrived; else None."""
+        if self.blocked():
+            return None
+        self.completed += 1
+        return [(r, self._inbox[r].popleft()) for r in self._active]
+
+    def blocked(self) -> bool:
+        """True while the next round lacks some rank's message."""
         inbox = self._inbox
         for r in self._active:
             if not inbox[r]:
-                return None
-        self.completed += 1
-        return [(r, inbox[r].popleft()) for r in self._active]
+                return True
+        return False
 
     def missing(self) -> list[int]:
         """Ranks whose message for the oldest incomplete round has not arrived."""
