@@ -283,10 +283,16 @@ class Coordinator:
             if response.kind is _JOIN:
                 self._finish_join(response.last_joined)
                 continue
+            metas = response.metas
             in_flight = self._in_flight  # one dict.get each is atomic; submit's lock guards check-then-set
-            entries = [in_flight.get(m.name) for m in response.metas]
-            for meta in response.metas:
-                self._undecided.discard(meta.name)
+            if len(metas) == 1:
+                name = metas[0].name
+                entries = [in_flight.get(name)]
+                self._undecided.discard(name)
+            else:
+                entries = [in_flight.get(m.name) for m in metas]
+                for meta in metas:
+                    self._undecided.discard(meta.name)
             if self._timeline is not None:
                 now = self._timeline.now()
                 for entry in entries:

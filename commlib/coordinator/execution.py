@@ -41,7 +41,7 @@ class Lane:
         """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
         joined rank, which contributes zeros)."""
         kind = response.kind
-        if kind is Kind.ALLREDUCE:
+        if kind is _ALLREDUCE:
             self._allreduce(response, entries)
             return
         entry = entries[0]
@@ -135,6 +135,7 @@ def _codec(meta):
     return codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
 
 
+_ALLREDUCE = Kind.ALLREDUCE  # a global: an enum member costs an attribute lookup on the hot path
 _PLANS = 4096  # plans kept per lane; emptied when full (auto-named tensors make a new Meta per call)
 _NO_SPAN = contextlib.nullcontext()  # stateless: safe to share between lanes and calls
 

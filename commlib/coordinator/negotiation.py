@@ -102,7 +102,8 @@ class ReadyTable:
             for r in waiting_for:  # the bitwise AND that decides every cached tensor at once
                 ready &= bits[r]
             if ready:
-                self._bits = [b & ~ready for b in bits]
+                for r in range(len(bits)):
+                    bits[r] &= ~ready
                 joined = tuple(self._joined)
                 for cache_id in iter_bits(ready):
                     meta = self._cache_metas[cache_id]
