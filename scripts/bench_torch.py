@@ -50,6 +50,16 @@ MODELS = {
 }
 
 
+def huge_pages() -> str:
+    """Whether torch's large CPU tensors are backed by transparent huge pages: the kernel's mode and torch's
+    THP_MEM_ALLOC_ENABLE (cross-memory copies between ranks pin pages one at a time, so 2 MiB pages matter)."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        mode = "unknown"
+    return f"THP {mode}, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -132,7 +142,7 @@ def main() -> int:
     results = []
     if rank == 0:
         print(f"# {size} ranks, {args.threads} torch thread(s) per rank, {args.rounds} rounds x {args.steps} steps, "
-              f"mlp batch {args.mlp_batch} per rank, "
+              f"mlp batch {args.mlp_batch} per rank, {huge_pages()}, "
               f"torch {torch.__version__}, {os.cpu_count()} cores, load average at the end "
               f"{os.getloadavg()[0]:.2f} (other jobs on the machine distort the timings)")
         print(f"{'model':<12} {'params':>10} {'mode':<12} {'median ms':>10} {'min ms':>8} {'vs ddp-gloo':>12} "
