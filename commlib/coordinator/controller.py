@@ -202,7 +202,7 @@ class Coordinator:
             for _ in range(_REPLY_POLLS):  # peers usually answer within microseconds: wait here for it
                 if not rounds.blocked() or rounds.receive():
                     break
-        if rounds.receive():
+        elif rounds.receive():
             busy = True
         while rounds.owed():  # a peer started a round this rank has not joined: answer it
             busy = True
