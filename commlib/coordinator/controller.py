@@ -60,7 +60,7 @@ from .requests import Entry, Handle, Kind, Response
 
 log = logging.getLogger("commlib")
 
-_REPLY_POLLS = 16         # reads of the channel right after contributing, before the next cycle
+_REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
 _POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a reply is imminent)
 _SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
 _IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
@@ -271,7 +271,7 @@ class Coordinator:
                     table.rank_gone(source, extra["gone"])
                     self._rounds.leave(source)
         responses = table.take_ready()
-        if stalled:  # after all requests of the round
+        if stalled:  # after the round's decisions: a tensor this very round completed runs instead
             responses = table.fail_stalled(*stalled) + responses
         if len(responses) > 1:
             responses = fuse(responses, self._config.fusion_threshold_bytes, self._config.fusion_inplace_bytes)
@@ -302,7 +302,7 @@ class Coordinator:
                 self._finish(response, entries, CollectiveError(response.error))
             elif None in entries and self.rank not in response.joined:
                 raise CollectiveError(
-                    f"rank {self.rank} received a response for tensor(s) it never submitted: "
+                    f"rank {self.rank} decided a collective on tensor(s) it never submitted: "
                     f"{[m.name for m, e in zip(response.metas, entries) if e is None]}")
             else:
                 self._lanes.run(response, entries)

@@ -3,14 +3,13 @@
 Every rank keeps one, fed with the same messages in the same order (:mod:`.rounds`), so every rank
 draws the same decisions from it. Two paths feed it. A name negotiated before has a cache id (assigned
 here when it is first decided, so every rank assigns the same); a rank whose new requests equal its
-cached ones sends only a bit vector of their ids, which is ORed into that rank's vector. The bitwise AND of the vectors of all
-active ranks is the set of cached tensors ready everywhere: one AND decides them all at once. Anything
-else (a first negotiation, a changed shape, a cache that is full) arrives as full metadata and is matched
-field by field, so a disagreement can be reported with every rank's value.
+cached ones sends only a bit vector of their ids, which is ORed into that rank's vector. The bitwise AND
+of the vectors of all active ranks is the set of cached tensors ready everywhere: one AND decides them
+all at once. Anything else (a first negotiation, a changed shape, a cache that is full) arrives as full
+metadata and is matched field by field, so a disagreement can be reported with every rank's value.
 """
 
 from __future__ import annotations
-
 
 from .requests import AUTO_NAME_MARK, Kind, Meta, Response
 

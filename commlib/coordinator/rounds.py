@@ -71,12 +71,12 @@ class Rounds:
         return [(r, self._inbox[r].popleft()) for r in self._active]
 
     def blocked(self) -> bool:
-        """True while the next round lacks some rank's message."""
+        """True while the next round lacks some rank's message (or no rank takes part any more)."""
         inbox = self._inbox
         for r in self._active:
             if not inbox[r]:
                 return True
-        return False
+        return not self._active
 
     def missing(self) -> list[int]:
         """Ranks whose message for the oldest incomplete round has not arrived."""
