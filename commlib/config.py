@@ -42,6 +42,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be an integer >= 0")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     value = float(text)
     if value < 0:
@@ -94,6 +101,7 @@ class Config:
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
     cache_capacity: int = 1024
+    direct_max_ranks: int = 16
     timeline: str | None = None
 
     @classmethod
@@ -132,7 +140,8 @@ class Config:
         return config
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
-    AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "num_streams", "cache_capacity")
+    AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "num_streams", "cache_capacity",
+              "direct_max_ranks")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -197,6 +206,9 @@ FIELDS: dict[str, _Field] = {
                                     "(default 0)"),
     "cache_capacity": _Field("COMMLIB_CACHE_CAPACITY", _positive_int,
                              "negotiated tensors remembered for the fast path (default 1024)"),
+    "direct_max_ranks": _Field("COMMLIB_DIRECT_MAX_RANKS", _non_negative_int,
+                               "up to this many ranks, each rank sends its negotiation messages to every "
+                               "other; above, through rank 0 (default 16)"),
     "timeline": _Field("COMMLIB_TIMELINE", _optional_path,
                        "write a Chrome-trace JSON timeline to this path (default: off)"),
 }

@@ -51,9 +51,31 @@ def test_stall_becomes_an_error():
     assert "commlib stall" in out and "waiting for rank(s) [0]" in out
 
 
-def test_peer_shutdown_fails_waiting_ranks():
-    out = run_mpi(3, "coord_errors.py", "shutdown_peer", timeout=60)
+@pytest.mark.parametrize("case", ["shutdown_peer", "shutdown_root"])
+def test_peer_shutdown_fails_waiting_ranks(case):
+    out = run_mpi(3, "coord_errors.py", case, timeout=60)
     assert out.count("raised as expected") == 2
+
+
+RELAY = {"COMMLIB_DIRECT_MAX_RANKS": "0"}  # negotiation messages through rank 0 even on a few ranks
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_collectives_through_the_relay(nprocs):
+    out = run_mpi(nprocs, "coord_collectives.py", env=RELAY, timeout=240)
+    assert out.count("collectives OK") == nprocs
+
+
+@pytest.mark.parametrize("case", ["shape", "reuse", "shutdown_peer", "shutdown_root"])
+def test_errors_through_the_relay(case):
+    out = run_mpi(3, "coord_errors.py", case, env=RELAY, timeout=60)
+    assert out.count("raised as expected") == (2 if case.startswith("shutdown") else 3), out
+
+
+def test_stall_through_the_relay():
+    env = {**RELAY, "COMMLIB_STALL_CHECK_TIME": "0.5", "COMMLIB_STALL_SHUTDOWN_TIME": "1"}
+    out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60)
+    assert out.count("raised as expected") == 2 and "waiting for rank(s) [0]" in out
 
 
 def _results(tmp_path, nprocs, env):

@@ -4,8 +4,8 @@ Negotiation protocol
 ====================
 Every rank keeps the same ready table and decides the same things from it; what keeps the tables equal is
 the round exchange (:mod:`.rounds`): numbered rounds of one message from every rank, sent to every other
-rank on the control channel (a communicator of its own). No message blocks, so an idle rank sleeps
-instead of spinning in a collective.
+rank (or, beyond ``COMMLIB_DIRECT_MAX_RANKS`` ranks, relayed by rank 0) on the control channel (a
+communicator of its own). No message blocks, so an idle rank sleeps instead of spinning in a collective.
 
 1. Request.  A rank with newly submitted tensors contributes to the next round: full metadata (name,
    operation, dtype, shape, op, root, scale factors, compression, algorithm) for names not negotiated
@@ -28,9 +28,10 @@ instead of spinning in a collective.
    rank.
 
 Why not a coordinator rank: a request to rank 0 and a response back is two message latencies and rank 0's
-bookkeeping in between, on every small call; one round is one latency. The price is p - 1 messages per
-rank per round instead of one, which is right for the ranks of a node and a few nodes; a tree of relays
-would suit thousands of ranks (not built).
+bookkeeping in between, on every small call; one direct round is one latency. The price is p - 1 messages
+per rank per round instead of one, right for the ranks of a node or a few nodes; beyond
+``COMMLIB_DIRECT_MAX_RANKS`` the relay through rank 0 keeps it at O(p) in all (a tree of relays, for
+thousands of ranks, is not built).
 
 Rank 0 still does what depends on a clock, since decisions from clocks differ between ranks: the stall
 check. It logs tensors that some ranks submitted ``COMMLIB_STALL_CHECK_TIME`` seconds ago and others have
@@ -55,7 +56,7 @@ from ..errors import CollectiveError, CommlibError
 from .execution import LaneSet
 from .fusion import fuse
 from .negotiation import ReadyTable
-from .rounds import Rounds
+from .rounds import make_rounds
 from .requests import Entry, Handle, Kind, Response
 
 log = logging.getLogger("commlib")
@@ -80,7 +81,7 @@ class Coordinator:
         self._timeline = timeline
         self._lanes = LaneSet(lanes, self._finish)
         self._table = ReadyTable(self.size, config.cache_capacity)
-        self._rounds = Rounds(channel)
+        self._rounds = make_rounds(channel, relay=self.size > config.direct_max_ranks)
         self._incoming: collections.deque[Entry] = collections.deque()
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
@@ -270,6 +271,8 @@ class Coordinator:
                 if "gone" in extra:
                     table.rank_gone(source, extra["gone"])
                     self._rounds.leave(source)
+                    if self._rounds.orphaned:  # what rank 0 was to relay is lost: it fails here
+                        self._fail_all(f"rank {source} {extra['gone']}")
         responses = table.take_ready()
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
             responses = table.fail_stalled(*stalled) + responses

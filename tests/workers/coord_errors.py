@@ -80,6 +80,15 @@ elif case == "shutdown_peer":
     expect_error(lambda: cl.allreduce(np.zeros(3), name="w"), "'w'", f"rank {size - 1}", "shut down")
     cl.shutdown()
     sys.exit(0)
+elif case == "shutdown_root":
+    # rank 0 (the relay, when rounds go through it) shuts down while the others submit: they fail
+    if rank == 0:
+        cl.shutdown()
+        print(f"rank {rank}: shut down early", flush=True)
+        sys.exit(0)
+    expect_error(lambda: cl.allreduce(np.zeros(3), name="w"), "'w'", "rank 0", "shut down")
+    cl.shutdown()
+    sys.exit(0)
 elif case == "execution_failure":
     # an engine error during execution (a torus grid that does not fit) reaches every rank's handle
     expect_error(lambda: cl.allreduce(np.zeros(3), algorithm="torus2d", name="w"), "COMMLIB_TORUS_SHAPE")
