@@ -197,16 +197,19 @@ def round_trip_(buf: np.ndarray, wire: np.ndarray, scale: float = 1.0, postscale
 
 
 def reduce_round_trip_(dst: np.ndarray, src: np.ndarray, wire: np.ndarray, op: ReduceOp, *,
-                       dst_scale: float = 1.0, postscale: float = 1.0, portable: bool = False) -> int:
+                       dst_scale: float = 1.0, postscale: float = 1.0, round_dst: bool = False,
+                       portable: bool = False) -> int:
     """A widened reduction whose result goes straight through the wire round trip, in one pass:
     ``dst = (dst * float32(dst_scale)) op float32(src)``, then ``wire = half(dst)`` and
     ``dst = float32(wire) * float32(postscale)``. Bit for bit ``reduce_widened_`` followed by
-    ``round_trip_(dst, wire, 1.0, postscale)``; returns that overflow count. ``src`` and ``wire`` have the
-    same half dtype and may be the same array."""
+    ``round_trip_(dst, wire, 1.0, postscale)``; returns that overflow count. With ``round_dst``,
+    ``dst * dst_scale`` is first rounded through the half dtype as well (``round_trip_(dst, wire,
+    dst_scale)`` before an unscaled reduction; its overflows count too): both operands then are what a
+    wire would have carried. ``src`` and ``wire`` have the same half dtype and may be the same array."""
     try:
         if dst.dtype == FLOAT32 and src.dtype == wire.dtype:
             return _kernels.reduce_round_trip(dst, src, wire, _HALF_CODES[src.dtype], _KERNEL_OPS[op],
-                                              dst_scale, postscale, portable)
+                                              dst_scale, postscale, round_dst, portable)
     except _FAST_FAILURES:
         pass
     _writable(dst, "dst")
@@ -219,7 +222,7 @@ def reduce_round_trip_(dst: np.ndarray, src: np.ndarray, wire: np.ndarray, op: R
     _same_size(dst, src)
     _same_size(dst, wire, ("dst", "wire"))
     return _kernels.reduce_round_trip(dst, src, wire, code, int(as_op(op).kernel_op), float(dst_scale),
-                                      float(postscale), portable)
+                                      float(postscale), bool(round_dst), portable)
 
 
 def dtype_code(dtype) -> int:

@@ -349,16 +349,18 @@ static PyObject *ck_py_round_trip(PyObject *module, PyObject *const *args, Py_ss
 }
 
 PyDoc_STRVAR(reduce_round_trip_doc,
-             "reduce_round_trip(dst_f32, src_half, wire_half, half_dtype, op, dst_scale, post, portable) -> int\n--\n\n"
+             "reduce_round_trip(dst_f32, src_half, wire_half, half_dtype, op, dst_scale, post, round_dst, portable)"
+             " -> int\n--\n\n"
              "dst = (dst * float32(dst_scale)) op float32(src); wire = half(dst); dst = float32(wire) *\n"
-             "float32(post), in one pass; returns how many finite results became inf.");
+             "float32(post), in one pass; with round_dst, dst * dst_scale is first rounded through the half\n"
+             "dtype too. Returns how many finite values became inf.");
 
 static PyObject *ck_py_reduce_round_trip(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     ck_dtype half;
     ck_op op;
-    int portable;
-    if (check_nargs("reduce_round_trip", nargs, 8) < 0 || parse_half(args[3], &half) < 0
+    int round_dst, portable;
+    if (check_nargs("reduce_round_trip", nargs, 9) < 0 || parse_half(args[3], &half) < 0
         || parse_op(args[4], &op) < 0) {
         return NULL;
     }
@@ -367,7 +369,8 @@ static PyObject *ck_py_reduce_round_trip(PyObject *module, PyObject *const *args
         return NULL;
     }
     double post = PyFloat_AsDouble(args[6]);
-    if ((post == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[7])) < 0) {
+    if ((post == -1.0 && PyErr_Occurred()) || (round_dst = PyObject_IsTrue(args[7])) < 0
+        || (portable = PyObject_IsTrue(args[8])) < 0) {
         return NULL;
     }
     Py_buffer dst, src, wire;
@@ -395,7 +398,7 @@ static PyObject *ck_py_reduce_round_trip(PyObject *module, PyObject *const *args
     int simd = !portable && get_state(module)->simd;
     PyThreadState *ts = n >= CK_GIL_RELEASE_MIN ? PyEval_SaveThread() : NULL;
     overflow = ck_reduce_round_trip(simd, half, op, (float *)dst.buf, src.buf, wire.buf, (float)dst_scale,
-                                    (float)post, n);
+                                    (float)post, round_dst, n);
     if (ts) {
         PyEval_RestoreThread(ts);
     }

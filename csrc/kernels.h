@@ -121,7 +121,7 @@ size_t ck_to_half_portable(ck_dtype half, const float *src, void *dst, float sca
 void ck_from_half_portable(ck_dtype half, const void *src, float *dst, float scale, size_t n);
 size_t ck_round_trip_portable(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n);
 size_t ck_reduce_round_trip_portable(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
-                                     float dst_scale, float post, size_t n);
+                                     float dst_scale, float post, int round_dst, size_t n);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define CK_HAVE_X86 1
@@ -135,7 +135,7 @@ size_t ck_to_half_avx2(ck_dtype half, const float *src, void *dst, float scale, 
 void ck_from_half_avx2(ck_dtype half, const void *src, float *dst, float scale, size_t n);
 size_t ck_round_trip_avx2(ck_dtype half, float *buf, void *wire, float scale, float post, size_t n);
 size_t ck_reduce_round_trip_avx2(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
-                                 float dst_scale, float post, size_t n);
+                                 float dst_scale, float post, int round_dst, size_t n);
 #endif
 
 /* ---- Dispatch: the AVX2+F16C loop when `simd` is set (the CPU has both and the caller did not ask for
@@ -217,15 +217,15 @@ static inline size_t ck_round_trip(int simd, ck_dtype half, float *buf, void *wi
 }
 
 static inline size_t ck_reduce_round_trip(int simd, ck_dtype half, ck_op op, float *dst, const void *src,
-                                          void *wire, float dst_scale, float post, size_t n)
+                                          void *wire, float dst_scale, float post, int round_dst, size_t n)
 {
 #if defined(CK_HAVE_X86)
     if (simd) {
-        return ck_reduce_round_trip_avx2(half, op, dst, src, wire, dst_scale, post, n);
+        return ck_reduce_round_trip_avx2(half, op, dst, src, wire, dst_scale, post, round_dst, n);
     }
 #endif
     (void)simd;
-    return ck_reduce_round_trip_portable(half, op, dst, src, wire, dst_scale, post, n);
+    return ck_reduce_round_trip_portable(half, op, dst, src, wire, dst_scale, post, round_dst, n);
 }
 
 #endif /* COMMLIB_KERNELS_H */

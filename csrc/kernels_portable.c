@@ -193,16 +193,22 @@ size_t ck_round_trip_portable(ck_dtype half, float *buf, void *wire, float scale
 }
 
 /* d = (d * dst_scale) op float32(s); wire = half(d); d = float32(wire) * post, element by element: the two
- * loops above (reduce_widened, then round_trip with scale 1) in one pass. Returns the overflow count. */
+ * loops above (reduce_widened, then round_trip with scale 1) in one pass; with `round_dst`, d * dst_scale
+ * is first rounded through the wire format too. s[i] is read before wire[i] is written, so wire may be
+ * src. Returns the overflow count. */
 size_t ck_reduce_round_trip_portable(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
-                                     float dst_scale, float post, size_t n)
+                                     float dst_scale, float post, int round_dst, size_t n)
 {
     size_t overflow = 0;
     for (size_t i = 0; i < n; i++) {
-        if (dst_scale == 1.0f) {
-            ck_reduce_widened_portable(half, op, dst + i, (const uint16_t *)src + i, 1);
+        uint16_t s = ((const uint16_t *)src)[i];
+        if (round_dst) {
+            overflow += ck_round_trip_portable(half, dst + i, (uint16_t *)wire + i, dst_scale, 1.0f, 1);
+            ck_reduce_widened_portable(half, op, dst + i, &s, 1);
+        } else if (dst_scale == 1.0f) {
+            ck_reduce_widened_portable(half, op, dst + i, &s, 1);
         } else {
-            ck_reduce_widened_scaled_portable(half, op, dst + i, (const uint16_t *)src + i, dst_scale, 1);
+            ck_reduce_widened_scaled_portable(half, op, dst + i, &s, dst_scale, 1);
         }
         overflow += ck_round_trip_portable(half, dst + i, (uint16_t *)wire + i, 1.0f, post, 1);
     }

@@ -481,7 +481,9 @@ size_t ck_round_trip_avx2(ck_dtype half, float *buf, void *wire, float scale, fl
 
 /* d = (d * dst_scale) op float32(s); wire = half(d); d = float32(wire) * post: a widened reduction whose
  * result goes straight through the wire round trip (what reduce_widened then round_trip compute, in one
- * pass). Counts the finite results that round to inf, like CK_DEFINE_TO_HALF. */
+ * pass). With `round_dst`, d * dst_scale first goes through the wire format too (a contribution rounded
+ * as if it had been sent). Counts the finite values that round to inf, like CK_DEFINE_TO_HALF. `s` is
+ * read before `wire` is written at the same place, so wire may be s. */
 CK_INLINE void count_overflow(__m256 y, uint32_t limit, __m256i *count)
 {
     __m256i a = _mm256_and_si256(_mm256_castps_si256(y), _mm256_set1_epi32(0x7fffffff));
@@ -492,7 +494,7 @@ CK_INLINE void count_overflow(__m256 y, uint32_t limit, __m256i *count)
 
 #define CK_DEFINE_REDUCE_ROUND_TRIP(NAME, LOAD2, STORE2, LIMIT, OP)                                      \
     static CK_TARGET size_t NAME(float *d, const void *src, void *wire, float dst_scale, float post,      \
-                                 size_t n, size_t *overflow)                                             \
+                                 int round_dst, size_t n, size_t *overflow)                              \
     {                                                                                                    \
         const char *s = (const char *)src;                                                               \
         char *w = (char *)wire;                                                                          \
@@ -510,6 +512,12 @@ CK_INLINE void count_overflow(__m256 y, uint32_t limit, __m256i *count)
                 if (scaled) {                                                                            \
                     a0 = _mm256_mul_ps(a0, dv);                                                          \
                     a1 = _mm256_mul_ps(a1, dv);                                                          \
+                }                                                                                        \
+                if (round_dst) {                                                                         \
+                    count_overflow(a0, LIMIT, &count);                                                   \
+                    count_overflow(a1, LIMIT, &count);                                                   \
+                    STORE2(w + i * 2, a0, a1);                                                           \
+                    LOAD2(w + i * 2, &a0, &a1);                                                          \
                 }                                                                                        \
                 a0 = OP(a0, b0);                                                                         \
                 a1 = OP(a1, b1);                                                                         \
@@ -541,10 +549,10 @@ CK_DEFINE_REDUCE_ROUND_TRIP_OPS(reduce_round_trip_f16, load_f16_x2, store_f16_x2
 CK_DEFINE_REDUCE_ROUND_TRIP_OPS(reduce_round_trip_bf16, load_bf16_x2, store_bf16_x2, CK_BF16_OVERFLOW_BITS)
 
 typedef size_t (*ck_reduce_round_trip_loop)(float *d, const void *src, void *wire, float dst_scale, float post,
-                                            size_t n, size_t *overflow);
+                                            int round_dst, size_t n, size_t *overflow);
 
 size_t ck_reduce_round_trip_avx2(ck_dtype half, ck_op op, float *dst, const void *src, void *wire,
-                                 float dst_scale, float post, size_t n)
+                                 float dst_scale, float post, int round_dst, size_t n)
 {
     static const ck_reduce_round_trip_loop f16[] = {
         [CK_SUM] = reduce_round_trip_f16_sum, [CK_PRODUCT] = reduce_round_trip_f16_product,
@@ -553,9 +561,11 @@ size_t ck_reduce_round_trip_avx2(ck_dtype half, ck_op op, float *dst, const void
         [CK_SUM] = reduce_round_trip_bf16_sum, [CK_PRODUCT] = reduce_round_trip_bf16_product,
         [CK_MIN] = reduce_round_trip_bf16_min, [CK_MAX] = reduce_round_trip_bf16_max};
     size_t overflow = 0;
-    size_t done = (half == CK_FLOAT16 ? f16[op] : bf16[op])(dst, src, wire, dst_scale, post, n, &overflow);
+    size_t done = (half == CK_FLOAT16 ? f16[op] : bf16[op])(dst, src, wire, dst_scale, post, round_dst, n,
+                                                            &overflow);
     return overflow + ck_reduce_round_trip_portable(half, op, dst + done, (const char *)src + done * 2,
-                                                    (char *)wire + done * 2, dst_scale, post, n - done);
+                                                    (char *)wire + done * 2, dst_scale, post, round_dst,
+                                                    n - done);
 }
 
 #else

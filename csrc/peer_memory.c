@@ -133,15 +133,25 @@ static int pm_segment(pm_share *c, size_t k, size_t s, char *mine, size_t n)
 {
     size_t count = n / c->item;
     int err = 0;
+    int finished = 0; /* the codec's rounding of the result and the postscale are done */
     if (c->npeers == 1) { /* two ranks: x0 op x1 == x1 op x0 exactly, so reduce in place */
         err = pm_move((pid_t)c->pid[0], c->acc, (uintptr_t)c->addr[k] + s, n, 0);
         if (err) {
             c->failed_peer = 0;
             return err;
         }
-        pm_contribution(c, c->acc, count);
-        pm_contribution(c, mine, count);
-        ck_reduce(c->simd, c->dt, c->op, mine, c->acc, count);
+        if (c->half >= 0) { /* two passes instead of four: the peer's share encoded as the wire would carry
+                             * it, then rounding mine, reducing, rounding the result and the postscale in one */
+            c->overflow += ck_to_half(c->simd, (ck_dtype)c->half, (const float *)c->acc, c->wire,
+                                      (float)c->prescale, count);
+            c->overflow += ck_reduce_round_trip(c->simd, (ck_dtype)c->half, c->op, (float *)mine, c->wire,
+                                                c->wire, (float)c->prescale, (float)c->postscale, 1, count);
+            finished = 1;
+        } else {
+            pm_contribution(c, c->acc, count);
+            pm_contribution(c, mine, count);
+            ck_reduce(c->simd, c->dt, c->op, mine, c->acc, count);
+        }
     } else { /* more: accumulate in rank order, so the result does not depend on the owner */
         for (size_t q = 0; q <= c->npeers; q++) { /* q: rank, this rank included */
             void *src = mine;
@@ -165,7 +175,8 @@ static int pm_segment(pm_share *c, size_t k, size_t s, char *mine, size_t n)
         }
         memcpy(mine, c->acc, n);
     }
-    if (c->half >= 0) { /* the result as the wire carries it, then the postscale */
+    if (finished) {
+    } else if (c->half >= 0) { /* the result as the wire carries it, then the postscale */
         c->overflow += ck_round_trip(c->simd, (ck_dtype)c->half, (float *)mine, c->wire, 1.0f, (float)c->postscale, count);
     } else if (c->postscale != 1.0) {
         ck_scale(c->simd, c->dt, mine, c->postscale, count);

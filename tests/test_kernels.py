@@ -368,9 +368,11 @@ def test_round_trip_is_encode_then_decode(half, portable):
 @PATHS
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
 @pytest.mark.parametrize("half", HALVES, ids=str)
-def test_reduce_round_trip_is_reduce_then_round_trip(half, op, portable):
+@pytest.mark.parametrize("round_dst", [False, True], ids=["dst_as_is", "dst_rounded"])
+def test_reduce_round_trip_is_reduce_then_round_trip(half, op, portable, round_dst):
     """reduce_round_trip_ = reduce_widened_ (with dst_scale) then round_trip_ (scale 1, postscale), in one
-    pass; src and wire may be the same array."""
+    pass; with round_dst, round_trip_ (dst_scale) first and an unscaled reduce; src and wire may be the same
+    array."""
     rng = np.random.default_rng([half.num, int(op), 29])
     for dst_scale, post in ((1.0, 1.0), (0.5, 1.0), (1.0, 4.0), (1 / 3, 3.0)):
         for n in SIZES:
@@ -378,14 +380,19 @@ def test_reduce_round_trip_is_reduce_then_round_trip(half, op, portable):
                 acc = random_values(F32, n, rng) * np.float32(rng.choice([1.0, 1e4]))
             src = random_values(half, n, rng)
             ref = acc.copy()
-            kernels.reduce_widened_(ref, src, op, dst_scale=dst_scale)
             wire_ref = np.empty(n, half)
-            count_ref = kernels.round_trip_(ref, wire_ref, 1.0, post)
-            what = f"reduce_round_trip_ {half} {op.name} dst_scale={dst_scale} post={post} n={n}"
+            count_ref = 0
+            if round_dst:
+                count_ref += kernels.round_trip_(ref, wire_ref, dst_scale, 1.0)
+                kernels.reduce_widened_(ref, src, op)
+            else:
+                kernels.reduce_widened_(ref, src, op, dst_scale=dst_scale)
+            count_ref += kernels.round_trip_(ref, wire_ref, 1.0, post)
+            what = f"reduce_round_trip_ {half} {op.name} dst_scale={dst_scale} post={post} n={n} {round_dst=}"
             for same in (False, True):
                 got, wire = acc.copy(), (src.copy() if same else np.empty(n, half))
                 count = kernels.reduce_round_trip_(got, wire if same else src, wire, op, dst_scale=dst_scale,
-                                                   postscale=post, portable=portable)
+                                                   postscale=post, round_dst=round_dst, portable=portable)
                 assert_same(got, ref, what)
                 assert_same(wire, wire_ref, what)
                 assert count == count_ref, f"{what}: overflow count {count}, expected {count_ref}"
