@@ -71,6 +71,20 @@ class MPIJobFailed(AssertionError):
     """The MPI job exited non-zero or timed out; the message carries its output."""
 
 
+def _mpich_shm_files() -> set[Path]:
+    return set(Path("/dev/shm").glob("mpich_shm_*"))
+
+
+def _remove_new_mpich_shm(before: set[Path]) -> None:
+    """A job that aborted or was killed leaves MPICH's shared-memory segments behind (a few MB each); the
+    tests run one job at a time, so what appeared while it ran is its own."""
+    for leftover in _mpich_shm_files() - before:
+        try:
+            leftover.unlink()
+        except OSError:
+            pass
+
+
 def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
             env: dict[str, str] | None = None, expect_fail: bool = False) -> str:
     """Run ``python script args`` on ``nprocs`` ranks; return combined stdout+stderr.
@@ -90,6 +104,7 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
         del full_env[key]
     full_env.update(env or {})
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args)]
+    shm_before = _mpich_shm_files()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
                             start_new_session=True, text=True)
     try:
@@ -97,7 +112,10 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
+        _remove_new_mpich_shm(shm_before)
         raise MPIJobFailed(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-6000:]}") from None
+    if proc.returncode != 0:
+        _remove_new_mpich_shm(shm_before)
     if expect_fail:
         if proc.returncode == 0:
             raise MPIJobFailed(f"expected failure but job succeeded: {' '.join(cmd)}\n{out[-6000:]}")
