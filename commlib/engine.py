@@ -21,6 +21,7 @@ import numpy as np
 from . import kernels
 from .algorithms import (AlgorithmContext, cma, execute, partition, prepare, rabenseifner,
                          recursive_doubling, resolve, ring, ring_many)
+from .algorithms.scaling import with_scaling_passes
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -143,11 +144,8 @@ class Engine:
             if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
                 overflow = folds_scaling(ctx, flat, kernel_op, codec, prescale=pre, postscale=post)
             else:
-                if pre != 1.0:
-                    kernels.scale_(flat, pre)
-                overflow = execute(ctx, flat, kernel_op, algorithm, codec)
-                if post != 1.0:
-                    kernels.scale_(flat, post)
+                overflow = with_scaling_passes(flat, pre, post,
+                                               lambda: execute(ctx, flat, kernel_op, algorithm, codec))
             if overflow:
                 warn_overflow(name, overflow, codec)
         return run

@@ -65,8 +65,8 @@ class Transport(abc.ABC):
         """Reduce ``buf`` across the group in place with the underlying library's own allreduce."""
 
     def native_allreducer(self, dtype: np.dtype, op: ReduceOp) -> Callable[[np.ndarray], None]:
-        """A function doing ``allreduce_native_(buf, op)`` for 1-D C-contiguous buffers of ``dtype``, with
-        whatever can be looked up once looked up once (a transport may return something faster)."""
+        """A function doing ``allreduce_native_(buf, op)`` for 1-D C-contiguous buffers of ``dtype``; a
+        transport may return one that has done its lookups (datatype, op) once, for calls on a hot path."""
         def run(buf: np.ndarray) -> None:
             self.allreduce_native_(buf, op)
         return run
