@@ -11,6 +11,7 @@ import itertools
 
 from mpi4py import MPI
 
+from .cache import BoundedCache
 from .config import Config
 from .coordinator.controller import Coordinator
 from .coordinator.execution import Lane
@@ -21,22 +22,6 @@ from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
 from .transport.mpi import MPITransport
-
-
-class MetaCache:
-    """Request metadata by call signature, so that repeated calls reuse one Meta (built and compared
-    once). Bounded: auto-named tensors get a new name per call, so it is emptied when full."""
-
-    def __init__(self, capacity: int):
-        self._capacity = capacity
-        self._metas: dict = {}
-        self.get = self._metas.get
-
-    def put(self, key, meta):
-        if len(self._metas) >= self._capacity:
-            self._metas.clear()
-        self._metas[key] = meta
-        return meta
 
 
 class Runtime:
@@ -69,7 +54,7 @@ class Runtime:
                  for i in range(self.config.num_streams)]
         self.coordinator = Coordinator(ControlChannel(self.comm.Dup()), lanes, self.config, self.timeline)
         self._unnamed = {}
-        self.metas = MetaCache(4 * self.config.cache_capacity)
+        self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
 
     def auto_name(self, operation: str) -> str:
         """Names for unnamed tensors, the same on every rank as long as ranks call in the same order."""

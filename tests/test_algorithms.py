@@ -75,11 +75,14 @@ def test_cma_failure_on_one_rank_raises_on_every_rank(nprocs):
     assert out.count("cma failure checks OK") == nprocs, out[-2000:]
 
 
-def test_meta_cache_is_bounded():
-    from commlib.runtime import MetaCache
+def test_bounded_cache_is_bounded():
+    from commlib.cache import BoundedCache
 
-    cache = MetaCache(3)
+    cache = BoundedCache(3)
     for i in range(10):
         assert cache.put(("t", i), i) == i
         assert cache.get(("t", i)) == i
-    assert len(cache._metas) <= 3
+    assert len(cache) <= 3
+    full = BoundedCache(2)
+    full.put("a", 1), full.put("b", 2), full.put("b", 3)  # a key it holds: replaced, nothing forgotten
+    assert dict(full.items()) == {"a": 1, "b": 3}

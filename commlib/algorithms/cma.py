@@ -37,6 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import kernels
+from ..cache import BoundedCache
 from ..errors import CommlibError, ConfigError
 from ..ops import ReduceOp
 from . import partition
@@ -55,8 +56,7 @@ class ShareSplit:
     towards equal time. Bounded: forgets everything when it holds too many layouts."""
 
     def __init__(self, capacity: int = 64):
-        self._capacity = capacity
-        self._offsets: dict[tuple, list[int]] = {}
+        self._offsets = BoundedCache(capacity)  # layout -> element offsets
 
     def offsets(self, key: tuple, total: int, ranks: int) -> list[int]:
         known = self._offsets.get(key)
@@ -77,9 +77,7 @@ class ShareSplit:
         for size in blended[:-1]:
             new.append(min(total, new[-1] + int(round(size))))
         new.append(total)
-        if len(self._offsets) >= self._capacity and key not in self._offsets:
-            self._offsets.clear()
-        self._offsets[key] = new
+        self._offsets.put(key, new)
 
 
 def require(ctx) -> None:

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..buffers import ScratchPool
+from ..cache import BoundedCache
 from ..compression import Compression, codec_for
 from ..errors import CollectiveError
 from ..ops import ReduceOp
@@ -35,7 +36,7 @@ class Lane:
         self.engine = engine
         self.timeline = timeline
         self._scratch = ScratchPool()
-        self._plans: dict[int, tuple] = {}   # id(meta) -> (meta, engine plan); the meta keeps the id valid
+        self._plans = BoundedCache(_PLANS)   # id(meta) -> (meta, engine plan); the meta keeps the id valid
 
     def execute(self, response: Response, entries: list[Entry | None]) -> None:
         """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
@@ -111,10 +112,7 @@ class Lane:
         plan = (meta, self.engine.plan_allreduce(np.dtype(meta.dtype), math.prod(meta.shape), ReduceOp(meta.op),
                                                   meta.algorithm or None, meta.prescale, meta.postscale,
                                                   _codec(meta), meta.name))
-        if len(self._plans) >= _PLANS:
-            self._plans.clear()
-        self._plans[id(meta)] = plan
-        return plan
+        return self._plans.put(id(meta), plan)
 
     def _span(self, phase: str, name: str, response: Response, **args):
         """A timeline event around a phase; without a timeline, a context manager that does nothing (a
