@@ -15,11 +15,11 @@ from commlib.bench.collective import exact_limit, reduction_input, reduction_res
 from commlib.bench.collectives import COLLECTIVES
 from commlib.bench.core import count_wrong, layouts, tolerance
 from commlib.bench.options import DTYPES, OPS, parse_options
-from commlib.config import ALGORITHMS
+from commlib.algorithms.spec import names
 from commlib.compression import Compression
 from commlib.ops import ReduceOp
 
-ALL = [a for a in ALGORITHMS if a != "auto"] + ["auto"]
+ALL = list(names(with_auto=False)) + ["auto"]
 ALL_MULTINODE = [a for a in ALL if a != "cma"]  # cma needs every rank on one node
 
 

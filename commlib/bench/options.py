@@ -11,7 +11,8 @@ import dataclasses
 
 import numpy as np
 
-from ..config import ALGORITHMS, Config, parse_shape, parse_size
+from ..algorithms.spec import names as algorithm_names
+from ..config import Config, parse_shape, parse_size
 from ..dtypes import BFLOAT16, FLOAT16
 from ..errors import ConfigError
 from ..ops import ReduceOp
@@ -131,12 +132,12 @@ def _choice(table: dict):
 def _algorithms(text: str) -> tuple[str, ...]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if names == ["all"]:
-        return tuple(a for a in ALGORITHMS if a != "auto") + ("auto",)
-    unknown = [n for n in names if n not in ALGORITHMS]
+        return algorithm_names(with_auto=False) + ("auto",)
+    unknown = [n for n in names if n not in algorithm_names()]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown algorithm(s) {', '.join(unknown) or repr(text)}; use 'all' or a comma list of: "
-            + ", ".join(ALGORITHMS))
+            + ", ".join(algorithm_names()))
     return tuple(dict.fromkeys(names))  # keep order, drop repeats
 
 
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-d", "--datatype", type=_choice(DTYPES), default=np.dtype(np.float32),
         help="float, half, bfloat16, double, int8, uint8, int32, int64 or a numpy name (default float)")
     add("--algo", type=_algorithms, default=None,
-        help="allreduce algorithms, comma separated, or 'all' (default native); one of: " + ", ".join(ALGORITHMS))
+        help="allreduce algorithms, comma separated, or 'all' (default native); one of: " + ", ".join(algorithm_names()))
     add("--local-size", type=_positive, default=None, metavar="K",
         help="treat consecutive blocks of K ranks as one node (emulates several nodes)")
     add("--torus", type=_shape, default=None, metavar="XxY", help="grid of the torus2d algorithm")
