@@ -272,7 +272,7 @@ def rabenseifner(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
         pairs = _butterfly(pof2, rem, mask)
         t += _pipelined(model, shape, pairs, part * ratio, part, seg, True)  # the halving step
         t += _step(model, shape, pairs, part * ratio)  # its doubling step on the way back
-        t += 2 * part * model.codec_rate(codec)
+        t += 5 * part * model.codec_rate(codec)  # encode, widened accumulate, round trip (2), decode
         mask >>= 1
     return t
 
@@ -337,7 +337,9 @@ def cma(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 0)
         return 0.0
     moved = nbytes * (p - 1) / p
     sync = 2 * math.ceil(math.log2(p)) * model.intra.alpha_s
-    rounding = nbytes / p * p * model.codec_rate(codec)
+    # each of the p contributions to the share and the result are rounded, on a segment in cache (half the
+    # cost of a conversion pass through memory)
+    rounding = 0.5 * (p + 1) * nbytes / p * model.codec_rate(codec)
     return model.call_s + sync + moved * (2 * model.copy_s_per_byte + model.reduce_s_per_byte) + rounding
 
 
