@@ -65,6 +65,9 @@ class Options:
     json_path: str | None = None
     plot_path: str | None = None
     progress: bool | None = None  # None: only when stderr is a terminal
+    calibrate_path: str | None = None  # --calibrate: fit the cost model and write the profile here
+    explain: bool = False  # --explain: the model's predicted time beside each measured one
+    link_rate: float | None = None  # --link-rate: bytes/s of each node's link, for the "x bound" column
 
     @property
     def dtype_name(self) -> str:
@@ -141,6 +144,21 @@ def _algorithms(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))  # keep order, drop repeats
 
 
+_RATE_PREFIXES = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_rate(text: str) -> float:
+    """A link rate in bytes per second, decimal prefixes: ``1gbit`` (10^9 bits/s), ``100mbit``, ``125MB/s``
+    (an upper-case B means bytes, ``bit`` or a lower-case b bits)."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(bit|b|B)(/s|ps)?\s*", str(text))
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a link rate; write e.g. 1gbit, 100mbit, 125MB/s")
+    per_unit = 1.0 if match.group(3) == "B" else 1 / 8
+    return float(match.group(1)) * _RATE_PREFIXES[match.group(2).lower()] * per_unit
+
+
 def _shape(text: str) -> tuple[int, int]:
     try:
         return parse_shape(text)
@@ -180,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--json", dest="json_path", default=None, metavar="FILE", help="write every result as JSON to FILE")
     add("--plot", dest="plot_path", default=None, metavar="FILE",
         help="draw busbw against size per algorithm to a PNG (needs matplotlib: pip install commlib[bench])")
+    add("--calibrate", dest="calibrate_path", nargs="?", const="", default=None, metavar="FILE",
+        help="measure the links, kernels and MPI's allreduce on this job, fit the cost model and write the "
+             "tuning profile to FILE (default: COMMLIB_TUNING_FILE, else ~/.cache/commlib/tuning.json); "
+             "then run the sweep with it. (-o is the reduction op, as in nccl-tests)")
+    add("--explain", action="store_true",
+        help="print the cost model's predicted time beside each measured one, and what auto chose")
+    add("--link-rate", type=parse_rate, default=None, metavar="RATE",
+        help="each node's link rate (e.g. 1gbit, 10gbit, 125MB/s): add each time as a multiple of the link "
+             "bound 2(n-1)/n x size / rate for n nodes (wire bytes with --compression)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show a progress bar on stderr (default: only when stderr is a terminal)")
@@ -234,7 +261,10 @@ def validate(args: argparse.Namespace) -> Options:
         check=bool(args.check), op=args.op, dtype=args.datatype, algorithms=tuple(algorithms),
         all_algorithms=args.algo == _algorithms("all"),
         local_size=args.local_size, torus_shape=args.torus, compression=args.compression,
-        json_path=args.json_path, plot_path=args.plot_path, progress=args.progress)
+        json_path=args.json_path, plot_path=args.plot_path, progress=args.progress,
+        calibrate_path=args.calibrate_path, explain=args.explain, link_rate=args.link_rate)
+    if (options.explain or options.calibrate_path is not None) and options.collective != "allreduce":
+        raise UsageError(f"--explain and --calibrate model allreduce, not {options.collective}")
     if options.stepfactor == 1 and options.minbytes != options.maxbytes:
         raise UsageError("-f 1 would never reach -e; use -f 2 or larger, or -e equal to -b")
     options.config()  # COMMLIB_* and --local-size/--torus must agree before anything runs
