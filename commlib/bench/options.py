@@ -144,19 +144,18 @@ def _algorithms(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))  # keep order, drop repeats
 
 
-_RATE_PREFIXES = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
 def parse_rate(text: str) -> float:
-    """A link rate in bytes per second, decimal prefixes: ``1gbit`` (10^9 bits/s), ``100mbit``, ``125MB/s``
-    (an upper-case B means bytes, ``bit`` or a lower-case b bits)."""
-    import re
+    """A link rate as tc writes it (``1gbit``, ``100mbit``, ``125mbps`` = bytes), in bytes per second: the
+    same syntax as the emulated cluster's ``--rate``."""
+    from ..testing.cluster import parse_rate as bits_per_second
 
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(bit|b|B)(/s|ps)?\s*", str(text))
-    if not match or float(match.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a link rate; write e.g. 1gbit, 100mbit, 125MB/s")
-    per_unit = 1.0 if match.group(3) == "B" else 1 / 8
-    return float(match.group(1)) * _RATE_PREFIXES[match.group(2).lower()] * per_unit
+    try:
+        value = bits_per_second(text) / 8
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a link rate must be positive")
+    return value
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -205,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--explain", action="store_true",
         help="print the cost model's predicted time beside each measured one, and what auto chose")
     add("--link-rate", type=parse_rate, default=None, metavar="RATE",
-        help="each node's link rate (e.g. 1gbit, 10gbit, 125MB/s): add each time as a multiple of the link "
+        help="each node's link rate as tc writes it (e.g. 1gbit, 10gbit, 125mbps = bytes): add each time as a multiple of the link "
              "bound 2(n-1)/n x size / rate for n nodes (wire bytes with --compression)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
