@@ -39,6 +39,13 @@ def test_mismatch_errors_name_the_tensor(cluster, case):
     assert out.count("raised as expected") == cluster.size and out.count(f"case {case} OK") == cluster.size, out
 
 
+def test_init_after_shutdown_hears_nothing_of_the_last_session(cluster):
+    """Found here: across hosts a session's last control messages could still be in flight when its
+    communicator was freed, and reached the next session (MPI reuses context ids): "rank 2 shut down"."""
+    out = run_on_cluster(cluster, "cluster_check.py", "reinit", "15", timeout=180)
+    assert out.count("cluster reinit OK") == cluster.size, out[-2000:]
+
+
 def test_torch_optimizer_matches_single_process(cluster):
     out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300, env=TORCH_PATH)
     assert out.count("cluster torch OK") == cluster.size, out[-2000:]

@@ -25,7 +25,9 @@ communicator of its own). No message blocks, so an idle rank sleeps instead of s
    other collectives fail; when all ranks have joined, a join response carries the last rank to join.
 5. Shutdown.  A rank that shuts down (or whose coordinator fails) says ``gone`` in its last message.
    From that round on, rounds complete without it and every tensor that still needs it fails, on every
-   rank.
+   rank. Before freeing the channel a closing rank sends every rank an end message synchronously and
+   waits (bounded) until all have taken it, then meets the others in a barrier: nothing of this session
+   is in flight when MPI reuses the channel's context id for the next one.
 
 Why not a coordinator rank: a request to rank 0 and a response back is two message latencies and rank 0's
 bookkeeping in between, on every small call; one direct round is one latency. The price is p - 1 messages
@@ -434,11 +436,16 @@ class Coordinator:
 
     def _await_peers_shutdown(self) -> None:
         """Wait (bounded) until every rank has shut down, so no message is left in flight when the
-        communicators are freed; reading (and dropping) messages meanwhile keeps the others' sends flowing."""
-        barrier = self._channel.ibarrier()
+        communicators are freed: first until every rank has taken this rank's end message (and so all
+        it sent before), then a barrier, which every rank enters only after the same; reading (and
+        dropping) messages meanwhile keeps the others' sends flowing."""
+        self._channel.send_end()
+        barrier = None
         deadline = time.monotonic() + _SHUTDOWN_GRACE_S
-        while not barrier.Test():
-            self._channel.receive_all()
+        while barrier is None or not barrier.Test():
+            self._channel.discard_all()
+            if barrier is None and self._channel.ended():
+                barrier = self._channel.ibarrier()
             if time.monotonic() > deadline:
                 log.warning("commlib shutdown: not every rank shut down within %g s; continuing",
                             _SHUTDOWN_GRACE_S)

@@ -10,6 +10,7 @@ from typing import Any
 from mpi4py import MPI
 
 _TAG = 7
+_END_TAG = 8  # the empty message each rank sends every other rank at shutdown, after all others
 
 
 class ControlChannel:
@@ -20,6 +21,7 @@ class ControlChannel:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._sends: list[MPI.Request] = []
+        self._ends: list[MPI.Request] = []
         self._status = MPI.Status()
 
     def post(self, dest: int, message: Any) -> None:
@@ -38,6 +40,22 @@ class ControlChannel:
                 return received
             received.append((status.Get_source(), msg.recv()))
 
+    def send_end(self) -> None:
+        """Tell every other rank that this rank sends nothing more, by synchronous sends: each completes
+        only once its receiver has taken it, and so (messages between two ranks keep their order) every
+        message this rank sent it before. Without that, a message still in flight when the communicator
+        is freed can reach the next session's: MPI reuses the context id of a freed communicator."""
+        self._ends = [self._comm.issend(None, peer, _END_TAG) for peer in range(self.size) if peer != self.rank]
+
+    def ended(self) -> bool:
+        """Whether every rank has taken this rank's end message (see :meth:`send_end`)."""
+        return MPI.Request.Testall(self._ends)
+
+    def discard_all(self) -> None:
+        """Receive and drop every message that has arrived, of any tag, in order (used at shutdown)."""
+        while (message := self._comm.improbe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)) is not None:
+            message.recv()
+
     def ibarrier(self) -> "MPI.Request":
         """A non-blocking barrier over the channel's ranks."""
         return self._comm.Ibarrier()
@@ -53,10 +71,10 @@ class ControlChannel:
 
     def close(self) -> None:
         self._reap()
-        for request in self._sends:  # undeliverable at shutdown: a peer already left
+        for request in self._sends + self._ends:  # undeliverable at shutdown: a peer already left
             try:
                 request.Cancel()
             except MPI.Exception:
                 pass
-        self._sends = []
+        self._sends, self._ends = [], []
         self._comm.Free()
