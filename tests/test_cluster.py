@@ -6,6 +6,8 @@ a transfer between hosts against the link rate. Each job first checks, in worker
 commlib's node layout from MPI matches the hosts (COMMLIB_LOCAL_SIZE is never set).
 """
 
+import os
+
 import pytest
 
 from mpirun import REPO, run_on_cluster
@@ -57,3 +59,25 @@ def test_shaped_link_limits_transfers(make_cluster):
     cluster = make_cluster([1, 1], rate="1gbit")
     report = cluster.probe(nbytes=64 << 20)  # raises if faster than the link
     assert report["mbit_s"] > 600, report
+
+
+def test_missing_prerequisites_are_named(monkeypatch, tmp_path):
+    """Without root and without the tools, up() says what is missing (nothing is created)."""
+    from commlib.testing.cluster import Cluster, ClusterUnavailable
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no ip, tc or unshare
+    with pytest.raises(ClusterUnavailable) as error:
+        Cluster([1, 1], rate="1gbit").up()
+    for what in ("root", "`ip`", "`tc`", "`unshare`"):
+        assert what in str(error.value), str(error.value)
+
+
+def test_only_hydra_is_accepted(tmp_path):
+    from commlib.testing.cluster import ClusterUnavailable, check_hydra
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.4'\n")
+    fake.chmod(0o755)
+    with pytest.raises(ClusterUnavailable, match="not MPICH's hydra"):
+        check_hydra(str(fake))

@@ -86,6 +86,19 @@ def find_mpiexec() -> str:
     return found
 
 
+def check_hydra(mpiexec: str) -> None:
+    """Raise :class:`ClusterUnavailable` unless ``mpiexec`` is MPICH's hydra (the shim speaks its
+    ``-launcher-exec``)."""
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterUnavailable(f"cannot run {mpiexec} --version: {exc}") from None
+    if "HYDRA" not in version:
+        raise ClusterUnavailable(f"{mpiexec} is not MPICH's hydra mpiexec (its --version says "
+                                 f"{version.strip()[:80]!r}); the emulated cluster needs hydra: install the "
+                                 "'mpich' extra")
+
+
 class JobFailed(RuntimeError):
     """A job on the cluster exited non-zero or timed out; ``completed`` holds its process and output."""
 
@@ -226,6 +239,7 @@ class Cluster:
         missing = netns.missing_prerequisites(shaped=self.rate is not None)
         if missing:
             raise ClusterUnavailable("cannot emulate a cluster here; missing: " + "; ".join(missing))
+        check_hydra(find_mpiexec())
         sweep_stale()
         rng = random.Random()
         with _locked():
