@@ -5,6 +5,7 @@
 """
 
 from .api import (
+    add_process_set, global_process_set, remove_process_set,
     allgather, allgather_async, allgather_object, allreduce, allreduce_, allreduce_async,
     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
     broadcast_async_, broadcast_object, cross_rank, cross_size, grouped_allreduce, grouped_allreduce_,
@@ -14,7 +15,8 @@ from .api import (
 )
 from .compression import Compression, CompressionOverflowWarning
 from .coordinator.requests import Handle
-from .errors import CollectiveError, CommlibError, ConfigError
+from .errors import CollectiveError, CommlibError, ConfigError, InFlightError, ProcessSetError
+from .process_sets import ProcessSet
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 
 __version__ = "0.1.0"

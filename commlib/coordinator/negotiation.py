@@ -32,7 +32,6 @@ class ReadyTable:
         self._joined: list[int] = []
         self._waiting_for = list(range(size))   # ranks that have not joined
         self._gone: dict[int, str] = {}
-        self._warned: dict[str, float] = {}
 
     # ---- input -------------------------------------------------------------------------------------
 
@@ -165,7 +164,7 @@ class ReadyTable:
         if not self._gone:
             return []
         responses = []
-        why = "; ".join(f"rank {r} {reason}" for r, reason in sorted(self._gone.items()))
+        why = "; ".join(reason for _, reason in sorted(self._gone.items()))
         for name in list(self._pending):
             meta = next(iter(self._pending.pop(name).values()))
             self._first_seen.pop(name, None)
@@ -199,7 +198,7 @@ class ReadyTable:
             present = set(self._ranks_with(self._cache_ids[name]))
         return [r for r in range(self.size) if r not in present and r not in self._joined]
 
-    def fail_stalled(self, names: list[str], seconds: float) -> list[Response]:
+    def fail_stalled(self, names: list[str], seconds: float, describe=None) -> list[Response]:
         """Error responses for ``names``, found stalled for ``seconds`` (by rank 0's clock), that are still
         undecided here; names decided meanwhile are skipped."""
         responses = []
@@ -215,16 +214,9 @@ class ReadyTable:
                 self._clear(cache_id)
             self._first_seen.pop(name, None)
             responses.append(Response(meta.kind, [meta], error=(
-                f"tensor {name!r} stalled: rank(s) {missing} did not submit it within {seconds:g} s "
+                f"tensor {name!r} stalled: {describe(missing) if describe else f'rank(s) {missing}'} did not submit it within {seconds:g} s "
                 "(COMMLIB_STALL_SHUTDOWN_TIME); check that every rank calls the same collectives")))
         return responses
-
-    def should_warn(self, name: str, now: float, every: float) -> bool:
-        last = self._warned.get(name)
-        if last is not None and now - last < every:
-            return False
-        self._warned[name] = now
-        return True
 
     def has_pending(self) -> bool:
         return bool(self._first_seen) or bool(self._joined)
