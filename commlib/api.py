@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .compression import Compression, WireCodec, codec_for
-from .config import _algorithm
+from .compression import Compression, WireCodec
 from .coordinator.requests import Entry, Handle, Kind, Meta
-from .dtypes import REDUCIBLE, check_contiguous, check_reducible, check_writable, dtype_name
+from . import validation
+from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
 from .ops import Average, ReduceOp, Sum, as_op
 from .process_sets import ProcessSet, _GlobalProcessSet
@@ -152,16 +152,6 @@ def stop_timeline() -> None:
 
 # ---- building requests ---------------------------------------------------------------------------------
 
-def _validated(check, *args) -> str:
-    """Run a validation; return its message instead of raising, so that the tensor fails on every rank
-    rather than leave the others waiting."""
-    try:
-        check(*args)
-    except (CommlibError, TypeError, ValueError) as exc:
-        return str(exc)
-    return ""
-
-
 def _submit(member: "Member", meta: Meta, array, output, splits=None, wait: bool = False) -> Handle:
     """Queue the request with the set's coordinator; with ``wait``, also drive it to completion here."""
     entry = Entry(meta, array, output, Handle(meta.name), splits)
@@ -176,6 +166,14 @@ def _member_and_name(process_set, name, operation: str) -> tuple["Runtime", "Mem
     return runtime, member, name or runtime.auto_name(operation, member.process_set_id)
 
 
+def _op(op) -> tuple[ReduceOp, str]:
+    """The ReduceOp, and '' or why ``op`` is none (then Sum, so that the request can still be sent)."""
+    try:
+        return as_op(op), ""
+    except ValueError as exc:
+        return Sum, str(exc)
+
+
 def _in_place(tensor, name: str, operation: str) -> np.ndarray:
     """The array an in-place call writes into; only a numpy array will do."""
     if not isinstance(tensor, np.ndarray):
@@ -183,7 +181,7 @@ def _in_place(tensor, name: str, operation: str) -> np.ndarray:
     return tensor
 
 
-_PLAIN_DTYPES = frozenset(REDUCIBLE)
+_PLAIN_DTYPES = frozenset(row.numpy for row in BY_NUMPY.values() if row.kind != "bool")
 
 
 def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op, prescale: float,
@@ -200,9 +198,7 @@ def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op,
         return None
     key = (name, dtype, output.shape, op, prescale, postscale)
     meta = runtime.metas.get(key)
-    if meta is None:
-        if dtype.kind in "iu" and (op is Average or prescale != 1.0 or postscale != 1.0):
-            return None  # an error: the full path explains it
+    if meta is None:  # (bool, which may not take every op or factor, is not a plain dtype)
         meta = runtime.metas.put(key, Meta(name, Kind.ALLREDUCE, dtype_name(dtype), tuple(output.shape),
                                            int(op), prescale=float(prescale), postscale=float(postscale)))
     return meta
@@ -220,27 +216,19 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
         if meta is not None:
             return _submit(member, meta, array, output, wait=wait)
-    errors = []
-    try:
-        op = as_op(op)
-    except ValueError as exc:
-        errors.append(str(exc))
-        op = Sum
-    errors.append(_validated(check_contiguous, output, name))
-    errors.append(_validated(check_writable, output, name))
-    errors.append(_validated(check_reducible, output, op, name))
-    errors.append(_validated(codec_for, compression, output.dtype, name))
-    if algorithm is not None:
-        errors.append(_validated(_algorithm, algorithm))
-    if (prescale_factor != 1.0 or postscale_factor != 1.0) and output.dtype.kind in "iub":
-        errors.append(f"{name}: prescale_factor/postscale_factor need a floating dtype, not {output.dtype}")
+    op, error = _op(op)
+    dtype = output.dtype
+    errors = validation.joined(error, validation.contiguous(output, name), validation.writable(output, name),
+                               validation.reduction(dtype, op, name),
+                               validation.compression(compression, dtype, name),
+                               validation.algorithm(algorithm),
+                               validation.scaling(dtype, prescale_factor, postscale_factor, name))
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
     meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),
                 prescale=float(prescale_factor), postscale=float(postscale_factor),
                 compression=compression.name if compression is not None else "none",
-                algorithm=(algorithm or "").lower() if not any(errors) else "",
-                error="; ".join(e for e in errors if e))
+                algorithm=(algorithm or "").lower() if not errors else "", error=errors)
     return _submit(member, meta, array, output, wait=wait)
 
 
@@ -326,45 +314,31 @@ def grouped_allreduce_(tensors: Sequence, **kwargs) -> list:
 # ---- other collectives -----------------------------------------------------------------------------------
 
 def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Sum, root=-1,
-                  splits=None, wait=False, process_set=None) -> Handle:
+                  splits=None, wait=False, process_set=None, prescale=1.0, postscale=1.0) -> Handle:
     runtime, member, name = _member_and_name(process_set, name, operation)
     if inplace:
         array = output = _in_place(tensor, name, operation)
     else:
         array = np.ascontiguousarray(tensor)
         output = np.array(array, copy=True) if kind is Kind.BROADCAST else None
-    errors = [_validated(check_contiguous, array, name)]
+    errors = [validation.contiguous(array, name)]
     if inplace:
-        errors.append(_validated(check_writable, array, name))
-    if array.ndim == 0 and kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
-        errors.append(f"{name}: {operation} needs at least one dimension, got a scalar")
+        errors.append(validation.writable(array, name))
+    if kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
+        errors.append(validation.first_dimension(array, operation, name))
     if kind is Kind.REDUCESCATTER:
-        try:
-            op = as_op(op)
-            errors.append(_validated(check_reducible, array, op, name))
-        except ValueError as exc:
-            errors.append(str(exc))
-            op = Sum
+        op, error = _op(op)
+        errors += [error, validation.reduction(array.dtype, op, name),
+                   validation.scaling(array.dtype, prescale, postscale, name)]
     if kind is Kind.BROADCAST:  # a world rank, as in Horovod; the set's coordinator takes its set rank
-        if root in member.ranks:
-            root = member.ranks.index(root)
-        else:
-            errors.append(f"{name}: root_rank {root} is not a rank (0..{member.size - 1})"
-                          if member.process_set_id == 0 else
-                          f"{name}: root_rank {root} is not in process set {member.process_set_id} "
-                          f"(ranks {member.ranks})")
-            root = -1
-    size = member.size
-    if splits is not None:
-        splits = np.asarray(splits, dtype=np.int64).reshape(-1)
-        if splits.size != size or (splits < 0).any() or (array.ndim and splits.sum() != array.shape[0]):
-            errors.append(f"{name}: splits {splits.tolist()} must have one non-negative entry per rank "
-                          f"({size}) summing to the first dimension {array.shape[:1]}")
-    elif kind is Kind.ALLTOALL and array.ndim and array.shape[0] % size:
-        errors.append(f"{name}: alltoall without splits needs the first dimension ({array.shape[0]}) to be "
-                      f"divisible by the number of ranks ({size}); pass splits=")
+        errors.append(validation.root_rank(root, member.ranks, member.process_set_id, name))
+        root = member.ranks.index(root) if root in member.ranks else -1
+    if kind is Kind.ALLTOALL:
+        if splits is not None:
+            splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+        errors.append(validation.splits(splits, array.shape[0] if array.ndim else None, member.size, name))
     meta = Meta(name, kind, dtype_name(array.dtype), tuple(array.shape), int(op), root=root,
-                error="; ".join(e for e in errors if e))
+                prescale=float(prescale), postscale=float(postscale), error=validation.joined(*errors))
     return _submit(member, meta, array, output, splits, wait=wait)
 
 
@@ -399,15 +373,44 @@ def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None, proc
                                      root=int(root_rank), wait=True, process_set=process_set))
 
 
-def reducescatter_async(tensor, op=Average, name: str | None = None, process_set=None) -> Handle:
+def reducescatter_async(tensor, op=Average, name: str | None = None, process_set=None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start reducing ``tensor`` and giving each rank its block of the first dimension (earlier ranks
-    take the extra rows)."""
-    return _plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, process_set=process_set)
+    take the extra rows, as Horovod). ``prescale_factor`` multiplies each rank's input, ``postscale_factor``
+    the result; Average divides by the ranks in the postscale pass (integers truncated, as Horovod)."""
+    return _plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, process_set=process_set,
+                         prescale=prescale_factor, postscale=postscale_factor)
 
 
-def reducescatter(tensor, op=Average, name: str | None = None, process_set=None) -> np.ndarray:
+def reducescatter(tensor, op=Average, name: str | None = None, process_set=None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
     return synchronize(_plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, wait=True,
-                                     process_set=process_set))
+                                     process_set=process_set, prescale=prescale_factor,
+                                     postscale=postscale_factor))
+
+
+def grouped_reducescatter_async(tensors: Sequence, op=Average, name: str | None = None, process_set=None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start :func:`reducescatter` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    _, _, base = _member_and_name(process_set, name, "grouped_reducescatter")
+    return Handle(base, parts=[
+        _plain_handle(Kind.REDUCESCATTER, "reducescatter", t, f"{base}.{i}", op=op, process_set=process_set,
+                      prescale=prescale_factor, postscale=postscale_factor) for i, t in enumerate(tensors)])
+
+
+def grouped_reducescatter(tensors: Sequence, **kwargs) -> list:
+    return synchronize(grouped_reducescatter_async(tensors, **kwargs))
+
+
+def grouped_allgather_async(tensors: Sequence, name: str | None = None, process_set=None) -> Handle:
+    """Start :func:`allgather` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    _, _, base = _member_and_name(process_set, name, "grouped_allgather")
+    return Handle(base, parts=[_plain_handle(Kind.ALLGATHER, "allgather", t, f"{base}.{i}", process_set=process_set)
+                               for i, t in enumerate(tensors)])
+
+
+def grouped_allgather(tensors: Sequence, name: str | None = None, process_set=None) -> list:
+    return synchronize(grouped_allgather_async(tensors, name, process_set=process_set))
 
 
 def alltoall_async(tensor, splits=None, name: str | None = None, process_set=None) -> Handle:

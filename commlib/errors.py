@@ -22,3 +22,7 @@ class InFlightError(CommlibError, ValueError):
 class ProcessSetError(CommlibError, ValueError):
     """A process set is used wrongly: not registered, removed, not including this rank, or added with
     different ranks on different ranks (a ValueError, as in Horovod)."""
+
+
+class UnsupportedDtypeError(CommlibError, TypeError):
+    """The array's element type cannot take part in the requested operation."""

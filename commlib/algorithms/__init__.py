@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compression import FLOAT32, WireCodec
+from .. import validation
+from ..compression import WireCodec
 from ..config import ALGORITHMS as ALGORITHM_NAMES
 from ..errors import CommlibError, ConfigError
 from ..ops import ReduceOp, as_op
+from ..validation import check_options
 from . import cma, hierarchical, native, rabenseifner, recursive_doubling, ring, ring_many, select, torus2d
 from .context import AlgorithmContext, TorusGrid
 
@@ -34,7 +36,7 @@ def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, compressed: bool
     """The concrete algorithm ``algorithm`` stands for on a message of ``nbytes`` bytes (``compressed``:
     it will travel through a codec)."""
     if algorithm not in ALGORITHM_NAMES:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; use one of: {', '.join(ALGORITHM_NAMES)}")
+        raise ConfigError(validation.algorithm(algorithm))
     return select.choose(ctx, nbytes, compressed) if algorithm == "auto" else algorithm
 
 
@@ -43,8 +45,7 @@ def prepare(ctx: AlgorithmContext, dtype: np.dtype, nbytes: int, algorithm: str 
     """Check everything ``run_allreduce`` would reject for a buffer of ``dtype`` and ``nbytes`` bytes,
     without communicating; return the concrete algorithm that will run. Callers that scale a buffer
     first call this first."""
-    if codec is not None and dtype != FLOAT32:
-        raise TypeError(f"{codec!r} compresses float32 buffers, not {dtype}")
+    check_options(dtype, codec, 1.0, 1.0, "buffer")
     name = resolve(ctx, algorithm, nbytes, codec is not None)
     if name == "native" and codec is not None:
         native.allreduce(ctx, np.empty(0, dtype), ReduceOp.SUM, codec)  # raises the explanation
