@@ -86,7 +86,7 @@ class Coordinator:
         self._world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
         self._label = label
         self._lanes = LaneSet(lanes, self._finish)
-        self._table = ReadyTable(self.size, config.cache_capacity)
+        self._table = ReadyTable(self.size, config.cache_capacity, self._world_ranks)
         relayed = self.size > config.direct_max_ranks
         self._rounds = make_rounds(channel, relay=relayed)
         self._stalls = StallInspector(self.rank, config, self.describe_ranks, relayed=relayed)

@@ -17,8 +17,9 @@ from .requests import AUTO_NAME_MARK, Kind, Meta, Response
 class ReadyTable:
     """Collects every rank's requests and turns complete ones into responses."""
 
-    def __init__(self, size: int, cache_capacity: int):
+    def __init__(self, size: int, cache_capacity: int, world_ranks: list[int] | None = None):
         self.size = size
+        self._names = world_ranks or list(range(size))  # how messages name a set's ranks: world ranks
         self._pending: dict[str, dict[int, Meta]] = {}
         self._first_seen: dict[str, float] = {}
         self._cache_metas: list[Meta] = []
@@ -128,13 +129,13 @@ class ReadyTable:
         return responses
 
     def _decide(self, name: str, by_rank: dict[int, Meta], waiting_for: list[int]) -> Response | None:
-        errors = [f"rank {r}: {m.error}" for r, m in sorted(by_rank.items()) if m.error]
+        errors = [f"rank {self._names[r]}: {m.error}" for r, m in sorted(by_rank.items()) if m.error]
         if errors:
             return Response(Kind.ALLREDUCE, [next(iter(by_rank.values()))],
                             error=f"tensor {name!r} is invalid on some ranks: " + "; ".join(errors))
         if not all(r in by_rank for r in waiting_for):
             return None
-        mismatch = describe_mismatch(name, by_rank)
+        mismatch = describe_mismatch(name, by_rank, self._names)
         metas = [by_rank[min(by_rank)]]
         if mismatch:
             return Response(metas[0].kind, metas, error=mismatch)
@@ -237,7 +238,7 @@ def _each_bit(bits: int):
         bits ^= low
 
 
-def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:
+def describe_mismatch(name: str, by_rank: dict[int, Meta], names: list[int] | None = None) -> str:
     """'' if every rank's request agrees, else a message naming each field and every rank's value."""
     metas = iter(by_rank.values())
     first = next(metas)
@@ -249,7 +250,7 @@ def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:
     for key in first:
         values = {r: f[key] for r, f in sorted(fields.items())}
         if len(set(map(repr, values.values()))) > 1:
-            listing = ", ".join(f"rank {r}: {v}" for r, v in values.items())
+            listing = ", ".join(f"rank {names[r] if names else r}: {v}" for r, v in values.items())
             problems.append(f"mismatched {key.replace('_', ' ')} ({listing})")
     if not problems:
         return ""

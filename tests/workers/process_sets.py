@@ -99,6 +99,9 @@ assert member.topology.size == n
 assert member.topology.cross_size == len({world_nodes[r] for r in ranks}), member.topology
 
 # errors
+if n >= 2:  # a mismatch inside a set names world ranks
+    expect(cl.CommlibError, lambda: cl.allreduce(np.zeros(2 + me), name="mismatch", process_set=mine),
+           "'mismatch'", f"rank {ranks[0]}: (2,)", f"rank {ranks[1]}: (3,)")
 expect(cl.ProcessSetError, lambda: cl.allreduce(np.ones(2), name="outside", process_set=others),
        "not in process set", str(others.process_set_id))
 expect(ValueError, lambda: cl.add_process_set(list(evens.ranks)), "duplicate")
