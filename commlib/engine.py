@@ -22,7 +22,7 @@ from . import kernels
 from .algorithms import (AlgorithmContext, cma, execute, partition, prepare, rabenseifner,
                          recursive_doubling, resolve, ring, ring_many)
 from .algorithms.scaling import with_scaling_passes
-from .compression import FLOAT32, WireCodec, warn_overflow
+from .compression import WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16
 from .validation import check_contiguous, check_options, check_reducible

@@ -23,13 +23,10 @@ communicator of its own). No message blocks, so an idle rank sleeps instead of s
    everywhere (:mod:`.execution`). The settings these decisions read must agree; ``init`` checks them.
 4. Join.  A rank that ran out of data says ``join`` in its message: allreduces proceed with zeros from it,
    other collectives fail; when all ranks have joined, a join response carries the last rank to join.
-5. Shutdown.  A rank that shuts down, fails, or leaves says ``gone`` in its last message, with the
-   reason. A rank leaves when its process exits without ``shutdown()`` (a normal return, ``sys.exit``,
-   an uncaught exception): the exit hook that ``init`` registers runs the shutdown path, so the message
-   is sent on the way out. Its last message is its contribution to the oldest round it has not
-   answered, the round the others wait in, so that round completes; from it on rounds complete without
-   the rank, and every tensor that still needs it fails on every rank, naming it (pending tensors at
-   once, later ones in the round that brings them).
+5. Shutdown.  A rank that shuts down, fails, or leaves (its process exits without ``shutdown()``) says
+   ``gone`` in its last message, with the reason; from that round on rounds complete without it, and
+   every tensor that still needs it fails on every rank, naming it (:mod:`.lifecycle` documents the
+   shutdown path, the exit hook and the goodbyes above their code).
 6. Stalls (:mod:`.stalls`).  Rank 0 fails tensors some ranks never submitted by naming them in its next
    round message (rounds still complete). A rank that waits longer than ``COMMLIB_STALL_SHUTDOWN_TIME``
    for a round that a peer never answers gives up without that peer's message: it sends every peer a
@@ -53,8 +50,9 @@ import logging
 import threading
 import time
 
-from ..errors import CollectiveError, CommlibError, InFlightError
+from ..errors import CollectiveError, InFlightError
 from .execution import LaneSet
+from .lifecycle import Lifecycle, StallShutdown
 from .fusion import fuse
 from .negotiation import ReadyTable
 from .progress import REPLY_POLLS, Progress
@@ -64,16 +62,11 @@ from .stalls import StallInspector
 
 log = logging.getLogger("commlib")
 
-_SHUTDOWN_GRACE_S = 10.0   # how long shutdown waits for the other ranks to shut down too
-_LEAVE_FLUSH_S = 2.0       # how long a leaving process waits for its last message to be delivered
 _CATCH_UP_READS = 20       # reads, 5 ms apart, after a long absence (see Coordinator._catch_up)
 _JOIN = Kind.JOIN          # a global: an enum member costs an attribute lookup on the hot path
 
-#: The reason a leaving rank gives in its last message (the exit hook's shutdown path).
-LEFT = "left: its process exited without calling commlib.shutdown()"
 
-
-class Coordinator:
+class Coordinator(Lifecycle):
     """One per process set on each of its ranks. Thread-safe ``submit``; ``wait`` drives progress until a
     handle completes. ``world_ranks[r]`` is the world rank of set rank r (for messages)."""
 
@@ -342,104 +335,3 @@ class Coordinator:
         """A peer gave up on a round this rank also waits in: give up too."""
         for source, verdict in self._channel.receive_notices():
             raise StallShutdown(f"{self._who(source)} gave up: {verdict}")
-
-    # ---- failure and shutdown ----------------------------------------------------------------------
-
-    def check_usable(self) -> None:
-        """Raise if this coordinator failed or was shut down."""
-        if self._failure is not None:
-            raise self._failure_error()
-        if self._closed:
-            raise CollectiveError("commlib has been shut down; call commlib.init() to use it again")
-
-    def _failure_error(self) -> CollectiveError:
-        where = self._who(self.rank)
-        if isinstance(self._failure, StallShutdown):
-            error = CollectiveError(f"commlib stopped on {where}: {self._failure}")
-        else:
-            error = CollectiveError(f"commlib's background coordinator failed on {where}: "
-                                    f"{type(self._failure).__name__}: {self._failure}")
-        error.__cause__ = self._failure
-        return error
-
-    def fail(self, exc: BaseException) -> None:
-        """The cycle raised ``exc``: fail everything pending and every later call, and tell the others."""
-        if self._failure is not None:
-            return
-        self._failure = exc
-        if not isinstance(exc, StallShutdown):
-            log.error("commlib coordinator failed on rank %d: %r", self._world_ranks[self.rank], exc)
-        self._fail_all(str(self._failure_error()))
-        try:
-            self._announce_gone(f"failed ({type(exc).__name__}: {exc})")
-        except BaseException:  # the channel itself may be what failed
-            pass
-
-    def _fail_all(self, reason: str) -> None:
-        with self._names:
-            entries = list(self._in_flight.values())
-            self._in_flight.clear()
-        self._incoming.clear()
-        self._undecided.clear()
-        for entry in entries:
-            entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
-
-    def _announce_gone(self, reason: str) -> None:
-        """This rank's last message: later rounds complete without it."""
-        if self._rounds.left:
-            return
-        self._incoming.clear()
-        self._extra["gone"] = reason
-        self._contribute(last=True)
-
-    def close(self, leaving: bool = False) -> None:
-        """Stop the coordinator: pending operations fail, and the other ranks are told. ``leaving``: the
-        process is exiting without ``shutdown()`` (the exit hook); do not wait for the others."""
-        if self._closed:
-            return
-        self._closed = True
-        self._progress.stop()
-        with self._progress.lock:
-            self._fail_all("commlib was shut down before it completed" if not leaving else
-                           "this process is exiting without commlib.shutdown()")
-            try:
-                self._announce_gone(LEFT if leaving else "shut down")
-                if leaving:
-                    self._say_goodbye()
-                    self._channel.flush_for(_LEAVE_FLUSH_S)
-                else:
-                    self._await_peers_shutdown()
-            except Exception as exc:  # a failed coordinator may have lost its channel: still shut down
-                if self._failure is None and not leaving:
-                    raise
-                log.warning("commlib shutdown after a failure on rank %d: %r", self._world_ranks[self.rank], exc)
-        self._lanes.close()
-        self._channel.close()
-
-    def _say_goodbye(self) -> None:
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._channel.post_goodbye(peer)
-
-    def _await_peers_shutdown(self) -> None:
-        """Wait (bounded) for every peer's goodbye, its last message: then nothing of theirs is in flight
-        when the communicators are freed (a stray message could reach a later communicator that reuses
-        this one's context); reading (and dropping) messages meanwhile keeps the others' sends flowing."""
-        self._say_goodbye()
-        deadline = time.monotonic() + _SHUTDOWN_GRACE_S
-        farewells = self._channel.farewells
-        while True:
-            self._channel.receive_all()
-            if len(farewells) >= self.size - 1:
-                break
-            if time.monotonic() > deadline:
-                silent = [r for r in range(self.size) if r != self.rank and r not in farewells]
-                log.warning("commlib shutdown: %s did not shut down within %g s; continuing",
-                            self.describe_ranks(silent), _SHUTDOWN_GRACE_S)
-                return
-            time.sleep(0.001)
-        self._channel.flush()
-
-
-class StallShutdown(CommlibError):
-    """A peer stopped answering for ``COMMLIB_STALL_SHUTDOWN_TIME``: this coordinator gave up on it."""
