@@ -40,7 +40,8 @@ per rank per round instead of one, right for the ranks of a node or a few nodes;
 thousands of ranks, is not built).
 
 Progress (:mod:`.progress`) is driven by whichever thread needs it: a thread waiting in ``synchronize``
-runs the cycle itself, and the background thread runs it when nobody waits.
+runs the cycle itself, and the background thread runs it when nobody waits; both wait between cycles by
+the policy of :mod:`.backoff`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A thread waiting in ``synchronize`` (or a synchronous call) runs the cycle itself, because a thread
 hand-off costs ~50 us on this machine. The background thread runs it when nobody waits (asynchronous
-submissions, rank 0's stall check) and otherwise sleeps, reading messages every ``IDLE_POLL_S``. The
-back-off policy below is the one place that decides how long a driver waits between cycles.
+submissions, rank 0's stall check) and otherwise sleeps, reading messages every ``IDLE_POLL_S``. How
+long a driver waits between cycles that made no progress is :mod:`.backoff`'s policy, in one place.
 """
 
 from __future__ import annotations
@@ -11,21 +11,10 @@ from __future__ import annotations
 import threading
 import time
 
+from .backoff import Backoff
+
 REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
-POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a reply is imminent)
-SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
 IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
-
-
-def back_off(idle: int, cycle_s: float) -> None:
-    """Poll while a reply is likely imminent, then yield the core, then sleep longer and longer, up to
-    ``cycle_s`` (a yield costs ~0.5 ms when the cores are oversubscribed)."""
-    if idle < POLL_CYCLES:
-        return
-    if idle < SPIN_CYCLES:
-        time.sleep(0)
-    else:
-        time.sleep(min(cycle_s, 20e-6 * (idle - SPIN_CYCLES + 1)))
 
 
 class Progress:
@@ -38,6 +27,7 @@ class Progress:
     def __init__(self, coordinator, cycle_s: float, name: str = "commlib-coordinator"):
         self._coordinator = coordinator
         self._cycle_s = cycle_s
+        self._backoff = Backoff(cycle_s)
         self.lock = threading.Lock()            # held by the thread running a cycle
         self._wakeup = threading.Condition()
         self._waiters: list = []                # an item per user thread inside wait() (append/pop: atomic)
@@ -66,7 +56,7 @@ class Progress:
         cycle_s = self._cycle_s
         timeout = max(cycle_s, 1e-3)
         lock = self.lock
-        idle = 0
+        idle_since = None
         while not handle.done():
             coordinator.check_usable()
             if not lock.acquire(timeout=timeout):
@@ -80,22 +70,24 @@ class Progress:
             finally:
                 lock.release()
             if busy:
-                idle = 0
+                idle_since = None
                 continue
-            idle += 1
+            now = time.perf_counter()
+            if idle_since is None:
+                idle_since = now
             if coordinator.lanes_threaded and not coordinator.undecided():
                 handle.wait_briefly(cycle_s)  # decided and queued on a lane: its thread completes it
             else:
-                back_off(idle, cycle_s)
+                self._backoff.pause(now - idle_since)
 
     def _background(self) -> None:
         coordinator = self._coordinator
-        idle = 0
+        idle_since = None
         while not self._stopped:
             with self._wakeup:
                 if self._waiters or not coordinator.has_work():
                     self._wakeup.wait(IDLE_POLL_S)
-                    idle = 0
+                    idle_since = None
                     if self._waiters or self._stopped:
                         continue
             if not self.lock.acquire(timeout=IDLE_POLL_S):
@@ -107,9 +99,12 @@ class Progress:
                 return
             finally:
                 self.lock.release()
-            idle = 0 if busy else idle + 1
-            if not busy and coordinator.has_work():
-                back_off(idle, self._cycle_s)
+            if busy:
+                idle_since = None
+            elif coordinator.has_work():
+                now = time.perf_counter()
+                idle_since = now if idle_since is None else idle_since
+                self._backoff.pause(now - idle_since)
 
     def stop(self) -> None:
         """Stop the background thread (bounded wait)."""
