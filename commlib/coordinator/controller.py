@@ -185,7 +185,7 @@ class Coordinator(Lifecycle):
                 break
             self._complete_round(messages)
         stalls = self._stalls
-        if stalls.waiting(rounds.sent > rounds.completed, time.monotonic):
+        if stalls.waiting(rounds.sent > rounds.completed, now):
             self._check_stalls()
         return busy
 
