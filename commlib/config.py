@@ -72,10 +72,12 @@ def _switch(text: str) -> bool:
 
 
 def _algorithm(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in algorithm_names():
-        raise ValueError(f"unknown algorithm {text!r}; use one of: {', '.join(algorithm_names())}")
-    return value
+    from .validation import algorithm  # the one rule
+
+    message = algorithm(text)
+    if message:
+        raise ValueError(message)
+    return str(text).strip().lower()
 
 
 def _optional_path(text: str) -> str | None:
