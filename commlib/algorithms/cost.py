@@ -294,6 +294,23 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
             + _ring_half(model, shape, nodes, nbytes, codec, seg, False))
 
 
+def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=None,
+                           seg: int = 1 << 20) -> float:
+    """hierarchical's phases on blocks of 8 segments, block b's cross-node rings overlapping block b+1's
+    reduce-scatter and block b-1's allgather: per block the slower of the two, plus one block's other."""
+    if shape.ranks < 2 or nbytes <= 0:
+        return 0.0
+    nodes = shape.node_groups()
+    width = max(len(g) for g in nodes)
+    shards = [[g[j] for g in nodes if j < len(g)] for j in range(width)]
+    block = min(nbytes, 8 * seg)
+    count = math.ceil(nbytes / block)
+    inside = (_ring_half(model, shape, nodes, block, codec, seg, True)
+              + _ring_half(model, shape, nodes, block, codec, seg, False))
+    cross = _ring(model, shape, shards, block / width, codec, 0)
+    return model.call_s + count * max(inside, cross) + min(inside, cross)
+
+
 def _rd_groups(model, shape, groups, nbytes, codec) -> float:
     """Recursive doubling in every group of ``groups`` at once (their sizes may differ: the largest counts)."""
     p = max(len(g) for g in groups)
