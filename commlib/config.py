@@ -211,8 +211,9 @@ FIELDS: dict[str, _Field] = {
                                  "every rank reports peers that stopped answering); "
                                  "0 disables (default 60)"),
     "stall_shutdown_time_s": _Field("COMMLIB_STALL_SHUTDOWN_TIME", _non_negative_float,
-                                    "seconds after which a stalled tensor fails on every rank; 0 disables "
-                                    "(default 0)"),
+                                    "seconds after which a stalled tensor fails on every rank, and a rank "
+                                    "that has waited that long for a silent peer gives up on it (commlib "
+                                    "then fails on every rank, naming the peer); 0 disables (default 0)"),
     "cache_capacity": _Field("COMMLIB_CACHE_CAPACITY", _positive_int,
                              "negotiated tensors remembered for the fast path (default 1024)"),
     "direct_max_ranks": _Field("COMMLIB_DIRECT_MAX_RANKS", _non_negative_int,
