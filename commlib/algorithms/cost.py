@@ -95,7 +95,8 @@ class CostModel:
         except TypeError as exc:
             raise ConfigError(f"tuning profile {source}: {exc}; recreate it with commlib-bench --calibrate") from None
         for name, value in _numbers(model):
-            if not (value >= 0 and math.isfinite(value)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"tuning profile {source}: {name} = {value!r} must be a finite number >= 0")
         return model
 
@@ -109,7 +110,7 @@ def _numbers(model: CostModel) -> Iterable[tuple[str, float]]:
         elif isinstance(value, Mapping):
             for key, rate in value.items():
                 yield f"{field.name}.{key}", rate
-        elif isinstance(value, float):
+        elif field.name != "source":
             yield field.name, value
 
 
