@@ -42,8 +42,9 @@ def test_mismatch_errors_name_the_tensor(cluster, case):
 
 
 def test_init_after_shutdown_hears_nothing_of_the_last_session(cluster):
-    """Found here: across hosts a session's last control messages could still be in flight when its
-    communicator was freed, and reached the next session (MPI reuses context ids): "rank 2 shut down"."""
+    """Across hosts a session's last control messages could still be in flight when its communicator was
+    freed, and reached the next session (MPI reuses context ids): "rank 2 shut down" in a later session.
+    The coordinator's goodbyes at shutdown prevent it (docs/coordinator.md)."""
     out = run_on_cluster(cluster, "cluster_check.py", "reinit", "15", timeout=180)
     assert out.count("cluster reinit OK") == cluster.size, out[-2000:]
 
