@@ -18,7 +18,9 @@ TORCH_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"}
 
 @pytest.fixture(scope="module", params=SHAPES)
 def cluster(request, make_cluster):
-    return make_cluster(request.param)
+    made = make_cluster(request.param)
+    yield made
+    made.down()  # as soon as this shape's tests are done; make_cluster checks at the end that all is gone
 
 
 def test_allreduce_algorithms(cluster):

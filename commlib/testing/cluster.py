@@ -24,11 +24,13 @@ import argparse
 import atexit
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,8 +80,6 @@ def find_mpiexec() -> str:
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
-    import shutil
-
     found = shutil.which("mpiexec")
     if not found:
         raise RuntimeError("no mpiexec found: install the 'mpich' wheel or put your MPI's mpiexec on PATH")
@@ -144,17 +144,32 @@ def _remove_cluster(state_dir: Path) -> list[str]:
     return errors
 
 
-def sweep_stale() -> list[str]:
-    """Remove clusters whose owning process no longer exists (killed with SIGKILL, say); return their
-    names. Clusters made by ``python -m commlib.testing.cluster up`` have no owner and stay until ``down``."""
+def _owner_status(state_dir: Path) -> str:
+    """Whose cluster this is, in words (for ``check``)."""
+    try:
+        owner = json.loads((state_dir / "state.json").read_text()).get("owner")
+    except (OSError, ValueError):
+        return "damaged state (check --clean removes it)"
+    if owner is None:
+        return "made by `up`; stays until `down`"
+    if _process_identity(int(owner.split(":")[0])) == owner:
+        return f"in use by live process {owner.split(':')[0]}"
+    return "its owner died (check --clean removes it)"
+
+
+def sweep_stale(unowned: bool = False) -> list[str]:
+    """Remove clusters whose owning process no longer exists (killed with SIGKILL, say), and with
+    ``unowned`` those made by ``python -m commlib.testing.cluster up`` (which have no owner and otherwise
+    stay until ``down``); return their names."""
     removed = []
     with _locked():
         for state_dir in sorted(p for p in STATE_ROOT.glob(f"{PREFIX}*") if p.is_dir()):
             try:
                 owner = json.loads((state_dir / "state.json").read_text()).get("owner")
-            except (OSError, ValueError):
-                owner = "unreadable"
-            if owner and _process_identity(int(owner.split(":")[0])) != owner:
+                stale = unowned if owner is None else _process_identity(int(owner.split(":")[0])) != owner
+            except (OSError, ValueError):  # written under the lock: unreadable means damaged
+                stale = True
+            if stale:
                 _remove_cluster(state_dir)
                 removed.append(state_dir.name)
     return removed
@@ -245,8 +260,8 @@ class Cluster:
         with _locked():
             if self.name is None:
                 taken = {p.name for p in STATE_ROOT.iterdir()} | {n.split("-")[0] for n in netns.namespaces()}
-                self.name = next(n for n in (f"{PREFIX}{rng.getrandbits(24):06x}" for _ in iter(int, 1))
-                                 if n not in taken)
+                while self.name is None or self.name in taken:
+                    self.name = f"{PREFIX}{rng.getrandbits(24):06x}"
             elif self.state_dir.exists():
                 raise ClusterUnavailable(f"a cluster named {self.name} is already up (`python -m "
                                          f"commlib.testing.cluster down --name {self.name}` removes it)")
@@ -308,8 +323,6 @@ class Cluster:
     def attach(cls, name: str) -> "Cluster":
         """The cluster ``name`` that is already up (made by ``up`` in another process); ``down`` on the
         returned object removes it."""
-        import ipaddress
-
         try:
             state = json.loads((STATE_ROOT / name / "state.json").read_text())
         except OSError:
@@ -418,7 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
         if action == "verify":
             p.add_argument("--bytes", type=int, default=64 << 20)
-    p = sub.add_parser("down", help="remove a cluster made by `up` (--all: every cluster of this machine)")
+    p = sub.add_parser("down", help="remove a cluster made by `up` (--all: every one made by `up`, and those "
+                                    "whose owner died; never one a live process owns)")
     p.add_argument("--name")
     p.add_argument("--all", action="store_true")
     p = sub.add_parser("args", help="print the mpiexec flags of a cluster that is up")
@@ -438,9 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(shlex.join(Cluster.attach(opts.name).mpiexec_args()))
         elif opts.action == "down":
             if opts.all:
-                for state_dir in sorted(p for p in STATE_ROOT.glob(f"{PREFIX}*") if p.is_dir()):
-                    with _locked():
-                        _remove_cluster(state_dir)
+                for name in sweep_stale(unowned=True):
+                    print(f"removed {name}")
             elif opts.name:
                 Cluster.attach(opts.name).down()
             else:
@@ -450,6 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name in sweep_stale():
                     print(f"removed {name} (its owner is gone)")
             found = leftovers()
+            for state_dir in sorted(p for p in STATE_ROOT.glob(f"{PREFIX}*") if p.is_dir()):
+                print(f"{state_dir.name}: {_owner_status(state_dir)}")
             print("\n".join(found) if found else "nothing left behind")
             return 1 if found else 0
         else:
