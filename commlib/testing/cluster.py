@@ -13,7 +13,7 @@ per host.
         print(done.stdout)
 
 Everything is torn down by :meth:`Cluster.down`: on leaving the ``with`` block, on an exception,
-Ctrl-C, SIGTERM/SIGHUP (turned into ``SystemExit`` while a cluster is up) and at interpreter exit. A
+Ctrl-C, SIGTERM/SIGHUP (turned into ``KeyboardInterrupt`` while a cluster is up) and at interpreter exit. A
 cluster whose owning process was killed outright is removed by the next :func:`sweep_stale` (every
 ``up`` calls it). ``python -m commlib.testing.cluster --help`` is the command-line face (docs/cluster.md).
 """
@@ -186,8 +186,10 @@ def leftovers(names: Sequence[str] | None = None) -> list[str]:
     return found
 
 
-def _exit_on_signal(signum, frame):
-    raise SystemExit(128 + signum)
+def _interrupt_on_signal(signum, frame):
+    """SIGTERM/SIGHUP as Ctrl-C: every harness unwinds on KeyboardInterrupt (pytest stops the session and
+    runs its teardowns, where a SystemExit would only fail the current test and go on)."""
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 class Cluster:
@@ -299,13 +301,13 @@ class Cluster:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(signum) == signal.SIG_DFL:
-                    self._saved_handlers[signum] = signal.signal(signum, _exit_on_signal)
+                    self._saved_handlers[signum] = signal.signal(signum, _interrupt_on_signal)
 
     def _remove_teardown(self) -> None:
         atexit.unregister(self.down)
         if threading.current_thread() is threading.main_thread():
             for signum, previous in self._saved_handlers.items():
-                if signal.getsignal(signum) is _exit_on_signal:
+                if signal.getsignal(signum) is _interrupt_on_signal:
                     signal.signal(signum, previous)
         self._saved_handlers.clear()
 
