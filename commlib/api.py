@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import device
 from .compression import Compression, WireCodec, codec_for
 from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
@@ -151,15 +152,19 @@ def _plain_allreduce_meta(runtime: Runtime, name: str, output: np.ndarray, op, p
 
 
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
-                      compression, wait: bool) -> Handle:
+                      compression, wait: bool, staged: device.Staged | None = None) -> Handle:
     runtime = _rt()
     name = name or runtime.auto_name("allreduce")
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
+        staged = device.Staged(tensor, name)
+        return staged.handle(_allreduce_handle(staged.host, True, op, name, prescale_factor, postscale_factor,
+                                               algorithm, compression, wait, staged), inplace)
     if inplace:
         array = output = tensor if isinstance(tensor, np.ndarray) else _in_place(tensor, name, "allreduce")
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")
-    if compression is None and algorithm is None:
+    if compression is None and algorithm is None and staged is None:
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
         if meta is not None:
             return _submit(runtime, meta, array, output, wait=wait)
@@ -179,11 +184,13 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         errors.append(f"{name}: prescale_factor/postscale_factor need a floating dtype, not {output.dtype}")
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
+    if staged is not None:
+        errors.append(staged.error)
     meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),
                 prescale=float(prescale_factor), postscale=float(postscale_factor),
                 compression=compression.name if compression is not None else "none",
                 algorithm=(algorithm or "").lower() if not any(errors) else "",
-                error="; ".join(e for e in errors if e))
+                error="; ".join(e for e in errors if e), device=staged.kind if staged else device.CPU)
     return _submit(runtime, meta, array, output, wait=wait)
 
 
@@ -267,9 +274,13 @@ def grouped_allreduce_(tensors: Sequence, **kwargs) -> list:
 # ---- other collectives -----------------------------------------------------------------------------------
 
 def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Sum, root=-1,
-                  splits=None, wait=False) -> Handle:
+                  splits=None, wait=False, staged: device.Staged | None = None) -> Handle:
     runtime = _rt()
     name = name or runtime.auto_name(operation)
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
+        staged = device.Staged(tensor, name)
+        return staged.handle(_plain_handle(kind, operation, staged.host, name, True, op, root, splits, wait,
+                                           staged), inplace)
     if inplace:
         array = output = _in_place(tensor, name, operation)
     else:
@@ -297,8 +308,10 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
     elif kind is Kind.ALLTOALL and array.ndim and array.shape[0] % runtime.size:
         errors.append(f"{name}: alltoall without splits needs the first dimension ({array.shape[0]}) to be "
                       f"divisible by the number of ranks ({runtime.size}); pass splits=")
+    if staged is not None:
+        errors.append(staged.error)
     meta = Meta(name, kind, dtype_name(array.dtype), tuple(array.shape), int(op), root=root,
-                error="; ".join(e for e in errors if e))
+                error="; ".join(e for e in errors if e), device=staged.kind if staged else device.CPU)
     return _submit(runtime, meta, array, output, splits, wait=wait)
 
 
