@@ -124,9 +124,11 @@ def as_cupy(obj):
     cupy = cupy_module()
     if isinstance(obj, cupy.ndarray):
         return obj
-    if _is_torch(obj) and str(obj.dtype) == "torch.bfloat16":
-        import torch
-        return cupy.asarray(obj.detach().view(torch.int16)).view(cupy.uint16)
+    if _is_torch(obj):
+        obj = obj.detach()  # the interface refuses tensors that require grad; the memory is the same
+        if str(obj.dtype) == "torch.bfloat16":
+            import torch
+            return cupy.asarray(obj.view(torch.int16)).view(cupy.uint16)
     if _cuda_interface(obj) is not None:
         return cupy.asarray(obj)
     return cupy.from_dlpack(obj)

@@ -77,7 +77,7 @@ def test_segments_and_average_scaling():
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_staged_pipeline_with_host_ops(nprocs):
     out = run_mpi(nprocs, "gpu_staged_check.py", timeout=300)
-    assert f"gpu_staged_check ok" in out and f"on {nprocs} ranks" in out, out[-2000:]
+    assert "gpu_staged_check ok (host)" in out and f"on {nprocs} ranks" in out, out[-2000:]
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
