@@ -182,10 +182,15 @@ class Staged:
             return None
         device = self._device
         raw = result.view(device.dtype) if result.dtype.itemsize == device.dtype.itemsize else result
+        cupy = cupy_module()
         if inplace and raw.shape == device.shape:
             device.set(raw)
-            return self.tensor
-        return _like_input(self.tensor, cupy_module().asarray(raw))
+            out = self.tensor
+        else:
+            out = _like_input(self.tensor, cupy.asarray(raw))
+        # The copy may run asynchronously from pinned memory: done before the host buffer can be reused.
+        cupy.cuda.get_current_stream().synchronize()
+        return out
 
     def handle(self, inner: Handle, inplace: bool) -> Handle:
         return StagedHandle(inner, self, inplace)

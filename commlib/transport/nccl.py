@@ -30,6 +30,7 @@ from ..dtypes import BFLOAT16
 from ..errors import CommlibError
 from ..ops import ReduceOp
 from .device_kernels import DeviceKernels, device_dtype
+from .staged import scaling
 
 # NCCL's ncclDataType_t and ncclRedOp_t (nccl.h); CuPy exports the same numbers as nccl.NCCL_*.
 _NCCL_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 4,
@@ -117,7 +118,8 @@ class NcclTransport:
                    postscale: float = 1.0, wire: np.dtype | None = None) -> None:
         """Reduce CuPy arrays (contiguous, on this rank's GPU) in place across ranks, in one group call."""
         nccl_comm, stream = self.lanes[lane % len(self.lanes)]
-        before, after = _scaling(op, self.size, prescale, postscale, wire)
+        sent_dtype = np.dtype(wire) if wire is not None else np.dtype(arrays[0].dtype) if arrays else None
+        before, after = scaling(op, self.size, prescale, postscale, sent_dtype)
         self._enter(stream)
         with stream:
             sent = [self._wire_buffer(a, before, wire) for a in arrays]
@@ -193,15 +195,6 @@ def _mpi_op(name):
 
 _MPI_OPS = {ReduceOp.SUM: _mpi_op("SUM"), ReduceOp.AVERAGE: _mpi_op("SUM"), ReduceOp.PRODUCT: _mpi_op("PROD"),
             ReduceOp.MAX: _mpi_op("MAX"), ReduceOp.MIN: _mpi_op("MIN")}
-
-
-def _scaling(op: ReduceOp, size: int, prescale: float, postscale: float, wire) -> tuple[float, float]:
-    """Average divides before the reduction on a float16 wire (NCCL sums in float16), after otherwise."""
-    if op is not ReduceOp.AVERAGE:
-        return prescale, postscale
-    if wire is not None and np.dtype(wire) in (np.dtype(np.float16), BFLOAT16):
-        return prescale / size, postscale
-    return prescale, postscale / size
 
 
 def _nccl_type(dtype: np.dtype) -> int:
