@@ -6,9 +6,9 @@ checks on CuPy arrays with CudaOps (streams, events, kernels): tests/test_gpu_de
     mpiexec -n P python gpu_staged_check.py [--ops host|cuda]
 """
 
-import argparse
-
 from __future__ import annotations
+
+import argparse
 
 import numpy as np
 from mpi4py import MPI
