@@ -77,7 +77,7 @@ def test_nccl_transport(nprocs):
     if _gpus() < nprocs:
         pytest.skip(f"NCCL needs one GPU per rank: {nprocs} ranks, {_gpus()} GPU(s) visible")
     out = run_mpi(nprocs, "gpu_nccl_check.py", timeout=600)
-    assert f"gpu_nccl_check ok" in out and f"on {nprocs} ranks" in out, out[-3000:]
+    assert "gpu_nccl_check ok" in out and f"on {nprocs} ranks" in out, out[-3000:]
 
 
 @pytest.mark.parametrize("nprocs", [2])

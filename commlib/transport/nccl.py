@@ -72,7 +72,7 @@ class NcclTransport:
         from mpi4py import MPI
 
         self.cupy = cupy = cupy_module()
-        self.nccl = nccl = nccl_module()
+        self.nccl = nccl_module()
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self._own_local = local_comm is None

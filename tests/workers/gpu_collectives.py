@@ -11,7 +11,6 @@ import cupy
 import numpy as np
 
 import commlib as cl
-from commlib.dtypes import BFLOAT16
 from worker import run
 
 

@@ -11,7 +11,6 @@ import cupy
 import numpy as np
 from mpi4py import MPI
 
-from commlib.dtypes import BFLOAT16
 from commlib.ops import ReduceOp
 from commlib.transport.nccl import NcclTransport
 from worker import run
