@@ -19,9 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import (AlgorithmContext, cma, execute, partition, prepare, rabenseifner,
-                         recursive_doubling, resolve, ring, ring_many)
-from .algorithms.scaling import with_scaling_passes
+from .algorithms import AlgorithmContext, execute, partition, prepare, ring, spec
 from .compression import FLOAT32, WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16, check_contiguous, check_reducible
@@ -31,28 +29,6 @@ from .topology import Topology
 from .transport.base import Transport
 
 _COUNT = np.dtype(np.int64)
-
-#: Algorithms that take ``prescale``/``postscale`` and fold them into passes they make anyway: with a codec
-#: into their encode, accumulate and decode passes; the ring also without one (the postscale, e.g. an
-#: Average's division, on each finished segment while in cache). Bit-identical to scaling passes before
-#: and after, without the 8 bytes per element each of those costs.
-_FOLDS_SCALING = {
-    "ring": ring.allreduce,
-    "recursive_doubling": recursive_doubling.allreduce,
-    "rabenseifner": rabenseifner.allreduce,
-    "cma": cma.allreduce,
-}
-
-
-def _ring_many(ctx, bufs, op, codec=None, prescale=1.0, postscale=1.0) -> int:
-    assert codec is None and prescale == 1.0, "ring_many takes neither a codec nor a prescale"
-    ring_many.allreduce(ctx, bufs, op, postscale=postscale)
-    return 0
-
-
-#: Algorithms that reduce several buffers in one pass over their concatenation, without copying them:
-#: ``(ctx, bufs, op, codec=, prescale=, postscale=) -> overflow count``.
-_MANY = {"ring": _ring_many, "cma": cma.allreduce_many}
 
 
 def _check_options(dtype: np.dtype, codec: WireCodec | None, prescale: float, postscale: float,
@@ -107,7 +83,8 @@ class Engine:
 
         Args:
             op: ``Sum``, ``Average`` (sum, then divided by the number of ranks), ``Min``, ``Max``, ``Product``.
-            algorithm: one of ``config.ALGORITHMS``; None means ``config.algorithm``.
+            algorithm: ``auto`` or a name of the registry (:mod:`commlib.algorithms.spec`); None means
+                ``config.algorithm``.
             prescale, postscale: factors applied before and after the reduction (floating dtypes only).
             codec: a ``WireCodec`` (float32 buffers only): data travels in half precision.
             name: names the tensor in errors and warnings.
@@ -133,19 +110,14 @@ class Engine:
         op = as_op(op)
         _check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
-        algorithm = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
+        choice = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
-        if self.size > 1 and count and algorithm == "native" and pre == 1.0 and post == 1.0:
+        if self.size > 1 and count and choice.algorithm == "native" and pre == 1.0 and post == 1.0:
             return self.transport.native_allreducer(dtype, kernel_op)
-        folds_scaling = _FOLDS_SCALING.get(algorithm) if self.size > 1 else None
 
         def run(flat: np.ndarray) -> None:
-            if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
-                overflow = folds_scaling(ctx, flat, kernel_op, codec, prescale=pre, postscale=post)
-            else:
-                overflow = with_scaling_passes(flat, pre, post,
-                                               lambda: execute(ctx, flat, kernel_op, algorithm, codec))
+            overflow = execute(ctx, flat, kernel_op, choice, codec, pre, post)
             if overflow:
                 warn_overflow(name, overflow, codec)
         return run
@@ -155,10 +127,9 @@ class Engine:
                         name: str = "tensors") -> None:
         """Reduce several C-contiguous buffers of one dtype in place, as :meth:`allreduce_` would each.
 
-        When the algorithm for their total size is cma, or the ring without a codec or prescale, they are
-        reduced together in one pass over their concatenation, without copying them
-        (:mod:`commlib.algorithms.cma`, :mod:`commlib.algorithms.ring_many`); otherwise one
-        :meth:`allreduce_` each."""
+        When the algorithm for their total size has a ``run_many`` in the registry (cma; the ring, which
+        without a codec or prescale reduces them in one pass over their concatenation), it reduces them
+        together without copying them; otherwise one :meth:`allreduce_` each."""
         op = as_op(op)
         for buf in bufs:  # before flattening: reshape(-1) of a non-contiguous array is a silent copy
             check_contiguous(buf, name)
@@ -167,17 +138,21 @@ class Engine:
         if len({f.dtype for f in flats}) > 1:
             raise TypeError(f"{name}: allreduce_many_ needs buffers of one dtype, got "
                             f"{sorted({f.dtype.name for f in flats})}")
-        total = sum(f.nbytes for f in flats)
-        chosen = resolve(self.context, algorithm or self.config.algorithm, total, codec is not None)
-        together = _MANY.get(chosen)
-        plain = codec is None and prescale == 1.0
-        if len(flats) < 2 or together is None or self.size == 1 or (chosen == "ring" and not plain):
+        if len(flats) < 2 or self.size == 1:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
         _check_options(flats[0].dtype, codec, prescale, postscale, name)
+        choice = prepare(self.context, flats[0].dtype, sum(f.nbytes for f in flats),
+                         algorithm or self.config.algorithm, codec)
+        together = spec.get(choice.algorithm).run_many
+        if together is None:
+            for flat in flats:
+                self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
+            return
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
-        overflow = together(self.context, flats, op.kernel_op, codec=codec, prescale=pre, postscale=post)
+        self.context.segment_bytes = choice.segment_bytes
+        overflow = together(self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
         if overflow:
             warn_overflow(name, overflow, codec)
 

@@ -41,8 +41,8 @@ give up on them: a peer that was only slow would, on waking, decide from a round
 
 Progress is driven by whichever thread needs it: a thread waiting in ``synchronize`` runs the cycle
 itself (no thread hand-off, which costs ~50 us here), and the background thread runs it when nobody
-waits. Both back off from spinning to sleeping (at most ``COMMLIB_CYCLE_TIME``); an idle rank sleeps and
-looks for messages every 50 ms.
+waits. Both back off from polling to yielding to sleeping (at most ``COMMLIB_CYCLE_TIME``) by the time since
+their last progress (:mod:`.backoff`); an idle rank sleeps and looks for messages every 50 ms.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import threading
 import time
 
 from ..errors import CollectiveError, CommlibError
+from .backoff import Backoff
 from .execution import LaneSet
 from .fusion import fuse
 from .negotiation import ReadyTable
@@ -62,8 +63,6 @@ from .requests import Entry, Handle, Kind, Response
 log = logging.getLogger("commlib")
 
 _REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
-_POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a reply is imminent)
-_SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
 _IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
 _SHUTDOWN_GRACE_S = 10.0   # how long shutdown waits for the other ranks to shut down too
 _JOIN = Kind.JOIN          # a global: an enum member costs an attribute lookup on the hot path
@@ -78,6 +77,7 @@ class Coordinator:
         self.size = channel.size
         self._config = config
         self._cycle_s = config.cycle_time_ms / 1e3
+        self._backoff = Backoff(self._cycle_s)
         self._timeline = timeline
         self._lanes = LaneSet(lanes, self._finish)
         self._table = ReadyTable(self.size, config.cache_capacity)
@@ -143,7 +143,7 @@ class Coordinator:
         cycle_s = self._cycle_s
         timeout = max(cycle_s, 1e-3)
         progress = self._progress
-        idle = 0
+        idle_since = None
         while not handle.done():
             if self._failure is not None:
                 raise self._failure_error()
@@ -157,13 +157,15 @@ class Coordinator:
             finally:
                 progress.release()
             if busy:
-                idle = 0
+                idle_since = None
                 continue
-            idle += 1
+            now = time.perf_counter()
+            if idle_since is None:
+                idle_since = now
             if self._lanes.threaded and not self._undecided:
                 handle.wait_briefly(cycle_s)  # decided and queued on a lane: its thread completes it
             else:
-                self._back_off(idle)
+                self._backoff.pause(now - idle_since)
 
     def set_timeline(self, timeline) -> None:
         """Start (a Timeline) or stop (None) recording."""
@@ -358,12 +360,12 @@ class Coordinator:
     # ---- background thread ---------------------------------------------------------------------------
 
     def _background(self) -> None:
-        idle = 0
+        idle_since = None
         while not self._closed:
             with self._wakeup:
                 if self._waiters or not self._has_work():
                     self._wakeup.wait(_IDLE_POLL_S)
-                    idle = 0
+                    idle_since = None
                     if self._waiters or self._closed:
                         continue
             if not self._progress.acquire(timeout=_IDLE_POLL_S):
@@ -375,25 +377,18 @@ class Coordinator:
                 return
             finally:
                 self._progress.release()
-            idle = 0 if busy else idle + 1
-            if not busy and self._has_work():
-                self._back_off(idle)
+            if busy:
+                idle_since = None
+            elif self._has_work():
+                now = time.perf_counter()
+                idle_since = now if idle_since is None else idle_since
+                self._backoff.pause(now - idle_since)
 
     def _has_work(self) -> bool:
         """Something to drive: own requests or notices, or (rank 0, the stall checker) tensors that some
         ranks submitted. Peers' rounds alone are answered at the idle poll."""
         return bool(self._incoming or self._in_flight or self._extra or
                     (self.rank == 0 and self._table.has_pending()))
-
-    def _back_off(self, idle: int) -> None:
-        """Poll while a reply is likely imminent, then yield the core, then sleep longer and longer, up
-        to the cycle time (a yield costs ~0.5 ms when the cores are oversubscribed)."""
-        if idle < _POLL_CYCLES:
-            return
-        if idle < _SPIN_CYCLES:
-            time.sleep(0)
-        else:
-            time.sleep(min(self._config.cycle_time_ms / 1e3, 20e-6 * (idle - _SPIN_CYCLES + 1)))
 
     # ---- failure and shutdown ----------------------------------------------------------------------
 
