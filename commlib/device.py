@@ -24,6 +24,7 @@ from .errors import CommlibError
 
 CPU = "cpu"
 CUDA = "cuda"
+UNSUPPORTED = "unsupported"  # the device kind of a request whose tensor lives where commlib cannot reach
 
 # DLPack device types (dlpack.h: DLDeviceType).
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
@@ -68,8 +69,14 @@ def placement(obj) -> tuple[str, int]:
 
 
 def on_device(obj) -> bool:
-    """True when ``obj`` is not a numpy array and its memory is not on the host."""
-    return not isinstance(obj, np.ndarray) and placement(obj)[0] != CPU
+    """True when ``obj`` is not a numpy array and its memory is not on the host (or on a device commlib
+    cannot reach: :class:`Staged` turns that into an error every rank sees)."""
+    if isinstance(obj, np.ndarray):
+        return False
+    try:
+        return placement(obj)[0] != CPU
+    except DeviceSupportError:
+        return True
 
 
 def _cuda_interface(obj) -> dict | None:
@@ -155,10 +162,11 @@ class Staged:
 
     def __init__(self, tensor, name: str):
         self.tensor = tensor
-        self.kind, self.index = placement(tensor)
+        self.kind, self.index = UNSUPPORTED, -1
         self.error = ""
         self._device = None
         try:
+            self.kind, self.index = placement(tensor)
             self._device = as_cupy(tensor)
             if not self._device.flags.c_contiguous:
                 raise DeviceSupportError(
@@ -169,7 +177,10 @@ class Staged:
                 from .dtypes import BFLOAT16
                 self.host = self.host.view(BFLOAT16)
         except (DeviceSupportError, ImportError, TypeError, ValueError) as exc:
-            dtype, shape = declared_layout(tensor)
+            try:
+                dtype, shape = declared_layout(tensor)
+            except (AttributeError, TypeError, ValueError):
+                dtype, shape = np.dtype(np.uint8), (0,)
             where = f"{self.kind}:{self.index}" if self.index >= 0 else self.kind
             self.error = f"{name}: the tensor lives on {where} and cannot be staged: {exc}"
             self.host = np.zeros(shape, dtype)

@@ -90,3 +90,8 @@ def test_ranks_must_agree_on_the_device(nprocs):
 def test_a_gpu_tensor_without_cupy_fails_on_every_rank():
     out = run_mpi(2, "gpu_device_agreement.py", "no_cupy", timeout=120)
     assert out.count("raised as expected") == 8 and "gpu_device_agreement no_cupy ok" in out, out[-2000:]
+
+
+def test_a_tensor_on_an_unsupported_device_fails_on_every_rank():
+    out = run_mpi(2, "gpu_device_agreement.py", "unsupported_device", timeout=120)
+    assert out.count("raised as expected") == 2 and "gpu_device_agreement unsupported_device ok" in out, out[-2000:]

@@ -53,6 +53,14 @@ elif case == "no_cupy":
                  lambda x: cl.allgather(x, name="w"), lambda x: cl.broadcast_(x, 0, name="w")):
         tensor = DeclaredCudaArray((3, 2), "<f4") if rank == 0 else np.zeros((3, 2), np.float32)
         expect_error(lambda: call(tensor), "'w'", "rank 0", "cuda", "CuPy is not installed", "commlib[cuda12]")
+elif case == "unsupported_device":
+    class OnOpenCL:
+        """Says (DLPack) that its memory is on an OpenCL device: commlib has no path there."""
+
+        def __dlpack_device__(self):
+            return (4, 0)
+    tensor = OnOpenCL() if rank == 0 else np.zeros(3, np.float32)
+    expect_error(lambda: cl.allreduce(tensor, name="w"), "'w'", "rank 0", "DLPack device type 4")
 else:
     raise SystemExit(f"unknown case {case}")
 
