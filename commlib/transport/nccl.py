@@ -30,7 +30,7 @@ from ..dtypes import BFLOAT16
 from ..errors import CommlibError
 from ..ops import ReduceOp
 from .device_kernels import DeviceKernels, device_dtype
-from .staged import scaling
+from .staged import check_request, scaling
 
 # NCCL's ncclDataType_t and ncclRedOp_t (nccl.h); CuPy exports the same numbers as nccl.NCCL_*.
 _NCCL_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 4,
@@ -117,8 +117,10 @@ class NcclTransport:
     def allreduce_(self, arrays, op: ReduceOp = ReduceOp.AVERAGE, lane: int = 0, prescale: float = 1.0,
                    postscale: float = 1.0, wire: np.dtype | None = None) -> None:
         """Reduce CuPy arrays (contiguous, on this rank's GPU) in place across ranks, in one group call."""
+        if not arrays:
+            return
+        _, sent_dtype = check_request("NCCL allreduce", arrays, op, prescale, postscale, wire)
         nccl_comm, stream = self.lanes[lane % len(self.lanes)]
-        sent_dtype = np.dtype(wire) if wire is not None else np.dtype(arrays[0].dtype) if arrays else None
         before, after = scaling(op, self.size, prescale, postscale, sent_dtype)
         self._enter(stream)
         with stream:
@@ -152,6 +154,7 @@ class NcclTransport:
         from mpi4py import MPI
 
         _check(array, self.device.id)
+        check_request("hierarchical NCCL allreduce", [array], op, 1.0, 1.0, None)
         if np.dtype(array.dtype).kind == "f" and np.dtype(array.dtype).itemsize < 4:
             raise CommlibError(f"hierarchical NCCL allreduce: {array.dtype} cannot cross MPI here (no 16-bit "
                                "float MPI type); use float32/float64, or allreduce_ with wire=float16")

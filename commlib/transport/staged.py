@@ -126,6 +126,22 @@ def segments(count: int, itemsize: int, segment_bytes: int) -> list[tuple[int, i
     return [(start, min(start + step, count)) for start in range(0, count, step)]
 
 
+def check_request(what: str, arrays: Sequence, op: ReduceOp, prescale: float, postscale: float,
+                  wire) -> tuple[np.dtype, np.dtype]:
+    """(dtype, wire dtype) of a fused allreduce of ``arrays``, or a clear error: one dtype for all, a
+    half-precision wire only for float32, scaling and Average only for floating types."""
+    dtype = np.dtype(arrays[0].dtype)
+    if any(np.dtype(a.dtype) != dtype for a in arrays):
+        raise CommlibError(f"{what}: the arrays of one call must share a dtype, got "
+                           f"{sorted({str(a.dtype) for a in arrays})}")
+    wire = dtype if wire is None else np.dtype(wire)
+    if wire != dtype and (dtype != np.float32 or wire not in _HALVES):
+        raise CommlibError(f"{what}: a {wire} wire needs float32 arrays, not {dtype}")
+    if (prescale != 1.0 or postscale != 1.0 or op is ReduceOp.AVERAGE) and dtype.kind in "iub":
+        raise CommlibError(f"{what}: scaling and Average need a floating dtype, not {dtype}")
+    return dtype, wire
+
+
 def scaling(op: ReduceOp, size: int, prescale: float, postscale: float, wire: np.dtype) -> tuple[float, float]:
     """(factor applied before, factor applied after) the reduction. Average becomes a Sum divided by
     ``size``: before the reduction when a half-precision wire could overflow, after it otherwise."""
@@ -157,15 +173,7 @@ class StagedAllreduce:
         sends float32 arrays in half precision; the host then reduces the half-precision buffer."""
         if not arrays:
             return
-        dtype = np.dtype(arrays[0].dtype)
-        if any(np.dtype(a.dtype) != dtype for a in arrays):
-            raise CommlibError(f"staged allreduce: the arrays of one call must share a dtype, got "
-                               f"{sorted({str(a.dtype) for a in arrays})}")
-        wire = dtype if wire is None else np.dtype(wire)
-        if wire != dtype and (dtype != np.float32 or wire not in _HALVES):
-            raise CommlibError(f"staged allreduce: a {wire} wire needs float32 arrays, not {dtype}")
-        if (prescale != 1.0 or postscale != 1.0 or op is ReduceOp.AVERAGE) and dtype.kind in "iub":
-            raise CommlibError(f"staged allreduce: scaling and Average need a floating dtype, not {dtype}")
+        dtype, wire = check_request("staged allreduce", arrays, op, prescale, postscale, wire)
         before, after = scaling(op, self.size, prescale, postscale, wire)
         host_op = ReduceOp.SUM if op is ReduceOp.AVERAGE else op
         ops = self.ops
