@@ -2,7 +2,7 @@
 # commlib's GPU checks, for a machine with an NVIDIA GPU, CuPy, torch (CUDA) and mpi4py (the H100 lent to
 # some sessions: docs/gpu.md says how to carry the mpich wheel there). Never run in CI.
 #
-#   bash scripts/gpu_check.sh [OUTDIR]        (default $OUT, else /tmp/commlib-gpu-check)
+#   bash scripts/gpu_check.sh [OUTDIR] [tests|bench|all]   (default $OUT, else /tmp/commlib-gpu-check; all)
 #
 # Writes OUTDIR/env.txt, tests.log (the GPU tests on 1, 2 and 3 ranks sharing the GPU, the NCCL test on
 # 1 rank, the torch CUDA DistributedOptimizer equivalence), casting.txt and staged_{2,3}.txt (benchmarks).
@@ -10,6 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-${OUT:-/tmp/commlib-gpu-check}}"
+what="${2:-all}"
 mkdir -p "$out"
 py="${PYTHON:-python3}"
 
@@ -43,11 +44,16 @@ EOF
 } 2>&1 | tee "$out/env.txt"
 
 status=0
-"$py" -m pytest -v -rs -p no:cacheprovider tests/test_gpu_device.py tests/test_gpu_host.py 2>&1 | tee "$out/tests.log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-
-"$py" scripts/bench_gpu.py casting 2>&1 | tee "$out/casting.txt"
-for n in 2 3; do
-    mpiexec -n "$n" "$py" scripts/bench_gpu.py staged 2>&1 | tee "$out/staged_$n.txt"
-done
+if [ "$what" != bench ]; then
+    "$py" -m pytest -v -rs -p no:cacheprovider tests/test_gpu_device.py tests/test_gpu_host.py 2>&1 | tee "$out/tests.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "$what" != tests ]; then
+    "$py" scripts/bench_gpu.py casting 2>&1 | tee "$out/casting.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    for n in 2 3; do
+        mpiexec -n "$n" "$py" scripts/bench_gpu.py staged 2>&1 | tee "$out/staged_$n.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+fi
 exit $status
