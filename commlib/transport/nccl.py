@@ -1,9 +1,9 @@
 """The NCCL transport: allreduce of CuPy device arrays with NCCL, one GPU per rank (``cupy.cuda.nccl``).
 
 Set up over MPI: rank 0 of the MPI communicator makes a unique id per lane, ``bcast`` gives it to every
-rank, and each rank joins an ``NcclCommunicator`` on its GPU. Lanes are CUDA streams, as many as
-``COMMLIB_NUM_STREAMS`` (``num_streams``): lane i has its own communicator and stream, so collectives on
-different lanes overlap. Each call orders its lane after the caller's current stream, and the caller's
+rank, and each rank joins an ``NcclCommunicator`` on its GPU. Lanes are CUDA streams, ``num_streams`` of them (the
+coordinator's ``COMMLIB_NUM_STREAMS`` lanes, once it drives this transport): lane i has its own
+communicator and stream, so collectives on different lanes overlap. Each call orders its lane after the caller's current stream, and the caller's
 stream after the lane (an event each way): the call returns at once, and kernels queued later on the
 caller's stream see the result.
 
