@@ -72,10 +72,12 @@ def _switch(text: str) -> bool:
 
 
 def _algorithm(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in algorithm_names():
-        raise ValueError(f"unknown algorithm {text!r}; use one of: {', '.join(algorithm_names())}")
-    return value
+    from .validation import algorithm  # the one rule
+
+    message = algorithm(text)
+    if message:
+        raise ValueError(message)
+    return str(text).strip().lower()
 
 
 def _optional_path(text: str) -> str | None:
@@ -189,8 +191,8 @@ FIELDS: dict[str, _Field] = {
     "ring_segment_bytes": _Field("COMMLIB_RING_SEGMENT", parse_size,
                                  "pipeline segment of the ring algorithm, bytes (K/M/G suffix; default 1M)"),
     "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
-                                  "auto: messages up to this size use MPI's own allreduce (recursive "
-                                  "doubling with a codec) (default 128K)"),
+                                  "hierarchical: shards up to this size cross nodes by recursive doubling, "
+                                  "larger ones by ring (default 128K)"),
     "cma": _Field("COMMLIB_CMA", _switch,
                   "1: on one node, probe cross-memory attach at init and let auto use the cma algorithm; "
                   "0: never (default 1)"),
@@ -211,8 +213,9 @@ FIELDS: dict[str, _Field] = {
                                  "every rank reports peers that stopped answering); "
                                  "0 disables (default 60)"),
     "stall_shutdown_time_s": _Field("COMMLIB_STALL_SHUTDOWN_TIME", _non_negative_float,
-                                    "seconds after which a stalled tensor fails on every rank; 0 disables "
-                                    "(default 0)"),
+                                    "seconds after which a stalled tensor fails on every rank, and a rank "
+                                    "that has waited that long for a silent peer gives up on it (commlib "
+                                    "then fails on every rank, naming the peer); 0 disables (default 0)"),
     "cache_capacity": _Field("COMMLIB_CACHE_CAPACITY", _positive_int,
                              "negotiated tensors remembered for the fast path (default 1024)"),
     "direct_max_ranks": _Field("COMMLIB_DIRECT_MAX_RANKS", _non_negative_int,

@@ -20,24 +20,16 @@ import numpy as np
 
 from . import kernels
 from .algorithms import AlgorithmContext, execute, partition, prepare, ring, spec
-from .compression import FLOAT32, WireCodec, warn_overflow
+from .compression import WireCodec, warn_overflow
 from .config import Config
-from .dtypes import FLOAT16, check_contiguous, check_reducible
+from .dtypes import FLOAT16
+from .validation import check_contiguous, check_options, check_reducible
 from .errors import CommlibError
 from .ops import ReduceOp, as_op
 from .topology import Topology
 from .transport.base import Transport
 
 _COUNT = np.dtype(np.int64)
-
-
-def _check_options(dtype: np.dtype, codec: WireCodec | None, prescale: float, postscale: float,
-                   name: str) -> None:
-    """Refuse a codec on anything but float32 and scale factors on integers."""
-    if codec is not None and dtype != FLOAT32:
-        raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {dtype}; pass codec=None")
-    if (prescale != 1.0 or postscale != 1.0) and dtype.kind in "iu":
-        raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {dtype}")
 
 
 def _scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
@@ -108,7 +100,7 @@ class Engine:
         and the scale factors depend only on the request, so the coordinator keeps one function per
         negotiated request; a small call's latency is mostly decisions like these."""
         op = as_op(op)
-        _check_options(dtype, codec, prescale, postscale, name)
+        check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
         choice = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
@@ -142,7 +134,7 @@ class Engine:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
-        _check_options(flats[0].dtype, codec, prescale, postscale, name)
+        check_options(flats[0].dtype, codec, prescale, postscale, name)
         choice = prepare(self.context, flats[0].dtype, sum(f.nbytes for f in flats),
                          algorithm or self.config.algorithm, codec)
         together = spec.get(choice.algorithm).run_many
@@ -184,21 +176,28 @@ class Engine:
             self.transport.bcast_(arr.reshape(-1), root)
         return arr
 
-    def reducescatter(self, arr: np.ndarray, op=ReduceOp.SUM, name: str = "tensor") -> np.ndarray:
+    def reducescatter(self, arr: np.ndarray, op=ReduceOp.SUM, name: str = "tensor", prescale: float = 1.0,
+                      postscale: float = 1.0) -> np.ndarray:
         """Reduce ``arr`` across ranks and return this rank's block of rows: the first dimension is cut
-        with ``partition.offsets`` (earlier ranks take the extra rows). ``Average`` divides by the size."""
+        with ``partition.offsets`` (earlier ranks take the extra rows). As Horovod: ``prescale`` multiplies
+        each rank's input, ``postscale`` the result, and ``Average`` divides by the size in that same
+        postscale pass (integers: each product truncated, see ``kernels.scale_``)."""
         op = as_op(op)
         arr = _at_least_1d(arr, name)
         check_reducible(arr, op, name)
+        check_options(arr.dtype, None, prescale, postscale, name)
         rows = partition.offsets(arr.shape[0], self.size)
         row = _row_size(arr)
         work = np.array(arr, order="C", copy=True).reshape(-1)
+        if prescale != 1.0:
+            kernels.scale_(work, prescale)
         if self.size > 1:
             ring.reduce_scatter_(self.context, self.transport, work, op.kernel_op, [r * row for r in rows])
         mine = work[rows[self.rank] * row:rows[self.rank + 1] * row]
         out = mine.reshape((rows[self.rank + 1] - rows[self.rank],) + arr.shape[1:]).copy()
-        if op is ReduceOp.AVERAGE and self.size > 1:
-            kernels.scale_(out.reshape(-1), 1.0 / self.size)
+        post = postscale / self.size if op is ReduceOp.AVERAGE and self.size > 1 else postscale
+        if post != 1.0:
+            kernels.scale_(out.reshape(-1), post)
         return out
 
     def alltoall(self, arr: np.ndarray, splits: Sequence[int] | None = None,

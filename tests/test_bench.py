@@ -171,7 +171,7 @@ def test_table_width_does_not_grow_with_the_algorithms(tmp_path):
     data, out = bench(2, tmp_path, "-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--rounds", "1",
                       "--algo", "all", "--explain", "--link-rate", "1gbit")
     widest = max(len(line) for line in out.splitlines() if line and line[0] in " 0123456789")
-    assert widest <= 110, out
+    assert widest <= 125, out
     auto = data["results"][0]["algorithms"]["auto"]
     assert auto["chosen"] in ALL and auto["predicted_us"] > 0, auto
     assert all(m["x_bound"] is None for r in data["results"] for m in r["algorithms"].values()), \

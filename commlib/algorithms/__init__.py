@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compression import FLOAT32, WireCodec
+from ..compression import WireCodec
 from ..errors import CommlibError, ConfigError
 from ..ops import ReduceOp, as_op
+from ..validation import check_options
 from . import select, spec
 from .context import AlgorithmContext, TorusGrid
 from .scaling import with_scaling_passes
@@ -40,8 +41,7 @@ def prepare(ctx: AlgorithmContext, dtype: np.dtype, nbytes: int, algorithm: str 
     """Check everything ``run_allreduce`` would reject for a buffer of ``dtype`` and ``nbytes`` bytes,
     without communicating; return the concrete algorithm that will run. Callers that scale a buffer
     first call this first."""
-    if codec is not None and dtype != FLOAT32:
-        raise TypeError(f"{codec!r} compresses float32 buffers, not {dtype}")
+    check_options(dtype, codec, 1.0, 1.0, "buffer")
     choice = resolve(ctx, algorithm, nbytes, codec)
     reason = spec.get(choice.algorithm).requires(ctx, codec)
     if reason:

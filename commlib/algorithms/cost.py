@@ -86,16 +86,17 @@ class CostModel:
             raise ConfigError(f"tuning profile {source}: unknown parameter(s) {', '.join(unknown)}; "
                               "recreate it with commlib-bench --calibrate")
         values = dict(data)
-        for key in ("intra", "inter"):
-            if key in values:
-                values[key] = Link(**values[key])
-        values["codec_s_per_byte"] = dict(values.get("codec_s_per_byte", DEFAULTS.codec_s_per_byte))
         try:
+            for key in ("intra", "inter"):
+                if key in values:
+                    values[key] = Link(**values[key])
+            values["codec_s_per_byte"] = dict(values.get("codec_s_per_byte", DEFAULTS.codec_s_per_byte))
             model = cls(**values, source=source)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise ConfigError(f"tuning profile {source}: {exc}; recreate it with commlib-bench --calibrate") from None
         for name, value in _numbers(model):
-            if not (value >= 0 and math.isfinite(value)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"tuning profile {source}: {name} = {value!r} must be a finite number >= 0")
         return model
 
@@ -109,7 +110,7 @@ def _numbers(model: CostModel) -> Iterable[tuple[str, float]]:
         elif isinstance(value, Mapping):
             for key, rate in value.items():
                 yield f"{field.name}.{key}", rate
-        elif isinstance(value, float):
+        elif field.name != "source":
             yield field.name, value
 
 
@@ -292,6 +293,23 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
         cross = _ring(model, shape, shards, shard_bytes, codec, seg)
     return (model.call_s + _ring_half(model, shape, nodes, nbytes, codec, seg, True) + cross
             + _ring_half(model, shape, nodes, nbytes, codec, seg, False))
+
+
+def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=None,
+                           seg: int = 1 << 20) -> float:
+    """hierarchical's phases on blocks of 8 segments, block b's cross-node rings overlapping block b+1's
+    reduce-scatter and block b-1's allgather: per block the slower of the two, plus one block's other."""
+    if shape.ranks < 2 or nbytes <= 0:
+        return 0.0
+    nodes = shape.node_groups()
+    width = max(len(g) for g in nodes)
+    shards = [[g[j] for g in nodes if j < len(g)] for j in range(width)]
+    block = min(nbytes, 8 * seg)
+    count = math.ceil(nbytes / block)
+    inside = (_ring_half(model, shape, nodes, block, codec, seg, True)
+              + _ring_half(model, shape, nodes, block, codec, seg, False))
+    cross = _ring(model, shape, shards, block / width, codec, 0)
+    return model.call_s + count * max(inside, cross) + min(inside, cross)
 
 
 def _rd_groups(model, shape, groups, nbytes, codec) -> float:

@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..ops import ReduceOp
-from . import cma, cost, hierarchical, native, rabenseifner, recursive_doubling, ring, ring_many, torus2d
+from . import (cma, cost, hierarchical, native, pipelined, rabenseifner, recursive_doubling, ring, ring_many,
+               torus2d)
 from .scaling import with_scaling_passes
 
 #: What ``auto`` stands for: not an algorithm of its own, the cost model's choice among them.
@@ -86,6 +87,10 @@ SPECS: tuple[AlgorithmSpec, ...] = (
                   "recursive halving + doubling; bandwidth-optimal with log2(p) latency", segmented=True),
     AlgorithmSpec("hierarchical", _passes(hierarchical.allreduce), None, False, _anywhere, cost.hierarchical,
                   "reduce-scatter in each node, allreduce of the shards across nodes, allgather in each node",
+                  segmented=True),
+    AlgorithmSpec("hierarchical_pipelined", _passes(pipelined.allreduce), None, False, _anywhere,
+                  cost.hierarchical_pipelined,
+                  "hierarchical on blocks: one block crosses the network while the next is reduced in the node",
                   segmented=True),
     AlgorithmSpec("torus2d", _passes(torus2d.allreduce), None, False, torus2d.requires, cost.torus2d,
                   "X-by-Y grid: rings along rows, then columns, then rows", segmented=True),

@@ -10,7 +10,8 @@ What is measured (every rank takes part; figures are combined so that every rank
   and decode over 16 MiB of float32 (the slowest rank counts);
 - MPI's own allreduce (``native``) at 8 bytes and at 1 and 16 MiB: its latency per log2(p) step, and its
   bandwidth as a multiple of a ring's transfer time (least squares on the large sizes);
-- the fixed Python cost of a schedule: recursive doubling on 8 bytes, less what the links predict.
+- the fixed Python cost of a schedule: recursive doubling on 8 bytes, less what the links predict;
+- the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one.
 """
 
 from __future__ import annotations
@@ -64,6 +65,35 @@ def _ping_pong(transport, comm, peer: int | None, nbytes: int, reps: int) -> flo
             times.append(time.perf_counter() - start)
     comm.Barrier()
     return statistics.median(times)
+
+
+def _message_cost(transport, comm, peer: int | None, nbytes: int = 4 << 20, pieces: int = 32) -> float:
+    """The extra cost of one more message in a pipelined step: ``nbytes`` sent from rank 0 to ``peer`` as
+    ``pieces`` posted messages against one (median of 5), per extra message."""
+    if peer is None:
+        return 0.0
+    rank = transport.rank
+    buf = np.zeros(nbytes, np.uint8)
+
+    def once(parts: int) -> None:
+        size = nbytes // parts
+        if rank == 0:
+            transport.waitall([transport.isend(buf[i * size:(i + 1) * size], peer) for i in range(parts)])
+            transport.recv(buf[:1], peer)
+        else:
+            transport.waitall([transport.irecv(buf[i * size:(i + 1) * size], 0) for i in range(parts)])
+            transport.send(buf[:1], 0)
+
+    comm.Barrier()
+    extra = 0.0
+    if rank in (0, peer):
+        for parts in (1, pieces):
+            once(parts)  # warm up
+        whole = _median_time(lambda: once(1), 5)
+        cut = _median_time(lambda: once(pieces), 5)
+        extra = max(cut - whole, 0.0) / (pieces - 1)
+    comm.Barrier()
+    return comm.bcast(extra, root=0)
 
 
 def _link(transport, comm, peer: int | None, large: int, reps_large: int) -> tuple[cost.Link | None, dict]:
@@ -162,7 +192,7 @@ def calibrate(engine, comm) -> tuple[cost.CostModel, dict]:
         reduce_s_per_byte=rates["reduce_s_per_byte"],
         copy_s_per_byte=rates["copy_s_per_byte"],
         codec_s_per_byte={"fp16": rates["codec_fp16"], "bf16": rates["codec_bf16"]},
-        message_s=(intra or inter or defaults.intra).alpha_s,
+        message_s=_message_cost(transport, comm, (same_node or other_node or [None])[0]),
         source="calibration")
     if topo.size > 1:
         alpha, factor, measured["native"] = _native(engine, comm, model, shape)

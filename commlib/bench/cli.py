@@ -45,6 +45,14 @@ def _parse_on_every_rank(argv: list[str], rank: int) -> Options | int:
             return exc.code if isinstance(exc.code, int) else 2
 
 
+def _launcher_rank() -> int:
+    """This process's rank as the launcher tells it, known before MPI starts (0 if none says)."""
+    for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return 0
+
+
 def _job_errors(options: Options, nranks: int) -> list[str]:
     """Problems only visible once the job runs (the same verdict on every rank)."""
     errors = []
@@ -194,14 +202,14 @@ def _mpi_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commlib-bench`` console script."""
-    from mpi4py import MPI
-
     argv = sys.argv[1:] if argv is None else list(argv)
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    options = _parse_on_every_rank(argv, rank)
+    options = _parse_on_every_rank(argv, _launcher_rank())  # before MPI: --help starts none
     if isinstance(options, int):
         return options
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
     errors = _job_errors(options, comm.Get_size())
     if errors:
         if rank == 0:

@@ -10,7 +10,7 @@ from .core import SizeResult
 
 # One row per size and algorithm, so the table keeps its width however many algorithms run:
 # size, count, algorithm, time, algbw, busbw, #wrong, then the optional x bound, predicted and meas/pred.
-_WIDTHS = (12, 12, 24, 11, 8, 8, 7)
+_WIDTHS = (12, 12, 28, 11, 8, 8, 7)
 _BOUND, _PRED, _RATIO = 8, 11, 9
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,8 @@ if case == "metadata":
     def submit(kind):
         array = np.zeros(4, np.float32)
         meta = Meta("grad", kind, "float32", (4,), int(cl.Sum), device="cuda" if rank == 0 else "cpu")
-        return cl.synchronize(api._submit(api._rt(), meta, array, array, wait=True))
+        _, member, _ = api._member_and_name(None, "grad", "allreduce")
+        return cl.synchronize(api._submit(member, meta, array, array, wait=True))
     listing = ", ".join(f"rank {r}: {'cuda' if r == 0 else 'cpu'}" for r in range(size))
     expect_error(lambda: submit(Kind.ALLREDUCE), "'grad'", f"mismatched device ({listing})")
     expect_error(lambda: submit(Kind.BROADCAST), "'grad'", "mismatched device")
