@@ -10,8 +10,9 @@ are numbered once, in ``csrc/kernels.h``, and exported by ``commlib._kernels``).
 - bool: Sum and Max are a logical or, Product and Min a logical and (as numpy reduces bools); no Average
   and no scale factors.
 
-These are the dtypes of Horovod's torch binding. Any fixed-size dtype can still be moved (allgather,
-broadcast, alltoall move bytes); only reductions need a row here.
+These are the dtypes of Horovod's torch binding, plus bfloat16, and bool (which commlib.torch refuses, as
+Horovod's torch binding does). Any fixed-size dtype can still be moved (allgather, broadcast, alltoall move
+bytes); only reductions need a row here.
 """
 
 from __future__ import annotations

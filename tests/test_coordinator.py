@@ -173,6 +173,14 @@ def test_a_rank_that_exits_without_shutdown_fails_the_others(nprocs):
     assert out.count("OK") == nprocs - 1
 
 
+@pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
+def test_rank_0_leaving_fails_the_others(env):
+    out = run_mpi(3, "coord_leave.py", "exit", "0", env=env, timeout=60)
+    times = _error_times(out)
+    assert sorted(times) == [1, 2] and all(t < 10 for t in times.values()), out
+    assert "rank 0 left" in out and out.count("leave case exit OK") == 2, out
+
+
 def test_a_rank_that_leaves_fails_the_others_join():
     out = run_mpi(3, "coord_leave.py", "join", timeout=60)
     times = _error_times(out)

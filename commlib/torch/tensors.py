@@ -14,8 +14,9 @@ from ..device import INSTALL_HINT, cuda_built
 from ..dtypes import BFLOAT16, TABLE
 from ..errors import CommlibError
 
-#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate (commlib/dtypes.py).
-NUMPY_DTYPES = {getattr(torch, row.torch): row.numpy for row in TABLE}
+#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate (commlib/dtypes.py),
+#: except bool, which Horovod's torch binding refuses too.
+NUMPY_DTYPES = {getattr(torch, row.torch): row.numpy for row in TABLE if row.kind != "bool"}
 
 
 class DeviceNotSupportedError(CommlibError, ValueError):

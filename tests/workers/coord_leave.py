@@ -1,6 +1,6 @@
 """A rank that leaves or stops answering: every other rank gets an error naming it, within a bound.
 
-argv: case, last rank's step to leave at.
+argv: case [rank that leaves, default the last].
 - exit: the last rank returns early with sys.exit(0) (no shutdown()): the exit hook tells the others.
 - raise: the last rank dies of an uncaught exception (the job then fails; the others must have been told).
 - join: the others wait in join() while the last rank leaves instead of joining: their join fails.
@@ -21,7 +21,7 @@ import commlib as cl
 case, leave_at = sys.argv[1], 5
 cl.init()
 rank, size = cl.rank(), cl.size()
-last = size - 1
+last = int(sys.argv[2]) if len(sys.argv) > 2 else size - 1
 
 if case == "join":  # the others wait in join() for a rank that leaves instead of joining
     if rank == last:
