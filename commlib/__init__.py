@@ -12,9 +12,11 @@ from .api import (
     mpi_threads_supported, poll, rank, reducescatter, reducescatter_async, shutdown, size, start_timeline,
     stop_timeline, synchronize,
 )
+from .adasum import Adasum
 from .compression import Compression, CompressionOverflowWarning
 from .coordinator.requests import Handle
 from .errors import CollectiveError, CommlibError, ConfigError
+from .grouped import grouped_allgather, grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 
 __version__ = "0.1.0"

@@ -21,6 +21,7 @@ NUMPY_DTYPES = {
     torch.float64: np.dtype(np.float64),
     torch.int8: np.dtype(np.int8),
     torch.uint8: np.dtype(np.uint8),
+    torch.int16: np.dtype(np.int16),
     torch.int32: np.dtype(np.int32),
     torch.int64: np.dtype(np.int64),
 }
