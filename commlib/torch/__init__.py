@@ -22,4 +22,5 @@ from .collectives import (
 )
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 from .tensors import DeviceNotSupportedError
