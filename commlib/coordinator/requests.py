@@ -92,10 +92,11 @@ class Response:
 class Handle:
     """The result of an asynchronous call; pass it to ``poll`` or ``synchronize``."""
 
-    __slots__ = ("name", "_done", "_event", "_result", "_error", "_parts")
+    __slots__ = ("name", "owner", "_done", "_event", "_result", "_error", "_parts")
 
     def __init__(self, name: str, parts: list["Handle"] | None = None):
         self.name = name
+        self.owner = None  # the coordinator it was submitted to (synchronize drives that one)
         self._done = False
         self._event: threading.Event | None = None  # made only if a thread has to block on it
         self._result: Any = None
@@ -106,6 +107,14 @@ class Handle:
         if self._parts is not None:
             return all(p.done() for p in self._parts)
         return self._done
+
+    def wait(self) -> None:
+        """Block until done, driving the owning coordinator(s) meanwhile."""
+        if self._parts is not None:
+            for part in self._parts:
+                part.wait()
+        elif not self._done:
+            self.owner.wait(self)
 
     def wait_briefly(self, seconds: float) -> bool:
         """Block up to ``seconds`` for another thread to complete the handle."""

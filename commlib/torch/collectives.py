@@ -23,8 +23,6 @@ import commlib as _cl
 from .. import adasum as _adasum
 from ..compression import WireCodec
 from ..errors import CommlibError
-from ..grouped import grouped_allgather_async as _grouped_allgather_async
-from ..grouped import grouped_reducescatter_async as _grouped_reducescatter_async
 from ..ops import ReduceOp, as_op
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
@@ -327,7 +325,7 @@ def grouped_allgather_async(tensors, name=None, process_set=None) -> Handle:
     """Start allgathering a list of tensors as one call; ``synchronize`` returns the list of results."""
     tensors = list(tensors)
     arrays = [_allgather_array(t, name) for t in tensors]
-    inner = _grouped_allgather_async(arrays, name=name, **set_kwargs(process_set))
+    inner = _cl.grouped_allgather_async(arrays, name=name, **set_kwargs(process_set))
     return Handle(inner, lambda results: [as_tensor(r) for r in results], tensors)
 
 
@@ -359,27 +357,15 @@ def broadcast_now(tensor, root_rank, name=None, process_set=None):
 
 # --- reducescatter, alltoall ----------------------------------------------------------------------------
 
-def _scaled(tensor, factor):
-    """``tensor * factor`` in Horovod's arithmetic: integers in float64, truncated back; float16 in
-    float32 on the CPU; other floats in their own type."""
-    if factor == 1.0:
-        return tensor
-    if not tensor.is_floating_point():
-        return (tensor.double() * factor).to(tensor.dtype)
-    if tensor.dtype in (torch.float16, torch.bfloat16):
-        return (tensor.float() * factor).to(tensor.dtype)
-    return tensor * factor
-
-
 class _Scatter:
-    """One tensor's reducescatter, prepared as Horovod computes it: the compressor's cast, the prescale
-    in Horovod's arithmetic, and (integer Average) a Sum whose 1/size joins the postscale."""
+    """One tensor's reducescatter, prepared as Horovod does it: refuse Adasum, apply the compressor's
+    cast (commlib's scaling, integer Average included, follows Horovod's arithmetic in the numpy API)."""
 
-    def __init__(self, tensor, name, compression, op, prescale_factor, postscale_factor, process_set):
+    def __init__(self, tensor, name, compression, op):
         if op is Adasum:
             raise CommlibError(f"reducescatter of tensor {name!r}: Adasum is not supported for reducescatter; "
                                "use op=Sum or op=Average")
-        op = as_op(op)
+        self.op = as_op(op)
         check_tensor(tensor, name, "reducescatter")
         if tensor.dim() == 0:
             raise ValueError(f"reducescatter of tensor {name!r}: it splits the first dimension, but the tensor "
@@ -389,16 +375,11 @@ class _Scatter:
         sent, self.context = compress(compression, tensor)
         if compression is not None and _is_wire_codec(compression) and tensor.dtype is torch.float32:
             sent = tensor.to(_torch_dtype(compression.wire_dtype))
-        self.sent = _scaled(sent, prescale_factor)
-        self.postscale = postscale_factor
-        if op is Average and not self.sent.is_floating_point():
-            op, self.postscale = Sum, postscale_factor / set_size(process_set)
-        self.op = op
-        self.array = as_array(self.sent, name, "reducescatter")
+        self.sent = sent
+        self.array = as_array(sent, name, "reducescatter")
 
     def finish(self, result):
-        out = _scaled(as_tensor(result), self.postscale)
-        out = decompress(self.compression, out, self.context)
+        out = decompress(self.compression, as_tensor(result), self.context)
         if out.dtype is not self.original_dtype:
             out = out.to(self.original_dtype)
         return out
@@ -409,11 +390,11 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
     """Start reducing ``tensor`` over the ranks and keep this rank's block of the first dimension.
 
     As Horovod: ``compression`` casts the tensor for the collective and back; ``prescale_factor``
-    multiplies (a copy of) the input and ``postscale_factor`` the output, integers in float64 and
-    truncated, float16 in float32.
+    multiplies each rank's input and ``postscale_factor`` the output (integers in float64, truncated).
     """
-    job = _Scatter(tensor, name, compression, op, prescale_factor, postscale_factor, process_set)
-    inner = _cl.reducescatter_async(job.array, op=job.op, name=name, **set_kwargs(process_set))
+    job = _Scatter(tensor, name, compression, op)
+    inner = _cl.reducescatter_async(job.array, op=job.op, name=name, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, **set_kwargs(process_set))
     return Handle(inner, job.finish, (tensor, job.sent))
 
 
@@ -421,13 +402,10 @@ def grouped_reducescatter_async(tensors, name=None, compression=Compression.none
                                 prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> Handle:
     """Start reducescattering a list of tensors as one call; ``synchronize`` returns the list of blocks."""
     tensors = list(tensors)
-    jobs = [_Scatter(t, name, compression, op, prescale_factor, postscale_factor, process_set) for t in tensors]
-    ops = {job.op for job in jobs}
-    if len(ops) > 1:  # integer Average runs as Sum: group integers and floats separately
-        raise TypeError(f"grouped_reducescatter {name!r} with op=Average: pass integer and floating tensors "
-                        "in separate calls")
-    inner = _grouped_reducescatter_async([job.array for job in jobs], name=name, op=ops.pop(),
-                                         **set_kwargs(process_set))
+    jobs = [_Scatter(t, name, compression, op) for t in tensors]
+    inner = _cl.grouped_reducescatter_async([job.array for job in jobs], name=name, op=jobs[0].op if jobs else op,
+                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                            **set_kwargs(process_set))
     return Handle(inner, lambda results: [job.finish(r) for job, r in zip(jobs, results)],
                   (tensors, [job.sent for job in jobs]))
 

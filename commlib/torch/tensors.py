@@ -10,21 +10,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..dtypes import BFLOAT16
+from ..dtypes import BFLOAT16, TABLE
 from ..errors import CommlibError
 
-#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate.
-NUMPY_DTYPES = {
-    torch.float16: np.dtype(np.float16),
-    torch.bfloat16: BFLOAT16,
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-    torch.int8: np.dtype(np.int8),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int16: np.dtype(np.int16),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-}
+#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate (commlib/dtypes.py).
+NUMPY_DTYPES = {getattr(torch, row.torch): row.numpy for row in TABLE}
 
 
 class DeviceNotSupportedError(CommlibError, ValueError):

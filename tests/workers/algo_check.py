@@ -49,6 +49,8 @@ def make_input(rank: int, dtype: np.dtype, op: ReduceOp, n: int, case: int) -> n
 
 def reference(inputs: list[np.ndarray], op: ReduceOp) -> np.ndarray:
     stack = np.stack(inputs)
+    if stack.dtype == np.bool_:  # Sum and Max: or; Product and Min: and
+        return (np.any if op in (ReduceOp.SUM, ReduceOp.MAX) else np.all)(stack, axis=0)
     wide = stack.astype(np.float64) if stack.dtype.kind not in "iu" else stack
     func = {ReduceOp.SUM: np.sum, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max, ReduceOp.PRODUCT: np.prod}[op]
     return func(wide, axis=0)
@@ -88,7 +90,7 @@ class Checker:
             self.checks += 1
             return
         ref = reference(inputs, op)
-        if dtype.kind in "iu" and codec is None:
+        if dtype.kind in "iub" and codec is None:
             expected = ref.astype(dtype)
             if not np.array_equal(buf, expected):
                 bad = np.flatnonzero(buf != expected)[:5]
