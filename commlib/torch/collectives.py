@@ -125,25 +125,29 @@ def synchronize(handle: Handle):
 
 # --- compression ----------------------------------------------------------------------------------------
 
-def _is_wire_codec(compression) -> bool:
-    return compression is None or isinstance(compression, WireCodec)
+def _horovod_style(compression) -> bool:
+    """A Horovod-style compressor: an object with torch ``compress``/``decompress`` (commlib's wire codecs
+    and anything else go to commlib's collective as ``compression=``)."""
+    return (compression is not None and not isinstance(compression, WireCodec)
+            and callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None)))
 
 
 def compress(compression, tensor):
-    """``(tensor to send, context)`` through a Horovod-style compressor (``compress``/``decompress``);
-    commlib's wire codecs and ``Compression.none`` leave the tensor as it is."""
-    if _is_wire_codec(compression):
+    """``(tensor to send, context)``: Horovod's order, ``compress`` before the collective, for a
+    Horovod-style compressor; others leave the tensor as it is."""
+    if not _horovod_style(compression):
         return tensor, None
     return compression.compress(tensor)
 
 
 def decompress(compression, tensor, context):
-    return tensor if _is_wire_codec(compression) else compression.decompress(tensor, context)
+    return compression.decompress(tensor, context) if _horovod_style(compression) else tensor
 
 
 def _wire(compression):
-    """What commlib's allreduce gets as ``compression``: a wire codec, or None after a Horovod-style one."""
-    return compression if _is_wire_codec(compression) else None
+    """What commlib's collective gets as ``compression``: none after a Horovod-style compressor."""
+    return None if _horovod_style(compression) else compression
 
 
 # --- allreduce ------------------------------------------------------------------------------------------
@@ -177,7 +181,7 @@ def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_facto
     sent, context = compress(compression, tensor)
     kwargs = dict(op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   compression=_wire(compression), **set_kwargs(process_set))
-    array = as_array(sent, name, "allreduce")
+    array = as_array(sent.contiguous(), name, "allreduce")
     if sent is tensor and inplace:
         return Handle(_cl.allreduce_async_(array, **kwargs), _same(tensor), tensor)
     inner = _cl.allreduce_async(array, **kwargs)
@@ -214,7 +218,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                process_set=None, compression=Compression.none):
     """Reduce ``tensor`` over the ranks in place and return it."""
     op = resolve_op(op, average)
-    if op is Adasum or not _is_wire_codec(compression):
+    if op is Adasum or _horovod_style(compression):
         return synchronize(_allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor,
                                             compression, process_set))
     _cl.allreduce_(as_array(tensor, name, "allreduce"), op=op, name=name, prescale_factor=prescale_factor,
@@ -225,7 +229,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   compression=Compression.none, process_set=None):
     """Reduce ``tensor`` over the ranks into a new tensor, synchronously (``tensor`` is unchanged)."""
-    if op is Adasum or not _is_wire_codec(compression):
+    if op is Adasum or _horovod_style(compression):
         return synchronize(_allreduce_async(tensor, False, name, op, prescale_factor, postscale_factor,
                                             compression, process_set))
     result = _cl.allreduce(as_array(tensor, name, "allreduce"), op=op, name=name,
@@ -239,7 +243,7 @@ def _grouped_allreduce(tensors, inplace, name, op, prescale_factor, postscale_fa
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce takes a non-empty list of tensors")
-    if op is Adasum or not _is_wire_codec(compression):
+    if op is Adasum or _horovod_style(compression):
         parts = [_allreduce_async(t, inplace, None if name is None else f"{name}.{i}", op, prescale_factor,
                                   postscale_factor, compression, process_set) for i, t in enumerate(tensors)]
         return Handle(None, lambda _none: [p.wait() for p in parts], tensors, parts=parts)
@@ -373,7 +377,7 @@ class _Scatter:
         self.compression = compression
         self.original_dtype = tensor.dtype
         sent, self.context = compress(compression, tensor)
-        if compression is not None and _is_wire_codec(compression) and tensor.dtype is torch.float32:
+        if isinstance(compression, WireCodec) and tensor.dtype is torch.float32:
             sent = tensor.to(_torch_dtype(compression.wire_dtype))
         self.sent = sent
         self.array = as_array(sent, name, "reducescatter")

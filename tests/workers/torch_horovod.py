@@ -179,6 +179,34 @@ def check_optimizer_and_state(r, n):
     assert torch.equal(live.data, torch.ones(3)), "no step was taken"
 
 
+class Widen:
+    """A user-written compressor with Horovod's interface: float64 on the wire, the caller's dtype back."""
+
+    calls = 0
+
+    @staticmethod
+    def compress(tensor):
+        Widen.calls += 1
+        return tensor.to(torch.float64), tensor.dtype
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.to(ctx)
+
+
+def check_user_compressor(r, n):
+    x = torch.full((2 * n, 3), r + 0.5)
+    out = hvd.allreduce(x, op=hvd.Sum, compression=Widen)
+    assert out.dtype == torch.float32 and Widen.calls == 1
+    close(out, torch.full((2 * n, 3), sum(q + 0.5 for q in range(n))), "allreduce with a user compressor")
+    inplace = x.clone()
+    hvd.allreduce_(inplace, op=hvd.Average, compression=Widen)
+    close(inplace, torch.full((2 * n, 3), n / 2), "allreduce_ with a user compressor")
+    block = hvd.reducescatter(x, op=hvd.Sum, compression=Widen)
+    assert block.dtype == torch.float32
+    close(block, torch.full((2, 3), sum(q + 0.5 for q in range(n))), "reducescatter with a user compressor")
+
+
 def check_join(r, n):
     last = [hvd.join(device) for device in (-1, 0)]
     assert hvd.allgather_object(last) == [last] * n
@@ -195,6 +223,7 @@ def main():
     check_sparse(r, n)
     check_sync_batch_norm(r, n)
     check_optimizer_and_state(r, n)
+    check_user_compressor(r, n)
     check_join(r, n)
     hvd.shutdown()
     print(f"[rank {r}] torch_horovod OK on {n} ranks", flush=True)
