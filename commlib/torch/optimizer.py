@@ -51,7 +51,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             allreduce once all its gradients are ready; or a list of lists of parameters (the rest are
             reduced alone).
         process_set: reduce among the ranks of this registered process set only (default: all ranks);
-            ranks outside it must not call ``step()``.
+            a rank outside it steps with its own gradients, as in Horovod.
         sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified for the
             allreduce and made sparse again; without it they are reduced as Horovod does, by an
             allgather of every rank's indices and values.
@@ -112,7 +112,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         for p in params:
             self._names[p] = self._named[p]
-        units = _form_units(params, self._names, groups, process_set)
+        # As Horovod: a rank outside the process set registers no hooks and steps with its own gradients.
+        self._included = process_set is None or bool(process_set.included())
+        units = _form_units(params, self._names, groups, process_set) if self._included else []
         # The hooks hold this object weakly and are removed when it is collected, so wrapping the same
         # parameters again later (a new optimizer after a checkpoint load) leaves no stale hooks behind.
         weakref.finalize(self, _remove_hooks, self._hooks)
@@ -182,7 +184,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.add_param_group(param_group)
         index = len(self.param_groups) - 1
         for j, p in enumerate(self.param_groups[-1]["params"]):
-            if p.requires_grad and p not in self._unit_of:
+            if p.requires_grad and p not in self._unit_of and self._included:
                 self._names[p] = self._named.get(p, f"allreduce.noname.{index}.{j}")
                 self._add_unit((p,))
 
@@ -274,6 +276,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Wait until every gradient is averaged over ranks (starting the ones backward did not produce)."""
+        if not self._included:
+            self._synchronized = True
+            return
         error = None
         try:
             for unit in self._units:
