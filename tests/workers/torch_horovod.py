@@ -207,6 +207,37 @@ def check_user_compressor(r, n):
     close(block, torch.full((2, 3), sum(q + 0.5 for q in range(n))), "reducescatter with a user compressor")
 
 
+def check_process_sets(r, n):
+    """The torch face passes process_set= through: results, gradients and the optimizer within a set."""
+    evens = hvd.add_process_set(list(range(0, n, 2)))
+    mine = evens if r % 2 == 0 else None
+    if mine is not None:
+        members = list(range(0, n, 2))
+        total = hvd.allreduce(torch.tensor([float(r)]), op=hvd.Sum, process_set=mine)
+        close(total, torch.tensor([float(sum(members))]), "allreduce in a set")
+        gathered = hvd.grouped_allgather([torch.tensor([r]), torch.tensor([[r, r]])], process_set=mine)
+        assert gathered[0].tolist() == members and gathered[1][:, 0].tolist() == members
+        x = torch.ones(2 * len(members), requires_grad=True)
+        hvd.reducescatter(x, op=hvd.Sum, process_set=mine).sum().backward()
+        close(x.grad, torch.full_like(x, float(len(members))), "reducescatter gradient in a set")
+        expect_error(NotImplementedError, lambda: hvd.allreduce(torch.ones(2), op=hvd.Adasum, process_set=mine),
+                     "global process set")
+    torch.manual_seed(r)
+    model = torch.nn.Linear(3, 1)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    before = model.weight.detach().clone()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
+                                         named_parameters=model.named_parameters(), process_set=evens)
+    model(torch.full((1, 3), r + 1.0)).sum().backward()
+    optimizer.step()
+    if mine is not None:  # averaged over the even ranks: x = r + 1 per rank
+        expected = before - 0.5 * sum(q + 1.0 for q in range(0, n, 2)) / len(range(0, n, 2))
+    else:  # outside the set: its own gradient
+        expected = before - 0.5 * (r + 1.0)
+    close(model.weight, expected, "DistributedOptimizer with a process set")
+    hvd.remove_process_set(evens)
+
+
 def check_join(r, n):
     last = [hvd.join(device) for device in (-1, 0)]
     assert hvd.allgather_object(last) == [last] * n
@@ -224,6 +255,7 @@ def main():
     check_sync_batch_norm(r, n)
     check_optimizer_and_state(r, n)
     check_user_compressor(r, n)
+    check_process_sets(r, n)
     check_join(r, n)
     hvd.shutdown()
     print(f"[rank {r}] torch_horovod OK on {n} ranks", flush=True)
