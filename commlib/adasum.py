@@ -81,18 +81,28 @@ def check_dtype(dtype: np.dtype, name: str) -> None:
         raise CommlibError(f"{name}: Adasum needs a floating dtype (float16, float32, float64), not {dtype}")
 
 
+def prepare(array: np.ndarray, name: str, prescale_factor: float = 1.0) -> np.ndarray:
+    """What a rank contributes to the allgather: its tensor flattened to one row, prescaled."""
+    check_dtype(array.dtype, name)
+    flat = array.reshape(1, -1)
+    if prescale_factor != 1.0:
+        flat = (flat.astype(np.float64) * prescale_factor).astype(array.dtype)
+    return flat
+
+
+def finish(gathered: np.ndarray, like: np.ndarray, postscale_factor: float = 1.0) -> np.ndarray:
+    """Every rank's row combined (:func:`reduce`), postscaled, in ``like``'s shape and dtype."""
+    result = reduce(gathered, like.dtype)
+    if postscale_factor != 1.0:
+        result = (result.astype(np.float64) * postscale_factor).astype(like.dtype)
+    return result.reshape(like.shape)
+
+
 def allreduce(array, name: str | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               **kwargs) -> np.ndarray:
     """Adasum of ``array`` over the ranks (a new array of the same shape and dtype). ``kwargs`` (e.g.
     ``process_set``) go to the allgather underneath."""
     array = np.ascontiguousarray(array)
-    label = name or "adasum"
-    check_dtype(array.dtype, label)
-    flat = array.reshape(1, -1)
-    if prescale_factor != 1.0:
-        flat = (flat.astype(np.float64) * prescale_factor).astype(array.dtype)
+    flat = prepare(array, name or "adasum", prescale_factor)
     gathered = api.allgather(flat, name=None if name is None else f"{name}.adasum", **kwargs)
-    result = reduce(gathered, array.dtype)
-    if postscale_factor != 1.0:
-        result = (result.astype(np.float64) * postscale_factor).astype(array.dtype)
-    return result.reshape(array.shape)
+    return finish(gathered, array, postscale_factor)

@@ -157,17 +157,11 @@ def _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set, 
     if process_set is not None and process_set.process_set_id != 0:
         raise NotImplementedError("Adasum runs on the global process set only (as in Horovod)")
     array = as_array(tensor, name, "allreduce")
-    _adasum.check_dtype(array.dtype, name or "allreduce")
-    flat = array.reshape(1, -1)
-    if prescale_factor != 1.0:
-        flat = (flat.astype(np.float64) * prescale_factor).astype(array.dtype)
+    flat = _adasum.prepare(array, name or "allreduce", prescale_factor)
     inner = _cl.allgather_async(flat, name=None if name is None else f"{name}.adasum")
 
     def finish(gathered):
-        result = _adasum.reduce(gathered, array.dtype)
-        if postscale_factor != 1.0:
-            result = (result.astype(np.float64) * postscale_factor).astype(array.dtype)
-        result = as_tensor(result.reshape(array.shape))
+        result = as_tensor(_adasum.finish(gathered, array, postscale_factor))
         return result if into is None else into.copy_(result)
 
     return Handle(inner, finish, tensor)

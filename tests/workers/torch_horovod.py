@@ -104,6 +104,9 @@ def check_adasum(r, n):
         inplace = mine.clone()
         assert hvd.synchronize(hvd.allreduce_async_(inplace, op=hvd.Adasum)) is inplace
         close(inplace, out, "Adasum in place")
+        numpy_result = adasum.allreduce(vectors[r].astype(mine.numpy().dtype), prescale_factor=2.0,
+                                        postscale_factor=0.25)
+        close(torch.from_numpy(numpy_result), out * 0.5, "Adasum in the numpy API, scaled", rtol=1e-5, atol=1e-6)
     # definition: orthogonal gradients add up, identical ones average
     basis = torch.zeros(n + 1, dtype=torch.float64)
     basis[r] = r + 1.0
