@@ -72,10 +72,12 @@ def _switch(text: str) -> bool:
 
 
 def _algorithm(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in algorithm_names():
-        raise ValueError(f"unknown algorithm {text!r}; use one of: {', '.join(algorithm_names())}")
-    return value
+    from .validation import algorithm  # the one rule
+
+    message = algorithm(text)
+    if message:
+        raise ValueError(message)
+    return str(text).strip().lower()
 
 
 def _optional_path(text: str) -> str | None:
@@ -189,8 +191,8 @@ FIELDS: dict[str, _Field] = {
     "ring_segment_bytes": _Field("COMMLIB_RING_SEGMENT", parse_size,
                                  "pipeline segment of the ring algorithm, bytes (K/M/G suffix; default 1M)"),
     "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
-                                  "auto: messages up to this size use MPI's own allreduce (recursive "
-                                  "doubling with a codec) (default 128K)"),
+                                  "hierarchical: shards up to this size cross nodes by recursive doubling, "
+                                  "larger ones by ring (default 128K)"),
     "cma": _Field("COMMLIB_CMA", _switch,
                   "1: on one node, probe cross-memory attach at init and let auto use the cma algorithm; "
                   "0: never (default 1)"),

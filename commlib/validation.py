@@ -54,10 +54,10 @@ def algorithm(value: str | None) -> str:
     """A forced algorithm must be one commlib has."""
     if value is None:
         return ""
-    from .config import ALGORITHMS
+    from .config import algorithm_names
 
-    if str(value).strip().lower() not in ALGORITHMS:
-        return f"unknown algorithm {value!r}; use one of: {', '.join(ALGORITHMS)}"
+    if str(value).strip().lower() not in algorithm_names():
+        return f"unknown algorithm {value!r}; use one of: {', '.join(algorithm_names())}"
     return ""
 
 

@@ -173,6 +173,13 @@ def test_a_rank_that_exits_without_shutdown_fails_the_others(nprocs):
     assert out.count("OK") == nprocs - 1
 
 
+def test_a_rank_that_leaves_fails_the_others_join():
+    out = run_mpi(3, "coord_leave.py", "join", timeout=60)
+    times = _error_times(out)
+    assert sorted(times) == [0, 1] and all(t < 10 for t in times.values()), out
+    assert out.count("leave case join OK") == 2, out
+
+
 def test_a_rank_that_dies_of_an_exception_fails_the_others():
     out = run_mpi(3, "coord_leave.py", "raise", timeout=60, expect_fail=True)
     assert "rank leaves by an uncaught exception" in out

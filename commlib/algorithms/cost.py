@@ -86,16 +86,17 @@ class CostModel:
             raise ConfigError(f"tuning profile {source}: unknown parameter(s) {', '.join(unknown)}; "
                               "recreate it with commlib-bench --calibrate")
         values = dict(data)
-        for key in ("intra", "inter"):
-            if key in values:
-                values[key] = Link(**values[key])
-        values["codec_s_per_byte"] = dict(values.get("codec_s_per_byte", DEFAULTS.codec_s_per_byte))
         try:
+            for key in ("intra", "inter"):
+                if key in values:
+                    values[key] = Link(**values[key])
+            values["codec_s_per_byte"] = dict(values.get("codec_s_per_byte", DEFAULTS.codec_s_per_byte))
             model = cls(**values, source=source)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise ConfigError(f"tuning profile {source}: {exc}; recreate it with commlib-bench --calibrate") from None
         for name, value in _numbers(model):
-            if not (value >= 0 and math.isfinite(value)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"tuning profile {source}: {name} = {value!r} must be a finite number >= 0")
         return model
 
@@ -109,7 +110,7 @@ def _numbers(model: CostModel) -> Iterable[tuple[str, float]]:
         elif isinstance(value, Mapping):
             for key, rate in value.items():
                 yield f"{field.name}.{key}", rate
-        elif isinstance(value, float):
+        elif field.name != "source":
             yield field.name, value
 
 

@@ -13,21 +13,15 @@ import numpy as np
 
 from ..algorithms.spec import names as algorithm_names
 from ..config import Config, parse_shape, parse_size
-from ..dtypes import BFLOAT16, FLOAT16
+from ..dtypes import TABLE
 from ..errors import ConfigError
 from ..ops import ReduceOp
 
-#: -d names: nccl-tests' first, then numpy's.
-DTYPES = {
-    "float": np.dtype(np.float32), "float32": np.dtype(np.float32),
-    "half": FLOAT16, "float16": FLOAT16,
-    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
-    "double": np.dtype(np.float64), "float64": np.dtype(np.float64),
-    "int8": np.dtype(np.int8), "char": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "int32": np.dtype(np.int32), "int": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-}
+#: -d names: nccl-tests' first (the table prints the first name of a dtype), then every numeric row of the
+#: dtype table (commlib/dtypes.py) by numpy's name. bool has no check values (they are counts).
+_NCCL_NAMES = {"float": "float32", "half": "float16", "double": "float64", "char": "int8", "int": "int32"}
+_BY_NAME = {row.name: row.numpy for row in TABLE if row.kind != "bool"}
+DTYPES = {**{alias: _BY_NAME[name] for alias, name in _NCCL_NAMES.items()}, **_BY_NAME, "bf16": _BY_NAME["bfloat16"]}
 
 #: -o names as nccl-tests spells them.
 OPS = {"sum": ReduceOp.SUM, "prod": ReduceOp.PRODUCT, "min": ReduceOp.MIN, "max": ReduceOp.MAX,

@@ -185,7 +185,7 @@ class Coordinator(Lifecycle):
                 break
             self._complete_round(messages)
         stalls = self._stalls
-        if stalls.waiting(rounds.sent > rounds.completed, time.monotonic):
+        if stalls.waiting(rounds.sent > rounds.completed, now):
             self._check_stalls()
         return busy
 
@@ -254,7 +254,7 @@ class Coordinator(Lifecycle):
     def _execute(self, responses: list[Response]) -> None:
         for response in responses:
             if response.kind is _JOIN:
-                self._finish_join(response.last_joined)
+                self._finish_join(response.last_joined, response.error)
                 continue
             metas = response.metas
             in_flight = self._in_flight  # one dict.get each is atomic; submit's lock guards check-then-set
@@ -295,10 +295,14 @@ class Coordinator(Lifecycle):
                 if entry is not None:
                     entry.handle.set_error(error)
 
-    def _finish_join(self, last_joined: int) -> None:
+    def _finish_join(self, last_joined: int, error: str = "") -> None:
         with self._names:
             entry = self._in_flight.pop("__join__", None)
-        if entry is not None:
+        if entry is None:
+            return
+        if error:
+            entry.handle.set_error(CollectiveError(error))
+        else:
             entry.handle.set_result(self._world_ranks[last_joined] if last_joined >= 0 else last_joined)
 
     # ---- stalls --------------------------------------------------------------------------------------

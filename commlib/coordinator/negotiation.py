@@ -85,8 +85,12 @@ class ReadyTable:
             self._waiting_for.remove(rank)
 
     def rank_gone(self, rank: int, reason: str) -> None:
-        """``rank`` shut down or failed: whatever still needs it fails on every rank."""
+        """``rank`` shut down or failed: whatever still needs it fails on every rank (also when it had
+        joined: it will not contribute its zeros any more)."""
         self._gone[rank] = reason
+        if rank in self._joined:
+            self._joined.remove(rank)
+            self._waiting_for = sorted(self._waiting_for + [rank])
 
     # ---- output ------------------------------------------------------------------------------------
 
@@ -121,7 +125,12 @@ class ReadyTable:
                     responses.append(response)
         if self._gone:
             responses.extend(self._decide_gone())
-        if self._joined and len(self._joined) == self.size:
+        if self._joined and self._gone:  # the ranks that left will never join: the join fails
+            why = "; ".join(reason for _, reason in sorted(self._gone.items()))
+            self._joined = []
+            self._waiting_for = list(range(self.size))
+            responses.append(Response(Kind.JOIN, [], error=f"join cannot complete: {why}"))
+        elif self._joined and len(self._joined) == self.size:
             last = self._joined[-1]
             self._joined = []
             self._waiting_for = list(range(self.size))

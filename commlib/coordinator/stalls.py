@@ -44,16 +44,14 @@ class StallInspector:
     def stuck_since(self) -> float:
         return self._stuck_since
 
-    def waiting(self, stuck: bool, now_fn) -> bool:
-        """Record whether this rank waits for a round; True when it is time for :meth:`check`."""
+    def waiting(self, stuck: bool, now: float) -> bool:
+        """Record whether this rank waits for a round (at ``now``); True when it is time for :meth:`check`."""
         if stuck:
             if not self._stuck_since:
-                self._stuck_since = now_fn()
+                self._stuck_since = now
         elif self._stuck_since:
             self._stuck_since = 0.0
-        if not (self._stuck_since or self.rank == 0) or not self._check_s:
-            return False
-        return now_fn() >= self._next_check
+        return (self._stuck_since or self.rank == 0) and self._check_s and now >= self._next_check
 
     def check(self, now: float, table, missing_ranks) -> tuple[list[str] | None, str | None]:
         """Log stalls; return (tensor names rank 0 fails in its next round message, or None; a verdict

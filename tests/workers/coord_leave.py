@@ -3,6 +3,7 @@
 argv: case, last rank's step to leave at.
 - exit: the last rank returns early with sys.exit(0) (no shutdown()): the exit hook tells the others.
 - raise: the last rank dies of an uncaught exception (the job then fails; the others must have been told).
+- join: the others wait in join() while the last rank leaves instead of joining: their join fails.
 - hold: the last rank holds the GIL for 8 s (it cannot answer rounds); with COMMLIB_STALL_SHUTDOWN_TIME set
   the others give up on it and, on waking, it fails too instead of deciding from an abandoned round.
 The other ranks keep calling allreduce, print the seconds from the failing call to the error, then check
@@ -21,6 +22,23 @@ case, leave_at = sys.argv[1], 5
 cl.init()
 rank, size = cl.rank(), cl.size()
 last = size - 1
+
+if case == "join":  # the others wait in join() for a rank that leaves instead of joining
+    if rank == last:
+        got = cl.allreduce(np.ones(2, np.float32), op=cl.Sum, name="lonely")
+        assert np.all(got == 1), got  # the joined ranks contribute zeros
+        sys.exit(0)
+    started = time.monotonic()
+    try:
+        cl.join()
+    except cl.CommlibError as exc:
+        print(f"rank {rank}: error after {time.monotonic() - started:.2f} s in join: {exc}", flush=True)
+        assert f"rank {last} left" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {rank}: join returned")
+    cl.shutdown()
+    print(f"rank {rank}: leave case join OK", flush=True)
+    raise SystemExit(0)
 
 for step in range(10000):
     if rank == last and step == leave_at:

@@ -115,6 +115,16 @@ if size == 4:
         assert np.all(cl.allreduce(np.ones(1), op=cl.Sum, process_set=both) == both.size())
     assert cl.remove_process_set(both) is True
     assert both.process_set_id is None and both.size() is None
+if size >= 3:  # a set from an mpi4py communicator (ranks outside it pass MPI.COMM_NULL)
+    from mpi4py import MPI
+
+    sub = MPI.COMM_WORLD.Split(0 if rank < 2 else MPI.UNDEFINED, rank)
+    pair = cl.add_process_set(cl.ProcessSet(sub))
+    assert pair.ranks == [0, 1] and pair.included() == (rank < 2), pair
+    if rank < 2:
+        assert np.all(cl.allreduce(np.ones(2), op=cl.Sum, process_set=pair) == 2)
+        sub.Free()
+    assert cl.remove_process_set(pair)
 assert cl.remove_process_set(evens) is True
 expect(cl.ProcessSetError, lambda: cl.allreduce(np.ones(2), name="removed", process_set=evens), "not registered")
 assert cl.remove_process_set(evens) is False
