@@ -176,11 +176,9 @@ def run_one(test: str, where: Path, args) -> tuple[str, str, str, float]:
     return test, "failed", f"exit code {job.returncode}: {first_error(launcher or '')}", seconds
 
 
-def render(results, args, test_file: Path, command: str, elapsed: float) -> str:
+def render(results, args, test_file: Path, command: str, elapsed: float, commit: str) -> str:
     counts = {k: sum(1 for r in results if r[1] == k) for k in ("passed", "failed", "skipped")}
     digest = hashlib.sha256(test_file.read_bytes()).hexdigest()[:12]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                            text=True).stdout.strip()
     lines = [
         "# Horovod's test_torch.py against commlib.torch",
         "",
@@ -227,6 +225,8 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="horovod_compat_"))
     where = build_tree(test_file, root)
     command = "python scripts/horovod_compat.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
     start = time.monotonic()
     results = []
     try:
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
             print(f"logs kept in {root}/test/parallel/logs")
         else:
             shutil.rmtree(root, ignore_errors=True)
-    table = render(results, args, test_file, command, time.monotonic() - start)
+    table = render(results, args, test_file, command, time.monotonic() - start, commit)
     if args.output == "-":
         print(table)
     else:
