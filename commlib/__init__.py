@@ -14,6 +14,7 @@ from .api import (
     mpi_threads_supported, poll, rank, reducescatter, reducescatter_async, shutdown, size, start_timeline,
     stop_timeline, synchronize,
 )
+from .adasum import Adasum
 from .compression import Compression, CompressionOverflowWarning
 from .coordinator.requests import Handle
 from .device import cuda_built

@@ -20,6 +20,10 @@ local_size = _cl.local_size
 cross_rank = _cl.cross_rank
 cross_size = _cl.cross_size
 mpi_threads_supported = _cl.mpi_threads_supported
+ProcessSet = _cl.ProcessSet
+add_process_set = _cl.add_process_set
+remove_process_set = _cl.remove_process_set
+global_process_set = _cl.global_process_set
 
 
 def mpi_built() -> bool:
