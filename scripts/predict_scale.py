@@ -32,8 +32,8 @@ def main() -> None:
     rate = args.link_rate or 1 / model.inter.beta_s_per_byte
     names = [s.name for s in spec.SPECS if s.name != "cma"]
     print(f"# predicted allreduce time (ms) by the cost model ({model.source}); compression {args.compression}")
-    print(f"# {'hosts':>5} {'size':>6} " + " ".join(f"{n[:12]:>12}" for n in names)
-          + f" {'auto picks':>14} {'x bound':>8}")
+    print(f"# {'hosts':>5} {'size':>6} " + " ".join(f"{n[:16]:>16}" for n in names)
+          + f" {'auto picks':>22} {'x bound':>8}")
     for hosts in (int(h) for h in args.hosts.split(",")):
         shape = cost.Shape.blocks(hosts, args.per_host)
         for size_text in args.sizes.split(","):
@@ -43,8 +43,8 @@ def main() -> None:
             best = next(c for c in ranked if c.algorithm != "native" or codec is None)
             bound = cost.link_bound(nbytes, hosts, rate, codec)
             print(f"  {hosts:>5} {size_text:>6} " + " ".join(
-                f"{by_name[n] * 1e3:>12.3f}" if by_name[n] != cost.INF else f"{'-':>12}" for n in names)
-                + f" {best.algorithm[:14]:>14} {best.predicted_s / bound if bound else 0:>8.2f}")
+                f"{by_name[n] * 1e3:>16.3f}" if by_name[n] != cost.INF else f"{'-':>16}" for n in names)
+                + f" {best.algorithm[:22]:>22} {best.predicted_s / bound if bound else 0:>8.2f}")
 
 
 if __name__ == "__main__":
