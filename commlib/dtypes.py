@@ -65,8 +65,7 @@ BY_NUMPY: dict[np.dtype, DType] = {row.numpy: row for row in TABLE}
 REDUCIBLE: tuple[np.dtype, ...] = tuple(row.numpy for row in TABLE)
 #: The C kernels' code for each reducible dtype.
 CODES: dict[np.dtype, int] = {row.numpy: row.code for row in TABLE}
-#: Floating dtypes (scale factors keep their fraction) and the half types (accumulated in float32).
-FLOATING = frozenset(row.numpy for row in TABLE if row.kind == "float")
+#: The half types (accumulated in float32; on the wire already half precision).
 HALF = frozenset((FLOAT16, BFLOAT16))
 
 _NAMES = {row.numpy: row.name for row in TABLE}
