@@ -16,8 +16,10 @@ from .api import (
 )
 from .compression import Compression, CompressionOverflowWarning
 from .coordinator.requests import Handle
+from .device import cuda_built
 from .errors import CollectiveError, CommlibError, ConfigError, InFlightError, ProcessSetError
 from .process_sets import ProcessSet
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
+from .transport.nccl import nccl_built
 
 __version__ = "0.1.0"

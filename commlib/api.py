@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from . import device
 from .compression import Compression, WireCodec
 from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
@@ -205,14 +206,18 @@ def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op,
 
 
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
-                      compression, wait: bool, process_set=None) -> Handle:
+                      compression, wait: bool, process_set=None, staged: device.Staged | None = None) -> Handle:
     runtime, member, name = _member_and_name(process_set, name, "allreduce")
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
+        staged = device.Staged(tensor, name)
+        return staged.handle(_allreduce_handle(staged.host, True, op, name, prescale_factor, postscale_factor,
+                                               algorithm, compression, wait, process_set, staged), inplace)
     if inplace:
         array = output = tensor if isinstance(tensor, np.ndarray) else _in_place(tensor, name, "allreduce")
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")
-    if compression is None and algorithm is None:
+    if compression is None and algorithm is None and staged is None:
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
         if meta is not None:
             return _submit(member, meta, array, output, wait=wait)
@@ -222,13 +227,15 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
                                validation.reduction(dtype, op, name),
                                validation.compression(compression, dtype, name),
                                validation.algorithm(algorithm),
-                               validation.scaling(dtype, prescale_factor, postscale_factor, name))
+                               validation.scaling(dtype, prescale_factor, postscale_factor, name),
+                               staged.error if staged else "")
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
     meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),
                 prescale=float(prescale_factor), postscale=float(postscale_factor),
                 compression=compression.name if compression is not None else "none",
-                algorithm=(algorithm or "").lower() if not errors else "", error=errors)
+                algorithm=(algorithm or "").lower() if not errors else "", error=errors,
+                device=staged.kind if staged else device.CPU)
     return _submit(member, meta, array, output, wait=wait)
 
 
@@ -314,8 +321,13 @@ def grouped_allreduce_(tensors: Sequence, **kwargs) -> list:
 # ---- other collectives -----------------------------------------------------------------------------------
 
 def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Sum, root=-1,
-                  splits=None, wait=False, process_set=None, prescale=1.0, postscale=1.0) -> Handle:
+                  splits=None, wait=False, process_set=None, prescale=1.0, postscale=1.0,
+                  staged: device.Staged | None = None) -> Handle:
     runtime, member, name = _member_and_name(process_set, name, operation)
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
+        staged = device.Staged(tensor, name)
+        return staged.handle(_plain_handle(kind, operation, staged.host, name, True, op, root, splits, wait,
+                                           process_set, prescale, postscale, staged), inplace)
     if inplace:
         array = output = _in_place(tensor, name, operation)
     else:
@@ -337,8 +349,11 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
         if splits is not None:
             splits = np.asarray(splits, dtype=np.int64).reshape(-1)
         errors.append(validation.splits(splits, array.shape[0] if array.ndim else None, member.size, name))
+    if staged is not None:
+        errors.append(staged.error)
     meta = Meta(name, kind, dtype_name(array.dtype), tuple(array.shape), int(op), root=root,
-                prescale=float(prescale), postscale=float(postscale), error=validation.joined(*errors))
+                prescale=float(prescale), postscale=float(postscale), error=validation.joined(*errors),
+                device=staged.kind if staged else device.CPU)
     return _submit(member, meta, array, output, splits, wait=wait)
 
 

@@ -6,6 +6,8 @@ a transfer between hosts against the link rate. Each job first checks, in worker
 commlib's node layout from MPI matches the hosts (COMMLIB_LOCAL_SIZE is never set).
 """
 
+import os
+
 import pytest
 
 from mpirun import REPO, run_on_cluster
@@ -16,7 +18,9 @@ TORCH_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"}
 
 @pytest.fixture(scope="module", params=SHAPES)
 def cluster(request, make_cluster):
-    return make_cluster(request.param)
+    made = make_cluster(request.param)
+    yield made
+    made.down()  # as soon as this shape's tests are done; make_cluster checks at the end that all is gone
 
 
 def test_allreduce_algorithms(cluster):
@@ -39,6 +43,14 @@ def test_mismatch_errors_name_the_tensor(cluster, case):
     assert out.count("raised as expected") == cluster.size and out.count(f"case {case} OK") == cluster.size, out
 
 
+def test_init_after_shutdown_hears_nothing_of_the_last_session(cluster):
+    """Across hosts a session's last control messages could still be in flight when its communicator was
+    freed, and reached the next session (MPI reuses context ids): "rank 2 shut down" in a later session.
+    The coordinator's goodbyes at shutdown prevent it (docs/coordinator.md)."""
+    out = run_on_cluster(cluster, "cluster_check.py", "reinit", "15", timeout=180)
+    assert out.count("cluster reinit OK") == cluster.size, out[-2000:]
+
+
 def test_torch_optimizer_matches_single_process(cluster):
     out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300, env=TORCH_PATH)
     assert out.count("cluster torch OK") == cluster.size, out[-2000:]
@@ -50,3 +62,25 @@ def test_shaped_link_limits_transfers(make_cluster):
     cluster = make_cluster([1, 1], rate="1gbit")
     report = cluster.probe(nbytes=64 << 20)  # raises if faster than the link
     assert report["mbit_s"] > 600, report
+
+
+def test_missing_prerequisites_are_named(monkeypatch, tmp_path):
+    """Without root and without the tools, up() says what is missing (nothing is created)."""
+    from commlib.testing.cluster import Cluster, ClusterUnavailable
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no ip, tc or unshare
+    with pytest.raises(ClusterUnavailable) as error:
+        Cluster([1, 1], rate="1gbit").up()
+    for what in ("root", "`ip`", "`tc`", "`unshare`"):
+        assert what in str(error.value), str(error.value)
+
+
+def test_only_hydra_is_accepted(tmp_path):
+    from commlib.testing.cluster import ClusterUnavailable, check_hydra
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.4'\n")
+    fake.chmod(0o755)
+    with pytest.raises(ClusterUnavailable, match="not MPICH's hydra"):
+        check_hydra(str(fake))

@@ -59,16 +59,50 @@ def _source_modules() -> set[str]:
             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".so", ".pyc")}
 
 
+def _ignored(folder: str, names: list[str]) -> set[str]:
+    """What a clean checkout lacks: the venv, old builds, compiled files, caches."""
+    top = {".git", ".venv", "build", "dist", ".pytest_cache"} if Path(folder) == REPO else set()
+    return {n for n in names if n in top or n == "__pycache__" or n.endswith((".so", ".pyc", ".egg-info"))}
+
+
+def _pip_install(python: Path, *requirements: str, cwd: Path) -> subprocess.Popen:
+    """The outer pip installs into the fresh venv (no pip of its own to bootstrap), reusing pip's cache."""
+    return subprocess.Popen([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+                             "--only-binary", ":all:", *requirements], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(install: subprocess.Popen) -> None:
+    try:
+        text = install.communicate(timeout=600)[0]
+    except subprocess.TimeoutExpired:
+        install.kill()
+        raise AssertionError(f"pip install did not finish within 600 s: {install.args}") from None
+    if install.returncode != 0:
+        if any(s in text for s in ("No matching distribution", "Could not find a version", "NewConnectionError",
+                                   "Temporary failure in name resolution", "Network is unreachable")):
+            pytest.skip(f"pip cannot fetch the dependencies (no network, nothing cached): {text[-500:]}")
+        raise AssertionError(text)
+
+
 def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
-    # Built from a clean copy: setuptools packs whatever an old build/ folder holds, which would hide a
-    # module that find_packages misses.
-    source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
-                                                                "*.so", ".pytest_cache", "results"))
-    # Build isolation would fetch setuptools afresh (minutes on a slow index): use this venv's when it has one.
-    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
-    built = _run([sys.executable, "-m", "pip", "wheel", source, "--no-deps", *isolation, "-q",
-                  "-w", tmp_path / "dist"], cwd=tmp_path)
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    # Only to save time: the dependencies download while the wheel builds. Installing the wheel with its
+    # extra below resolves them from the wheel's own metadata all the same.
+    prefetch = _pip_install(python, "numpy", "mpi4py", "ml_dtypes", "mpich", cwd=tmp_path)
+    try:
+        # Built from a clean copy: setuptools packs whatever an old build/ folder holds, which would hide
+        # a module that find_packages misses.
+        source = tmp_path / "source"
+        shutil.copytree(REPO, source, ignore=_ignored)
+        # Build isolation would fetch setuptools afresh (minutes on a slow index): this venv's will do.
+        isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+        built = _run([sys.executable, "-m", "pip", "wheel", source, "--no-deps", *isolation, "-q",
+                      "-w", tmp_path / "dist"], cwd=tmp_path)
+    finally:
+        _finish(prefetch)
     assert built.returncode == 0, built.stdout + built.stderr
     wheel = next((tmp_path / "dist").glob("commlib-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
@@ -76,19 +110,7 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     assert not missing, f"the wheel lacks {sorted(missing)}: a package folder without __init__.py?"
     assert any(n.startswith("commlib/_kernels") for n in names) and any(n.startswith("commlib/_peer_memory")
                                                                         for n in names), sorted(names)
-
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
-    # The outer pip installs into the fresh venv (no pip of its own to bootstrap), reusing pip's cache.
-    installed = _run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-compile",
-                      "--only-binary", ":all:", f"{wheel}[mpich]"], cwd=tmp_path)
-    if installed.returncode != 0:
-        text = installed.stdout + installed.stderr
-        if any(s in text for s in ("No matching distribution", "Could not find a version", "NewConnectionError",
-                                   "Temporary failure in name resolution", "Network is unreachable")):
-            pytest.skip(f"pip cannot fetch the dependencies (no network, nothing cached): {text[-500:]}")
-        raise AssertionError(text)
+    _finish(_pip_install(python, f"{wheel}[mpich]", cwd=tmp_path))
 
     outside = tmp_path / "elsewhere"  # neither the repository nor its parent on the import path
     outside.mkdir()

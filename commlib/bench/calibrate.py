@@ -2,10 +2,10 @@
 
 What is measured (every rank takes part; figures are combined so that every rank fits the same model):
 
-- each link class by ping-pong through commlib's own transport (what the schedules use): rank 0 and the
-  next rank of its node (within a node), rank 0 and the first rank of the next node (between nodes);
-  ``alpha`` = half the round trip of 8 bytes, ``beta`` = the extra half round trip per byte of a large
-  message; the other ranks wait;
+- each link class through commlib's own transport (what the schedules use): rank 0 and the next rank of
+  its node (within a node), rank 0 and the first rank of the next node (between nodes); ``alpha`` = half
+  the round trip of 8 bytes (ping-pong), ``beta`` = the extra time per byte of a large message when both
+  send at once (``sendrecv``, as every step of a schedule does); the other ranks wait;
 - the local kernels on every rank at once (as during an allreduce): reduce, copy, and each codec's encode
   and decode over 16 MiB of float32 (the slowest rank counts);
 - MPI's own allreduce (``native``) at 8 bytes and at 1 and 16 MiB: its latency per log2(p) step, and its
@@ -96,16 +96,35 @@ def _message_cost(transport, comm, peer: int | None, nbytes: int = 4 << 20, piec
     return comm.bcast(extra, root=0)
 
 
+def _swap(transport, comm, peer: int | None, nbytes: int, reps: int) -> float:
+    """Median time of rank 0 and ``peer`` sending each other ``nbytes`` at once (``sendrecv``), as every
+    step of a schedule does: within a node both copies compete for memory, so this, not a ping-pong,
+    is the bandwidth a schedule sees."""
+    rank = transport.rank
+    out, into = np.zeros(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    comm.Barrier()
+    t = 0.0
+    if peer is not None and rank in (0, peer):
+        other = peer if rank == 0 else 0
+        transport.sendrecv(out, other, into, other)  # warm up
+        t = _median_time(lambda: transport.sendrecv(out, other, into, other), reps)
+    comm.Barrier()
+    return t
+
+
 def _link(transport, comm, peer: int | None, large: int, reps_large: int) -> tuple[cost.Link | None, dict]:
-    """Fit one link class between rank 0 and ``peer`` (None on every rank: no such pair)."""
+    """Fit one link class between rank 0 and ``peer`` (None on every rank: no such pair): ``alpha`` from an
+    8-byte ping-pong, ``beta`` from simultaneous exchanges of 8 bytes and ``large`` bytes."""
     if peer is None:
         return None, {}
     small = _ping_pong(transport, comm, peer, _SMALL, 200)
-    big = _ping_pong(transport, comm, peer, large, reps_large)
-    small, big = comm.bcast((small, big), root=0)
+    swap_small = _swap(transport, comm, peer, _SMALL, 50)
+    swap_big = _swap(transport, comm, peer, large, reps_large)
+    small, swap_small, swap_big = comm.bcast((small, swap_small, swap_big), root=0)
     alpha = small / 2
-    beta = max(big - small, 1e-12) / 2 / (large - _SMALL)
-    return cost.Link(alpha, beta), {"peer": peer, "round_trip_8B_s": small, f"round_trip_{large}B_s": big}
+    beta = max(swap_big - swap_small, 1e-12) / (large - _SMALL)
+    return cost.Link(alpha, beta), {"peer": peer, "round_trip_8B_s": small, "exchange_8B_s": swap_small,
+                                    f"exchange_{large}B_s": swap_big}
 
 
 def _kernels(comm) -> dict:

@@ -51,6 +51,7 @@ class Meta:
     compression: str = "none"
     algorithm: str = ""
     error: str = ""
+    device: str = "cpu"  # where the tensor lives ("cpu" or "cuda", see commlib.device); ranks must agree
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -64,7 +65,7 @@ class Meta:
         """The fields that must be equal on every rank (allgather and alltoall may differ in the first
         dimension)."""
         shape = self.shape[1:] if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL) else self.shape
-        fields = {"operation": self.kind.label, "dtype": self.dtype, "shape": shape}
+        fields = {"operation": self.kind.label, "dtype": self.dtype, "shape": shape, "device": self.device}
         if self.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER):
             fields.update(op=self.op, prescale_factor=self.prescale, postscale_factor=self.postscale)
         if self.kind is Kind.ALLREDUCE:

@@ -6,6 +6,7 @@ so that three cluster shapes stay within a few minutes.
                                          sizes 0..1031 and 3 MiB, float32 also with fp16 on the wire;
                                          cma and (on uneven hosts) the default torus refuse clearly
     python cluster_check.py torch        DistributedOptimizer equals one process on the combined batch
+    python cluster_check.py reinit [N]   N init/allreduce/shutdown cycles in a row
 
 The node layout comes from MPI (Topology.detect without COMMLIB_LOCAL_SIZE).
 """
@@ -90,5 +91,19 @@ def check_torch() -> None:
     print(f"[rank {MPI.COMM_WORLD.rank}] cluster torch OK", flush=True)
 
 
+def check_reinit() -> None:
+    """init/shutdown cycles back to back: a message of one session must never reach the next (MPI
+    recycles a freed communicator's context id, so a message still in flight when it is freed would)."""
+    import commlib as cl
+
+    for cycle in range(int(sys.argv[2]) if len(sys.argv) > 2 else 20):
+        cl.init()
+        got = cl.allreduce(np.full(4, cl.rank() + cycle, np.float32), op=cl.Sum, name=f"cycle{cycle}")
+        want = sum(r + cycle for r in range(cl.size()))
+        assert np.all(got == want), (cycle, got, want)
+        cl.shutdown()
+    print(f"[rank {MPI.COMM_WORLD.rank}] cluster reinit OK", flush=True)
+
+
 if __name__ == "__main__":
-    run({"allreduce": check_allreduce, "torch": check_torch}[sys.argv[1]])
+    run({"allreduce": check_allreduce, "torch": check_torch, "reinit": check_reinit}[sys.argv[1]])
