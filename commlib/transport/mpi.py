@@ -2,8 +2,9 @@
 
 Data movement ignores element types: a buffer travels as unsigned integers of its item size (float16 and
 bfloat16 as MPI_UINT16_T), or as bytes for other item sizes. Only ``allreduce_native_`` needs the real
-type: the MPI type of the dtype's row in :mod:`commlib.dtypes`, and for float16, bfloat16 and bool (which
-MPI has no standard sum for) user-defined MPI ops that call ``commlib.kernels.reduce_``. Those ops
+type: the MPI type of the dtype's row in :mod:`commlib.dtypes` (bool with MPI's logical ops), and for
+float16 and bfloat16 (which MPI has no standard reduction for) user-defined MPI ops that call
+``commlib.kernels.reduce_``. Those ops
 are created on first use, kept by this transport and freed by :meth:`MPITransport.free`.
 """
 
@@ -29,6 +30,8 @@ _MOVE = {
 }
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+# bool reduces as numpy reduces it: Sum and Max are a logical or, Product and Min a logical and.
+_BOOL_OPS = {ReduceOp.SUM: MPI.LOR, ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR, ReduceOp.PRODUCT: MPI.LAND}
 
 
 def _raw(buf: np.ndarray) -> tuple[np.ndarray, MPI.Datatype, int]:
@@ -136,7 +139,7 @@ class MPITransport(Transport):
                 allreduce(in_place, [buf.view(move_dtype), move_type], kernel_op)
         else:
             mpitype = getattr(MPI, row.mpi)
-            mpi_op = _MPI_OPS[op]
+            mpi_op = (_BOOL_OPS if row.kind == "bool" else _MPI_OPS)[op]
 
             def run(buf):
                 allreduce(in_place, [buf, mpitype], mpi_op)
