@@ -32,8 +32,9 @@ FLOAT32 = np.dtype(np.float32)
 
 @dataclasses.dataclass(frozen=True)
 class DType:
-    """One element type. ``mpi``: the mpi4py datatype whose arithmetic MPI's own reduction uses, or None
-    when commlib's kernels reduce it inside MPI (a user-defined MPI op: half types and bool)."""
+    """One element type. ``mpi``: the mpi4py datatype whose arithmetic MPI's own reduction uses (for bool:
+    its logical or and and), or None when commlib's kernels reduce it inside MPI (a user-defined MPI op:
+    the half types; mpi4py allows only 32 such ops at once)."""
 
     numpy: np.dtype
     code: int
@@ -56,7 +57,7 @@ TABLE: tuple[DType, ...] = (
     DType(np.dtype(np.int16), _kernels.INT16, "int16", "INT16_T", "int"),
     DType(np.dtype(np.int32), _kernels.INT32, "int32", "INT32_T", "int"),
     DType(np.dtype(np.int64), _kernels.INT64, "int64", "INT64_T", "int"),
-    DType(np.dtype(np.bool_), _kernels.BOOL, "bool", None, "bool"),
+    DType(np.dtype(np.bool_), _kernels.BOOL, "bool", "C_BOOL", "bool"),  # with MPI's logical or / and
 )
 
 BY_NUMPY: dict[np.dtype, DType] = {row.numpy: row for row in TABLE}
@@ -65,8 +66,7 @@ BY_NUMPY: dict[np.dtype, DType] = {row.numpy: row for row in TABLE}
 REDUCIBLE: tuple[np.dtype, ...] = tuple(row.numpy for row in TABLE)
 #: The C kernels' code for each reducible dtype.
 CODES: dict[np.dtype, int] = {row.numpy: row.code for row in TABLE}
-#: Floating dtypes (scale factors keep their fraction) and the half types (accumulated in float32).
-FLOATING = frozenset(row.numpy for row in TABLE if row.kind == "float")
+#: The half types (accumulated in float32; on the wire already half precision).
 HALF = frozenset((FLOAT16, BFLOAT16))
 
 _NAMES = {row.numpy: row.name for row in TABLE}

@@ -107,14 +107,6 @@ class Member:
         self.size = len(ranks)
         self.comm, self.topology, self.coordinator = parts
 
-    def set_rank_of(self, world_rank: int, what: str, name: str) -> int:
-        """The set rank of ``world_rank``, or an error naming the set's ranks."""
-        try:
-            return self.ranks.index(world_rank)
-        except ValueError:
-            raise ProcessSetError(f"{name}: {what} {world_rank} is not in process set "
-                                  f"{self.process_set_id} (ranks {self.ranks})") from None
-
     def close(self, leaving: bool = False) -> None:
         self.coordinator.close(leaving=leaving)
         self.comm.Free()

@@ -26,7 +26,7 @@ from .process_sets import ProcessSetTable
 from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
-from .transport.mpi import MPITransport
+from .transport.mpi import KernelOps, MPITransport
 
 
 class Runtime:
@@ -56,6 +56,7 @@ class Runtime:
         self.timeline = None
         if self.config.timeline:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank)
+        self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,
                                     self._build_member(world, list(range(self.size)), ""))
@@ -67,8 +68,8 @@ class Runtime:
         the layout comes from the world's, so a set's algorithms follow its own shape."""
         set_rank = comm.Get_rank()
         topology = Topology.from_node_ids(set_rank, [self.topology.node_of_rank[r] for r in ranks])
-        lanes = [Lane(i, Engine(MPITransport.duplicate(comm), topology, self.config), self.timeline)
-                 for i in range(self.config.num_streams)]
+        lanes = [Lane(i, Engine(MPITransport.duplicate(comm, self.kernel_ops), topology, self.config),
+                      self.timeline) for i in range(self.config.num_streams)]
         coordinator = Coordinator(ControlChannel(comm.Dup()), lanes, self.config, self.timeline,
                                   world_ranks=ranks, label=label)
         return comm, topology, coordinator
@@ -112,5 +113,6 @@ class Runtime:
         finally:
             if self.timeline is not None:
                 self.timeline.close()
+            self.kernel_ops.free()
             if not MPI.Is_finalized():
                 self.comm.Free()

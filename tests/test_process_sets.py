@@ -17,3 +17,8 @@ def test_process_sets(nprocs):
 def test_process_sets_on_four_ranks(env):
     out = run_mpi(4, "process_sets.py", env=env, timeout=240)
     assert out.count("process sets OK") == 4, out
+
+
+def test_half_type_mpi_ops_are_shared_between_sets_and_lanes():
+    out = run_mpi(4, "process_sets_ops.py", timeout=240)
+    assert out.count("ops OK") == 4, out

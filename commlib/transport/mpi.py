@@ -2,8 +2,9 @@
 
 Data movement ignores element types: a buffer travels as unsigned integers of its item size (float16 and
 bfloat16 as MPI_UINT16_T), or as bytes for other item sizes. Only ``allreduce_native_`` needs the real
-type: the MPI type of the dtype's row in :mod:`commlib.dtypes`, and for float16, bfloat16 and bool (which
-MPI has no standard sum for) user-defined MPI ops that call ``commlib.kernels.reduce_``. Those ops
+type: the MPI type of the dtype's row in :mod:`commlib.dtypes` (bool with MPI's logical ops), and for
+float16 and bfloat16 (which MPI has no standard reduction for) user-defined MPI ops that call
+``commlib.kernels.reduce_``. Those ops
 are created on first use, kept by this transport and freed by :meth:`MPITransport.free`.
 """
 
@@ -29,6 +30,8 @@ _MOVE = {
 }
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
+# bool reduces as numpy reduces it: Sum and Max are a logical or, Product and Min a logical and.
+_BOOL_OPS = {ReduceOp.SUM: MPI.LOR, ReduceOp.MIN: MPI.LAND, ReduceOp.MAX: MPI.LOR, ReduceOp.PRODUCT: MPI.LAND}
 
 
 def _raw(buf: np.ndarray) -> tuple[np.ndarray, MPI.Datatype, int]:
@@ -57,11 +60,28 @@ def _vspec(buf: np.ndarray, counts: Sequence[int]) -> list:
     return [view, (counts, displs), mpitype]
 
 
-def _half_op(dtype: np.dtype, op: ReduceOp) -> MPI.Op:
-    def reduce_half(inbuf, inoutbuf, datatype):
-        kernels.reduce_(np.frombuffer(inoutbuf, dtype=dtype), np.frombuffer(inbuf, dtype=dtype), op)
+class KernelOps:
+    """User-defined MPI ops that reduce with commlib's kernels (the half types), one per (dtype, op),
+    shared by every transport of a runtime: mpi4py allows only 32 user-defined ops at once, and each
+    process set and lane has transports of its own. ``free`` releases them."""
 
-    return MPI.Op.Create(reduce_half, commute=True)
+    def __init__(self):
+        self._ops: dict[tuple[np.dtype, ReduceOp], MPI.Op] = {}
+
+    def get(self, dtype: np.dtype, op: ReduceOp) -> MPI.Op:
+        mpi_op = self._ops.get((dtype, op))
+        if mpi_op is None:
+            def reduce_half(inbuf, inoutbuf, datatype):
+                kernels.reduce_(np.frombuffer(inoutbuf, dtype=dtype), np.frombuffer(inbuf, dtype=dtype), op)
+
+            mpi_op = self._ops[(dtype, op)] = MPI.Op.Create(reduce_half, commute=True)
+        return mpi_op
+
+    def free(self) -> None:
+        if not MPI.Is_finalized():
+            for mpi_op in self._ops.values():
+                mpi_op.Free()
+        self._ops.clear()
 
 
 class MPITransport(Transport):
@@ -71,18 +91,19 @@ class MPITransport(Transport):
     Give each transport a communicator of its own (``MPITransport.duplicate(comm)``) so that its traffic
     never matches the application's or another lane's messages."""
 
-    def __init__(self, comm: MPI.Comm, owns_comm: bool = True):
+    def __init__(self, comm: MPI.Comm, owns_comm: bool = True, kernel_ops: KernelOps | None = None):
         self._comm = comm
         self._owns_comm = owns_comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
-        self._half_ops: dict[tuple[np.dtype, ReduceOp], MPI.Op] = {}   # to free at the end
+        self._owns_ops = kernel_ops is None   # else shared: the runtime frees them
+        self._kernel_ops = kernel_ops if kernel_ops is not None else KernelOps()
         self._native: dict = {}   # (dtype, op) -> function running MPI's Allreduce
 
     @classmethod
-    def duplicate(cls, comm: MPI.Comm) -> "MPITransport":
+    def duplicate(cls, comm: MPI.Comm, kernel_ops: KernelOps | None = None) -> "MPITransport":
         """A transport on a private duplicate of ``comm``, so its traffic never meets the caller's."""
-        return cls(comm.Dup(), owns_comm=True)
+        return cls(comm.Dup(), owns_comm=True, kernel_ops=kernel_ops)
 
     @property
     def comm(self) -> MPI.Comm:
@@ -129,14 +150,14 @@ class MPITransport(Transport):
         if row is None:
             raise CommlibError(f"native allreduce cannot reduce dtype {dtype}")
         if row.mpi is None:  # reduced by commlib's C kernels, registered as an MPI op
-            kernel_op = self._half_ops[key] = _half_op(dtype, op)
+            kernel_op = self._kernel_ops.get(dtype, op)
             move_dtype, move_type = _MOVE[dtype.itemsize]
 
             def run(buf):
                 allreduce(in_place, [buf.view(move_dtype), move_type], kernel_op)
         else:
             mpitype = getattr(MPI, row.mpi)
-            mpi_op = _MPI_OPS[op]
+            mpi_op = (_BOOL_OPS if row.kind == "bool" else _MPI_OPS)[op]
 
             def run(buf):
                 allreduce(in_place, [buf, mpitype], mpi_op)
@@ -163,16 +184,14 @@ class MPITransport(Transport):
         comm = self._comm.Split(MPI.UNDEFINED if color is None else int(color), int(key))
         if comm == MPI.COMM_NULL:
             return None
-        return MPITransport(comm, owns_comm=True)
+        return MPITransport(comm, owns_comm=True, kernel_ops=self._kernel_ops)  # freed with this transport's
 
     def free(self):
         self._native.clear()
+        if self._owns_ops:
+            self._kernel_ops.free()
         if MPI.Is_finalized():  # nothing left to release
-            self._half_ops.clear()
             return
-        for mpi_op in self._half_ops.values():
-            mpi_op.Free()
-        self._half_ops.clear()
         predefined = self._comm in (MPI.COMM_NULL, MPI.COMM_WORLD, MPI.COMM_SELF)
         if self._owns_comm and not predefined:
             self._comm.Free()
