@@ -128,6 +128,17 @@ def first_error(log: str) -> str:
     return tail[-1].strip() if tail else "(no output)"
 
 
+def hung_at(logs) -> str:
+    """Where a hung test waited, from faulthandler's dump: the innermost frame of the thread running the
+    test (the one whose stack passes through test_torch.py)."""
+    for r, log in enumerate(logs):
+        for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", log):
+            frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
+            if frames and any("test_torch.py" in f for f in frames):
+                return f"; rank {r} waiting in {frames[0]}"
+    return ""
+
+
 def outcome(log: str) -> str:
     """passed / failed / skipped as one rank's pytest summary says."""
     last = [line for line in log.splitlines() if re.search(r"\b(passed|failed|skipped|error)\b", line)]
@@ -145,7 +156,9 @@ def run_one(test: str, where: Path, args) -> tuple[str, str, str, float]:
     """Run one test on ``args.np`` ranks; return (test, outcome, reason, seconds)."""
     logs = where / "logs" / test.replace("::", ".")
     logs.mkdir(parents=True, exist_ok=True)
+    # faulthandler_timeout: a test that hangs dumps every thread's stack into its rank log before the kill
     inner = (f"exec {args.python} -m pytest -q -rfEs -p no:cacheprovider -W ignore::DeprecationWarning "
+             f"-o faulthandler_timeout={max(args.timeout - 15, 5)} "
              f"test_torch.py::{test} > {logs}/rank$PMI_RANK.log 2>&1")
     command = [mpiexec(args.python), "-n", str(args.np), "sh", "-c", inner]
     env = dict(os.environ, COLUMNS="1000", PYTHONPATH=os.pathsep.join(filter(None, [str(where.parent.parent / "pkg"),
@@ -164,7 +177,7 @@ def run_one(test: str, where: Path, args) -> tuple[str, str, str, float]:
     ranks = [(logs / f"rank{r}.log").read_text(errors="replace") if (logs / f"rank{r}.log").exists() else ""
              for r in range(args.np)]
     if timed_out:
-        return test, "failed", f"timeout after {args.timeout} s (killed)", seconds
+        return test, "failed", f"timeout after {args.timeout} s (killed){hung_at(ranks)}", seconds
     results = [outcome(log) for log in ranks]
     if all(r == "passed" for r in results) and job.returncode == 0:
         return test, "passed", "", seconds

@@ -425,10 +425,20 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     if array.ndim == 0:
         raise ValueError(f"alltoall of tensor {name!r}: it splits the first dimension, but the tensor is a "
                          "scalar; pass tensor.reshape(1)")
+    # Horovod checks the splits on the calling rank and raises ValueError before anything is submitted
+    ranks = set_size(process_set)
     if splits is not None:
         if isinstance(splits, torch.Tensor):
+            if splits.is_floating_point() or splits.is_complex():
+                raise ValueError(f"alltoall of tensor {name!r}: splits must hold integers, not {splits.dtype}")
             splits = splits.detach().cpu().numpy()
         splits = np.ascontiguousarray(np.asarray(splits, dtype=np.int64).reshape(-1))
+        if splits.size != ranks or (splits < 0).any() or splits.sum() != array.shape[0]:
+            raise ValueError(f"alltoall of tensor {name!r}: splits {splits.tolist()} must have one non-negative "
+                             f"entry per rank ({ranks}) summing to the first dimension ({array.shape[0]})")
+    elif array.shape[0] % ranks:
+        raise ValueError(f"alltoall of tensor {name!r}: without splits the first dimension ({array.shape[0]}) "
+                         f"must be divisible by the number of ranks ({ranks}); pass splits=")
 
     def finish(result):
         output, received = result

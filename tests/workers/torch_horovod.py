@@ -241,6 +241,14 @@ def check_process_sets(r, n):
     hvd.remove_process_set(evens)
 
 
+def check_alltoall_arguments(r, n):
+    """Horovod raises ValueError on the calling rank for splits that cannot work."""
+    expect_error(ValueError, lambda: hvd.alltoall(torch.empty(n + 1)) if n > 1 else hvd.alltoall(torch.empty(0, 2), [1]),
+                 "alltoall")
+    expect_error(ValueError, lambda: hvd.alltoall(torch.empty(n + 1), torch.ones(n, dtype=torch.int32)), "splits")
+    expect_error(ValueError, lambda: hvd.alltoall(torch.empty(n), torch.ones(n)), "integers")
+
+
 def check_join(r, n):
     last = [hvd.join(device) for device in (-1, 0)]
     assert hvd.allgather_object(last) == [last] * n
@@ -259,6 +267,7 @@ def main():
     check_optimizer_and_state(r, n)
     check_user_compressor(r, n)
     check_process_sets(r, n)
+    check_alltoall_arguments(r, n)
     check_join(r, n)
     hvd.shutdown()
     print(f"[rank {r}] torch_horovod OK on {n} ranks", flush=True)
