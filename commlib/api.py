@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .compression import Compression, WireCodec, codec_for
+from .compression import collective as _compressed
 from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
 from .dtypes import REDUCIBLE, check_contiguous, check_reducible, check_writable, dtype_name
@@ -159,6 +160,8 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")
+    if compression is Compression.none:
+        compression = None
     if compression is None and algorithm is None:
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
         if meta is not None:
@@ -172,6 +175,15 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     errors.append(_validated(check_contiguous, output, name))
     errors.append(_validated(check_writable, output, name))
     errors.append(_validated(check_reducible, output, op, name))
+    if _compressed.is_special(compression):  # lossy or Horovod-style: see commlib/compression/collective.py
+        errors.append(_compressed.check(compression, output, op, algorithm, name))
+        if not any(errors):
+            handle = _compressed.allreduce(compression, runtime.size, runtime.rank, array, output, inplace, op,
+                                           name, prescale_factor, postscale_factor)
+            if wait:
+                runtime.coordinator.wait(handle)
+            return handle
+        compression = None  # the error travels under ``name``, where the other ranks' first collective is
     errors.append(_validated(codec_for, compression, output.dtype, name))
     if algorithm is not None:
         errors.append(_validated(_algorithm, algorithm))
@@ -196,7 +208,9 @@ def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor
 
     ``op``: Sum, Average (default), Min, Max, Product. ``prescale_factor``/``postscale_factor`` multiply
     before/after the reduction. ``algorithm`` forces one (see docs/algorithms.md). ``compression``
-    (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32."""
+    (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32; a lossy
+    compressor (Compression.topk(0.01), .dgc(), .powersgd(), ...; Sum/Average only, state kept per
+    ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes."""
     return _allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor, algorithm,
                              compression, wait=False)
 

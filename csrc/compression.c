@@ -1,0 +1,241 @@
+/* commlib._compression: the loops behind sparse gradient exchange.
+ *
+ *   topk(x, k, idx)              idx = the positions of the k largest |x| (float32 x), in ascending order
+ *   scatter_add(dst, idx, val)   dst[idx[i]] += val[i] for i in order (float32 dst/val, int32 idx)
+ *
+ * Determinism is the point of both: every rank must select and decode identically. topk breaks ties
+ * between equal magnitudes by position (lower positions first) and treats NaN as larger than any number,
+ * so its result depends only on the values; scatter_add adds in the order given (the allgather's rank
+ * order), so every rank computes the same float32 sums bit for bit.
+ *
+ * topk finds the k-th largest magnitude by selection (quickselect on a copy of |x|, median-of-three
+ * pivots, O(n) on average), then collects the positions in one pass. For small k relative to n it first
+ * takes a threshold from a strided sample and selects only among the candidates above it, falling back
+ * to the full selection when the sample guessed too high. Buffers come in through the buffer protocol;
+ * commlib/compression/kernels.py checks dtypes and shapes, this file re-checks what memory safety needs.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CC_GIL_RELEASE_MIN 4096
+
+static inline float magnitude(float v) { return isnan(v) ? INFINITY : fabsf(v); }
+
+static inline void swapf(float *a, float *b)
+{
+    float t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* The value that would sit at position kth (0-based) if a[0..n) were sorted in descending order. */
+static float select_desc(float *a, Py_ssize_t n, Py_ssize_t kth)
+{
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (hi > lo) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        /* median of three, ordered descending: a[lo] >= a[mid] >= a[hi] */
+        if (a[mid] > a[lo]) swapf(&a[mid], &a[lo]);
+        if (a[hi] > a[lo]) swapf(&a[hi], &a[lo]);
+        if (a[hi] > a[mid]) swapf(&a[hi], &a[mid]);
+        float pivot = a[mid];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) {
+                swapf(&a[i], &a[j]);
+                i++;
+                j--;
+            }
+        }
+        if (kth <= j) {
+            hi = j;
+        } else if (kth >= i) {
+            lo = i;
+        } else {
+            return a[kth];
+        }
+    }
+    return a[lo];
+}
+
+/* Positions of the k largest magnitudes of x[0..n), ascending; returns 0, or -1 when out of memory. */
+static int topk_indices(const float *x, Py_ssize_t n, Py_ssize_t k, int32_t *idx)
+{
+    if (k <= 0) return 0;
+    float threshold = 0.0f;
+    int have_threshold = 0;
+    /* A sample's threshold (with margin) cuts the candidates to a few times k when k << n. */
+    if (n >= 65536 && k * 16 <= n) {
+        Py_ssize_t stride = 64, m = n / stride;
+        Py_ssize_t want = (Py_ssize_t)((double)k / (double)n * (double)m * 0.5); /* half as many: margin */
+        if (want >= 8) {
+            float *s = malloc((size_t)m * sizeof(float));
+            if (s == NULL) return -1;
+            for (Py_ssize_t i = 0; i < m; i++) s[i] = magnitude(x[i * stride]);
+            float guess = select_desc(s, m, want - 1);
+            free(s);
+            Py_ssize_t count = 0;
+            for (Py_ssize_t i = 0; i < n; i++) count += magnitude(x[i]) >= guess;
+            if (count >= k) {
+                float *c = malloc((size_t)count * sizeof(float));
+                if (c == NULL) return -1;
+                Py_ssize_t j = 0;
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    float v = magnitude(x[i]);
+                    if (v >= guess) c[j++] = v;
+                }
+                threshold = select_desc(c, count, k - 1);
+                free(c);
+                have_threshold = 1;
+            }
+        }
+    }
+    if (!have_threshold) {
+        float *a = malloc((size_t)n * sizeof(float));
+        if (a == NULL) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) a[i] = magnitude(x[i]);
+        threshold = select_desc(a, n, k - 1);
+        free(a);
+    }
+    /* Everything above the threshold, then ties at it in position order until k are taken. */
+    Py_ssize_t above = 0;
+    for (Py_ssize_t i = 0; i < n; i++) above += magnitude(x[i]) > threshold;
+    Py_ssize_t ties = k - above, j = 0;
+    for (Py_ssize_t i = 0; i < n && j < k; i++) {
+        float v = magnitude(x[i]);
+        if (v > threshold) {
+            idx[j++] = (int32_t)i;
+        } else if (v == threshold && ties > 0) {
+            idx[j++] = (int32_t)i;
+            ties--;
+        }
+    }
+    return 0;
+}
+
+/* ---- buffers ---- */
+
+static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what, Py_ssize_t itemsize)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        return -1;
+    }
+    if (view->itemsize != itemsize || view->len % itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: expected %zd-byte elements, got %zd", what, itemsize, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (((uintptr_t)view->buf) % (uintptr_t)itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: buffer is not aligned to its %zd-byte elements", what, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(topk_doc, "topk(x, k, idx): idx[:k] = positions of the k largest |x| (float32), ascending.");
+
+static PyObject *cc_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "topk(x, k, idx) takes 3 arguments");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    Py_buffer x, idx;
+    if (get_buffer(args[0], &x, 0, "topk x", 4) < 0) return NULL;
+    if (get_buffer(args[2], &idx, 1, "topk idx", 4) < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    Py_ssize_t n = x.len / 4;
+    int rc = 0;
+    if (k < 0 || k > n || idx.len / 4 < k || n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "topk: need 0 <= k <= n <= 2**31-1 and room for k indices "
+                     "(k=%zd, n=%zd, room=%zd)", k, n, idx.len / 4);
+        rc = -2;
+    } else if (n >= CC_GIL_RELEASE_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = topk_indices((const float *)x.buf, n, k, (int32_t *)idx.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = topk_indices((const float *)x.buf, n, k, (int32_t *)idx.buf);
+    }
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&idx);
+    if (rc == -1) return PyErr_NoMemory();
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(scatter_add_doc, "scatter_add(dst, idx, val): dst[idx[i]] += val[i] in order (float32, int32).");
+
+static PyObject *cc_scatter_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scatter_add(dst, idx, val) takes 3 arguments");
+        return NULL;
+    }
+    Py_buffer dst, idx, val;
+    if (get_buffer(args[0], &dst, 1, "scatter_add dst", 4) < 0) return NULL;
+    if (get_buffer(args[1], &idx, 0, "scatter_add idx", 4) < 0) {
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    if (get_buffer(args[2], &val, 0, "scatter_add val", 4) < 0) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&idx);
+        return NULL;
+    }
+    Py_ssize_t n = dst.len / 4, m = idx.len / 4;
+    Py_ssize_t bad = -1;
+    if (val.len / 4 != m) {
+        PyErr_Format(PyExc_ValueError, "scatter_add: %zd indices but %zd values", m, val.len / 4);
+    } else {
+        float *d = (float *)dst.buf;
+        const int32_t *ix = (const int32_t *)idx.buf;
+        const float *v = (const float *)val.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < m; i++) {
+            if (ix[i] < 0 || ix[i] >= n) {
+                bad = i;
+                break;
+            }
+            d[ix[i]] += v[i];
+        }
+        Py_END_ALLOW_THREADS
+        if (bad >= 0) {
+            PyErr_Format(PyExc_IndexError, "scatter_add: index %d at position %zd is outside 0..%zd",
+                         (int)ix[bad], bad, n - 1);
+        }
+    }
+    int failed = PyErr_Occurred() != NULL;
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&idx);
+    PyBuffer_Release(&val);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef cc_methods[] = {
+    {"topk", (PyCFunction)(void (*)(void))cc_topk, METH_FASTCALL, topk_doc},
+    {"scatter_add", (PyCFunction)(void (*)(void))cc_scatter_add, METH_FASTCALL, scatter_add_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef cc_module = {
+    PyModuleDef_HEAD_INIT, "_compression", "Top-k selection and scatter-add for sparse gradient exchange.",
+    0, cc_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__compression(void) { return PyModuleDef_Init(&cc_module); }
