@@ -1,4 +1,4 @@
-"""Wire compression for allreduce (lossless up to rounding): float32 buffers travel as float16 or bfloat16 and accumulate in float32.
+"""Wire compression for allreduce: float32 buffers travel as float16 or bfloat16 and accumulate in float32.
 
 A :class:`WireCodec` wraps any allreduce algorithm: the algorithm sends ``encode``-d chunks, and on receipt
 ``accumulate``-s them into its float32 buffer (or ``decode``-s a finished chunk). Reduction therefore

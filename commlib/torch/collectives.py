@@ -20,6 +20,8 @@ import torch
 
 import commlib as _cl
 
+from ..compression import Compressor, WireCodec
+from ..compression.collective import is_special
 from ..ops import ReduceOp, as_op
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
@@ -109,16 +111,41 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     (``Compression.fp16``/``.bf16``) sends float32 data in half precision and accumulates in float32.
     """
     op = resolve_op(op, average)
+    if _horovod_style(compression):
+        return _horovod_compressed(tensor, False, compression, name, op, prescale_factor, postscale_factor)
     array = as_array(tensor, name, "allreduce")
     inner = _cl.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
                                 postscale_factor=postscale_factor, compression=compression)
     return Handle(inner, _new, tensor)
 
 
+def _horovod_style(compression) -> bool:
+    """A user's compressor with Horovod's torch ``compress``/``decompress`` (not fp16/bf16, which keep
+    float32 accumulation, nor commlib's lossy compressors, which work on the numpy view)."""
+    return is_special(compression) and not isinstance(compression, Compressor)
+
+
+def _horovod_compressed(tensor, inplace, compression, name, op, prescale_factor, postscale_factor) -> Handle:
+    """Horovod's order: ``compress`` the torch tensor, allreduce what it returns, ``decompress`` the
+    result (and copy it into ``tensor`` for in-place calls)."""
+    check_tensor(tensor, name, "allreduce")
+    compressed, ctx = compression.compress(tensor)
+    inner = _cl.allreduce_async(as_array(compressed.contiguous(), name, "allreduce"), op=op, name=name,
+                                prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+
+    def finish(result):
+        out = compression.decompress(as_tensor(result), ctx)
+        return tensor.copy_(out) if inplace else out
+
+    return Handle(inner, finish, (tensor, compressed))
+
+
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
                      compression=Compression.none) -> Handle:
     """Start reducing ``tensor`` over all ranks in place; ``synchronize`` returns ``tensor``."""
     op = resolve_op(op, average)
+    if _horovod_style(compression):
+        return _horovod_compressed(tensor, True, compression, name, op, prescale_factor, postscale_factor)
     array = as_array(tensor, name, "allreduce")
     inner = _cl.allreduce_async_(array, op=op, name=name, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor, compression=compression)
@@ -129,6 +156,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                compression=Compression.none):
     """Reduce ``tensor`` over all ranks in place and return it."""
     op = resolve_op(op, average)
+    if _horovod_style(compression):
+        return synchronize(_horovod_compressed(tensor, True, compression, name, op, prescale_factor,
+                                               postscale_factor))
     _cl.allreduce_(as_array(tensor, name, "allreduce"), op=op, name=name, prescale_factor=prescale_factor,
                    postscale_factor=postscale_factor, compression=compression)
     return tensor
@@ -137,6 +167,9 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   compression=Compression.none):
     """Reduce ``tensor`` over all ranks into a new tensor, synchronously (``tensor`` is unchanged)."""
+    if _horovod_style(compression):
+        return synchronize(_horovod_compressed(tensor, False, compression, name, op, prescale_factor,
+                                               postscale_factor))
     result = _cl.allreduce(as_array(tensor, name, "allreduce"), op=op, name=name,
                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                            compression=compression)
@@ -148,6 +181,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     """Start reducing a list of tensors as one operation (one negotiation, fused); inputs unchanged."""
     op = resolve_op(op, average)
     tensors = list(tensors)
+    if _horovod_style(compression):
+        return _grouped_horovod(tensors, False, compression, name, op, prescale_factor, postscale_factor)
     arrays = [as_array(t, name, f"grouped_allreduce (tensor {i})") for i, t in enumerate(tensors)]
     inner = _cl.grouped_allreduce_async(arrays, op=op, name=name, prescale_factor=prescale_factor,
                                         postscale_factor=postscale_factor, compression=compression)
@@ -159,10 +194,29 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
     """Start reducing a list of tensors in place as one operation; ``synchronize`` returns the list."""
     op = resolve_op(op, average)
     tensors = list(tensors)
+    if _horovod_style(compression):
+        return _grouped_horovod(tensors, True, compression, name, op, prescale_factor, postscale_factor)
     arrays = [as_array(t, name, f"grouped_allreduce (tensor {i})") for i, t in enumerate(tensors)]
     inner = _cl.grouped_allreduce_async_(arrays, op=op, name=name, prescale_factor=prescale_factor,
                                          postscale_factor=postscale_factor, compression=compression)
     return Handle(inner, lambda _results: tensors, tensors)
+
+
+def _grouped_horovod(tensors, inplace, compression, name, op, prescale_factor, postscale_factor) -> Handle:
+    """A grouped allreduce with a Horovod-style compressor: each tensor compressed, the group reduced as
+    one operation, each result decompressed."""
+    for i, t in enumerate(tensors):
+        check_tensor(t, name, f"grouped_allreduce (tensor {i})")
+    pairs = [compression.compress(t) for t in tensors]
+    arrays = [as_array(c.contiguous(), name, f"grouped_allreduce (tensor {i})") for i, (c, _) in enumerate(pairs)]
+    inner = _cl.grouped_allreduce_async(arrays, op=op, name=name, prescale_factor=prescale_factor,
+                                        postscale_factor=postscale_factor)
+
+    def finish(results):
+        outs = [compression.decompress(as_tensor(r), ctx) for r, (_, ctx) in zip(results, pairs)]
+        return [t.copy_(o) for t, o in zip(tensors, outs)] if inplace else outs
+
+    return Handle(inner, finish, (tensors, pairs))
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -231,7 +285,7 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
         raise ValueError(f"reducescatter of tensor {name!r}: it splits the first dimension, but the tensor is "
                          "a scalar; pass tensor.reshape(1)")
     sent = tensor
-    if compression is not None and tensor.dtype is torch.float32:
+    if isinstance(compression, WireCodec) and tensor.dtype is torch.float32:
         sent = tensor.to(_torch_dtype(compression.wire_dtype))
     if prescale_factor != 1.0:
         sent = sent * prescale_factor
