@@ -8,48 +8,55 @@
  * so its result depends only on the values; scatter_add adds in the order given (the allgather's rank
  * order), so every rank computes the same float32 sums bit for bit.
  *
- * topk finds the k-th largest magnitude by selection (quickselect on a copy of |x|, median-of-three
- * pivots, O(n) on average), then collects the positions in one pass. For small k relative to n it first
- * takes a threshold from a strided sample and selects only among the candidates above it, falling back
- * to the full selection when the sample guessed too high. Buffers come in through the buffer protocol;
+ * topk finds the k-th largest magnitude by selection (quickselect on integer keys, median-of-three
+ * pivots, O(n) on average), then collects the positions. For small k relative to n it first keeps only
+ * the positions above a threshold guessed from a strided sample (see topk_indices). Buffers come in through the buffer protocol;
  * commlib/compression/kernels.py checks dtypes and shapes, this file re-checks what memory safety needs.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CC_GIL_RELEASE_MIN 4096
 
-static inline float magnitude(float v) { return isnan(v) ? INFINITY : fabsf(v); }
-
-static inline void swapf(float *a, float *b)
+/* A value's magnitude as an ordered integer: the float's bits without the sign. For non-negative floats
+ * the integer order is the numeric order, and every NaN (exponent all ones, mantissa non-zero) comes
+ * above infinity, so NaN counts as the largest magnitude. Integer keys keep the passes branch-free and
+ * vectorizable. */
+static inline uint32_t key_of(const float *x, Py_ssize_t i)
 {
-    float t = *a;
+    uint32_t bits;
+    memcpy(&bits, x + i, sizeof bits);
+    return bits & 0x7fffffffu;
+}
+
+static inline void swapu(uint32_t *a, uint32_t *b)
+{
+    uint32_t t = *a;
     *a = *b;
     *b = t;
 }
 
 /* The value that would sit at position kth (0-based) if a[0..n) were sorted in descending order. */
-static float select_desc(float *a, Py_ssize_t n, Py_ssize_t kth)
+static uint32_t select_desc(uint32_t *a, Py_ssize_t n, Py_ssize_t kth)
 {
     Py_ssize_t lo = 0, hi = n - 1;
     while (hi > lo) {
         Py_ssize_t mid = lo + (hi - lo) / 2;
         /* median of three, ordered descending: a[lo] >= a[mid] >= a[hi] */
-        if (a[mid] > a[lo]) swapf(&a[mid], &a[lo]);
-        if (a[hi] > a[lo]) swapf(&a[hi], &a[lo]);
-        if (a[hi] > a[mid]) swapf(&a[hi], &a[mid]);
-        float pivot = a[mid];
+        if (a[mid] > a[lo]) swapu(&a[mid], &a[lo]);
+        if (a[hi] > a[lo]) swapu(&a[hi], &a[lo]);
+        if (a[hi] > a[mid]) swapu(&a[hi], &a[mid]);
+        uint32_t pivot = a[mid];
         Py_ssize_t i = lo, j = hi;
         while (i <= j) {
             while (a[i] > pivot) i++;
             while (a[j] < pivot) j--;
             if (i <= j) {
-                swapf(&a[i], &a[j]);
+                swapu(&a[i], &a[j]);
                 i++;
                 j--;
             }
@@ -65,58 +72,81 @@ static float select_desc(float *a, Py_ssize_t n, Py_ssize_t kth)
     return a[lo];
 }
 
-/* Positions of the k largest magnitudes of x[0..n), ascending; returns 0, or -1 when out of memory. */
+/* From the ascending positions pos[0..m) (all of x when pos is NULL), write to idx the k whose keys are
+ * largest: those above the k-th largest key, then ties at it in position order. */
+static void collect(const float *x, const int32_t *pos, Py_ssize_t m, uint32_t threshold, Py_ssize_t k,
+                    int32_t *idx)
+{
+    Py_ssize_t above = 0;
+    for (Py_ssize_t t = 0; t < m; t++) above += key_of(x, pos ? pos[t] : t) > threshold;
+    Py_ssize_t ties = k - above, j = 0;
+    for (Py_ssize_t t = 0; t < m && j < k; t++) {
+        Py_ssize_t i = pos ? pos[t] : t;
+        uint32_t v = key_of(x, i);
+        if (v > threshold || (v == threshold && ties-- > 0)) idx[j++] = (int32_t)i;
+    }
+}
+
+/* Positions of the k largest magnitudes of x[0..n), ascending; returns 0, or -1 when out of memory.
+ *
+ * For k much smaller than n, a strided sample's key of rank 2k (scaled to the sample) is a guess above
+ * which all of the k largest most likely lie: one pass keeps the positions at or above it (about 2k),
+ * the exact threshold is selected among those, and only they are scanned again. When the guess leaves
+ * fewer than k candidates the full selection runs instead. */
 static int topk_indices(const float *x, Py_ssize_t n, Py_ssize_t k, int32_t *idx)
 {
     if (k <= 0) return 0;
-    float threshold = 0.0f;
-    int have_threshold = 0;
-    /* A sample's threshold (with margin) cuts the candidates to a few times k when k << n. */
-    if (n >= 65536 && k * 16 <= n) {
-        Py_ssize_t stride = 64, m = n / stride;
-        Py_ssize_t want = (Py_ssize_t)((double)k / (double)n * (double)m * 0.5); /* half as many: margin */
-        if (want >= 8) {
-            float *s = malloc((size_t)m * sizeof(float));
+    /* A sample of m = n / stride keys; its key of rank want = 2k / stride is expected to have about 2k
+     * of all n keys at or above it. */
+    Py_ssize_t stride = k / 8 < 64 ? k / 8 : 64;
+    if (n >= 65536 && k * 16 <= n && stride >= 2) {
+        Py_ssize_t m = n / stride;
+        Py_ssize_t want = 2 * k / stride;
+        {
+            uint32_t *s = malloc((size_t)m * sizeof(uint32_t));
             if (s == NULL) return -1;
-            for (Py_ssize_t i = 0; i < m; i++) s[i] = magnitude(x[i * stride]);
-            float guess = select_desc(s, m, want - 1);
+            for (Py_ssize_t i = 0; i < m; i++) s[i] = key_of(x, i * stride);
+            uint32_t guess = select_desc(s, m, want - 1);
             free(s);
-            Py_ssize_t count = 0;
-            for (Py_ssize_t i = 0; i < n; i++) count += magnitude(x[i]) >= guess;
-            if (count >= k) {
-                float *c = malloc((size_t)count * sizeof(float));
-                if (c == NULL) return -1;
-                Py_ssize_t j = 0;
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    float v = magnitude(x[i]);
-                    if (v >= guess) c[j++] = v;
+            Py_ssize_t cap = 4 * k + 1024, count = 0;
+            int32_t *pos = malloc((size_t)cap * sizeof(int32_t));
+            if (pos == NULL) return -1;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (key_of(x, i) >= guess) {
+                    if (count == cap) {
+                        cap *= 2;
+                        int32_t *grown = realloc(pos, (size_t)cap * sizeof(int32_t));
+                        if (grown == NULL) {
+                            free(pos);
+                            return -1;
+                        }
+                        pos = grown;
+                    }
+                    pos[count++] = (int32_t)i;
                 }
-                threshold = select_desc(c, count, k - 1);
-                free(c);
-                have_threshold = 1;
             }
+            if (count >= k) {
+                uint32_t *keys = malloc((size_t)count * sizeof(uint32_t));
+                if (keys == NULL) {
+                    free(pos);
+                    return -1;
+                }
+                for (Py_ssize_t t = 0; t < count; t++) keys[t] = key_of(x, pos[t]);
+                uint32_t threshold = select_desc(keys, count, k - 1);
+                free(keys);
+                collect(x, pos, count, threshold, k, idx);
+                free(pos);
+                return 0;
+            }
+            free(pos);
         }
     }
-    if (!have_threshold) {
-        float *a = malloc((size_t)n * sizeof(float));
-        if (a == NULL) return -1;
-        for (Py_ssize_t i = 0; i < n; i++) a[i] = magnitude(x[i]);
-        threshold = select_desc(a, n, k - 1);
-        free(a);
-    }
-    /* Everything above the threshold, then ties at it in position order until k are taken. */
-    Py_ssize_t above = 0;
-    for (Py_ssize_t i = 0; i < n; i++) above += magnitude(x[i]) > threshold;
-    Py_ssize_t ties = k - above, j = 0;
-    for (Py_ssize_t i = 0; i < n && j < k; i++) {
-        float v = magnitude(x[i]);
-        if (v > threshold) {
-            idx[j++] = (int32_t)i;
-        } else if (v == threshold && ties > 0) {
-            idx[j++] = (int32_t)i;
-            ties--;
-        }
-    }
+    uint32_t *a = malloc((size_t)n * sizeof(uint32_t));
+    if (a == NULL) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) a[i] = key_of(x, i);
+    uint32_t threshold = select_desc(a, n, k - 1);
+    free(a);
+    collect(x, NULL, n, threshold, k, idx);
     return 0;
 }
 

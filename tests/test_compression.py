@@ -24,6 +24,16 @@ def test_topk_kernel_matches_numpy(n):
             assert np.array_equal(kernels.topk(x, k), reference_topk(x, k)), (n, k)
 
 
+@pytest.mark.parametrize("shape", ["sorted", "sparse", "periodic"])
+def test_topk_kernel_when_the_sample_misleads(shape):
+    """Inputs where a strided sample guesses the threshold badly (the kernel must fall back, still exact)."""
+    n = 200000
+    x = {"sorted": np.linspace(-1, 1, n), "sparse": np.where(np.arange(n) % 997 == 5, 1.0, 0.0),
+         "periodic": np.where(np.arange(n) % 64 == 0, 0.0, np.arange(n) % 13)}[shape].astype(np.float32)
+    for k in (100, 2000, 10000):
+        assert np.array_equal(kernels.topk(x, k), reference_topk(x, k)), (shape, k)
+
+
 def test_topk_kernel_ties_nan_and_errors():
     x = np.array([1, -3, 3, 0, np.nan, -3, 2], np.float32)
     assert kernels.topk(x, 2).tolist() == [1, 4]          # NaN first, then the lower of the tied 3s
