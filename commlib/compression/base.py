@@ -2,11 +2,12 @@
 
 A :class:`Compressor` is one method (in the spirit of PyTorch's ``hook(state, bucket) -> Future``)::
 
-    finish = compressor.start(name, grad, exchange)   # compress, submit the collective(s)
-    total = finish()                                   # wait, decode: the float32 SUM over ranks
+    finish = compressor.start(name, buf, exchange)   # compress, submit the collective(s)
+    finish()                                          # wait, decode: buf holds the float32 SUM over ranks
 
-``grad`` is this rank's float32 tensor, ``exchange`` (:class:`Exchange`) the collectives a compressor may
-use, and ``total`` a new float32 array of ``grad``'s shape, bit for bit the same on every rank. The caller
+``buf`` is a float32 array holding this rank's tensor; the compressor may use it as scratch (no copy of
+a large gradient is made), and after ``finish()`` it holds the sum over ranks, bit for bit the same on
+every rank. ``exchange`` (:class:`Exchange`) gives the collectives a compressor may use. The caller
 divides for Average. A compressor keeps its state (residuals, momenta, PowerSGD's P/Q, step counts) in
 ``self.state[name]``: per tensor name, so the same object serves every tensor of a model, survives a new
 DistributedOptimizer around it, and ``reset()`` forgets it.
@@ -44,7 +45,7 @@ FLOAT32 = np.dtype(np.float32)
 #: their compression saves nothing worth its latency, and biases and norms are sensitive to it.
 MIN_ELEMENTS = 1024
 
-Finish = Callable[[], np.ndarray]
+Finish = Callable[[], None]
 
 
 class Exchange:
@@ -86,12 +87,13 @@ class Message:
         """``x -= what this message carries`` (densely): error feedback keeps the rest."""
         raise NotImplementedError
 
-    def start(self, name: str, exchange: Exchange) -> Finish:
+    def start(self, name: str, out: np.ndarray, exchange: Exchange) -> Finish:
+        """Submit the exchange; the returned function waits and writes the sum into the 1-D ``out``."""
         raise NotImplementedError
 
 
 class DenseMessage(Message):
-    """All of ``values`` (a buffer the message owns), allreduced."""
+    """All of ``values``, allreduced (in place when ``values`` is ``out`` itself)."""
 
     def __init__(self, values: np.ndarray):
         self.values = values
@@ -99,9 +101,15 @@ class DenseMessage(Message):
     def subtract_from(self, x):
         x -= self.values
 
-    def start(self, name, exchange):
+    def start(self, name, out, exchange):
         handle = exchange.allreduce(self.values, name)
-        return lambda: exchange.wait(handle)
+
+        def finish():
+            exchange.wait(handle)
+            if self.values is not out:
+                np.copyto(out, self.values)
+
+        return finish
 
 
 class SparseMessage(Message):
@@ -115,15 +123,12 @@ class SparseMessage(Message):
     def subtract_from(self, x):
         x[self.indices] -= self.values
 
-    def dense(self) -> np.ndarray:
-        out = np.zeros(self.n, FLOAT32)
-        out[self.indices] = self.values
-        return out
-
-    def start(self, name, exchange):
+    def start(self, name, out, exchange):
         k = self.indices.size
         if not sparse_pays(k, self.n, exchange.size):
-            return DenseMessage(self.dense()).start(name, exchange)
+            out[...] = 0.0
+            out[self.indices] = self.values
+            return DenseMessage(out).start(name, out, exchange)
         # One allgather of [indices | values] per rank (values viewed as int32): one collective, one name.
         pairs = np.empty(2 * k, np.int32)
         pairs[:k] = self.indices
@@ -132,10 +137,9 @@ class SparseMessage(Message):
 
         def finish():
             every = exchange.wait(handle).reshape(exchange.size, 2, k)
-            out = np.zeros(self.n, FLOAT32)
+            out[...] = 0.0
             for r in range(exchange.size):  # rank order: the same float32 sums on every rank
                 kernels.scatter_add(out, every[r, 0], every[r, 1].view(np.float32))
-            return out
 
         return finish
 
@@ -151,13 +155,13 @@ class SharedIndexMessage(Message):
     def subtract_from(self, x):
         x[self.indices] -= self.values
 
-    def start(self, name, exchange):
+    def start(self, name, out, exchange):
         handle = exchange.allreduce(self.values, name)
 
         def finish():
-            out = np.zeros(self.n, FLOAT32)
-            out[self.indices] = exchange.wait(handle)
-            return out
+            summed = exchange.wait(handle)
+            out[...] = 0.0
+            out[self.indices] = summed
 
         return finish
 
@@ -171,7 +175,7 @@ class Compressor:
     def __init__(self):
         self.state: dict[str, dict] = {}
 
-    def start(self, name: str, grad: np.ndarray, exchange: Exchange) -> Finish:
+    def start(self, name: str, buf: np.ndarray, exchange: Exchange) -> Finish:
         raise NotImplementedError
 
     def state_of(self, name: str) -> dict:
@@ -186,10 +190,10 @@ class Compressor:
         self.state.clear()
 
 
-def dense_start(name: str, grad: np.ndarray, exchange: Exchange) -> Finish:
-    """Send ``grad`` as it is (a copy: the caller's array is not the collective's buffer)."""
-    finish = DenseMessage(np.array(grad, FLOAT32, copy=True).reshape(-1)).start(name, exchange)
-    return lambda: finish().reshape(grad.shape)
+def dense_start(name: str, buf: np.ndarray, exchange: Exchange) -> Finish:
+    """Allreduce ``buf`` as it is, in place."""
+    flat = buf.reshape(-1)
+    return DenseMessage(flat).start(name, flat, exchange)
 
 
 class Encoder(Compressor):
@@ -202,15 +206,14 @@ class Encoder(Compressor):
         self.min_elements = int(min_elements)
 
     def encode(self, name: str, flat: np.ndarray) -> Message:
-        """The message for the 1-D float32 ``flat`` (which the encoder may keep or modify)."""
+        """The message for the 1-D float32 ``flat`` (which the encoder may modify or send as it is)."""
         raise NotImplementedError
 
-    def start(self, name, grad, exchange):
-        if grad.size < self.min_elements:
-            return dense_start(name, grad, exchange)
-        flat = np.array(grad, FLOAT32, copy=True).reshape(-1)
-        finish = self.encode(name, flat).start(name, exchange)
-        return lambda: finish().reshape(grad.shape)
+    def start(self, name, buf, exchange):
+        if buf.size < self.min_elements:
+            return dense_start(name, buf, exchange)
+        flat = buf.reshape(-1)
+        return self.encode(name, flat).start(name, flat, exchange)
 
     def inner_encoders(self) -> list["Encoder"]:
         return []

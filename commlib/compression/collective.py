@@ -84,17 +84,15 @@ def allreduce(compression, size: int, rank: int, array: np.ndarray, output: np.n
     """Start the request (validated by :func:`check`); the handle's result is ``output``."""
     if isinstance(compression, Compressor):
         exchange = _Capture(size, rank)
-        grad = np.asarray(array, FLOAT32)
         if prescale != 1.0:
-            grad = grad * np.float32(prescale)
-        finish = compression.start(name, grad, exchange)
+            output *= np.float32(prescale)
+        finish = compression.start(name, output, exchange)  # output (the caller's copy or array) is scratch
         scale = np.float32(postscale / (size if op is Average else 1))
 
         def done():
-            total = finish()
+            finish()
             if scale != 1.0:
-                total *= scale
-            output[...] = total
+                np.multiply(output, scale, out=output)
             return output
 
         return DeferredHandle(name, exchange.handles, done)

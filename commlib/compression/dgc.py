@@ -26,7 +26,7 @@ import math
 import numpy as np
 
 from . import kernels
-from .base import FLOAT32, MIN_ELEMENTS, Compressor, DenseMessage, SparseMessage
+from .base import MIN_ELEMENTS, Compressor, DenseMessage, SparseMessage
 from .sparse import count_for
 
 #: Lin et al.'s warm-up: exponentially increasing sparsity.
@@ -65,15 +65,20 @@ class DGC(Compressor):
         stage = (step - self.rampup_begin_step) * len(self.sparsity) // self.rampup_step
         return self.sparsity[min(stage, len(self.sparsity) - 1)]
 
-    def start(self, name, grad, exchange):
+    def start(self, name, buf, exchange):
         state = self.state_of(name)
         step = state.get("step", 0)
         state["step"] = step + 1
         sparsity = self.sparsity_at(step)
-        flat = np.array(grad, FLOAT32, copy=True).reshape(-1)
+        flat = buf.reshape(-1)
         if sparsity is None or flat.size < self.min_elements:
-            finish = DenseMessage(flat).start(name, exchange)
-            return lambda: self._dense_momentum(state, finish()).reshape(grad.shape)
+            finish = DenseMessage(flat).start(name, flat, exchange)
+
+            def dense_finish():
+                finish()
+                self._dense_momentum(state, flat)
+
+            return dense_finish
         if self.clip_norm is not None:
             limit = self.clip_norm / math.sqrt(exchange.size)
             norm = float(np.linalg.norm(flat))
@@ -82,7 +87,7 @@ class DGC(Compressor):
         u, v = state.get("u"), state.get("v")
         if u is None:
             dense_u = state.pop("U", None)
-            u = state["u"] = (dense_u / exchange.size if dense_u is not None else np.zeros_like(flat))
+            u = state["u"] = (dense_u / np.float32(exchange.size) if dense_u is not None else np.zeros_like(flat))
             v = state["v"] = np.zeros_like(flat)
         u *= self.momentum
         u += flat
@@ -91,17 +96,17 @@ class DGC(Compressor):
         message = SparseMessage(v.size, idx, v[idx])
         v[idx] = 0.0   # momentum factor masking: what was sent leaves both accumulators
         u[idx] = 0.0
-        finish = message.start(name, exchange)
-        return lambda: finish().reshape(grad.shape)
+        return message.start(name, flat, exchange)
 
-    def _dense_momentum(self, state: dict, total: np.ndarray) -> np.ndarray:
+    def _dense_momentum(self, state: dict, total: np.ndarray) -> None:
+        """``U = m*U + total``; ``total`` becomes U (identical on every rank: total is)."""
         velocity = state.get("U")
         if velocity is None:
-            velocity = state["U"] = total.copy()
+            state["U"] = total.copy()
         else:
             velocity *= self.momentum
             velocity += total
-        return velocity.copy()
+            np.copyto(total, velocity)
 
     def __repr__(self):
         return (f"DGC(momentum={self.momentum}, sparsity={self.sparsity}, rampup_begin_step="

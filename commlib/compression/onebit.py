@@ -29,10 +29,11 @@ class OneBitMessage(Message):
     def subtract_from(self, x):
         x -= self.scale * self.signs()
 
-    def start(self, name, exchange):
+    def start(self, name, out, exchange):
         width = 4 + self.bits.size
         if not gather_pays(width, self.n, exchange.size):
-            return DenseMessage(self.scale * self.signs()).start(name, exchange)
+            np.multiply(self.signs(), self.scale, out=out)
+            return DenseMessage(out).start(name, out, exchange)
         payload = np.empty(width, np.uint8)
         payload[:4] = np.frombuffer(self.scale.tobytes(), np.uint8)
         payload[4:] = self.bits
@@ -40,11 +41,10 @@ class OneBitMessage(Message):
 
         def finish():
             every = exchange.wait(handle).reshape(exchange.size, width)
-            out = np.zeros(self.n, FLOAT32)
+            out[...] = 0.0
             for r in range(exchange.size):  # rank order: the same sums on every rank
                 scale = every[r, :4].copy().view(np.float32)[0]
-                out += scale * _signs(every[r, 4:], self.n)
-            return out
+                np.add(out, scale * _signs(every[r, 4:], self.n), out=out)
 
         return finish
 

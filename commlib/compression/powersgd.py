@@ -61,38 +61,37 @@ class PowerSGD(Compressor):
         r = min(self.rank, n, m)
         return n * m >= self.min_compression_rate * (n + m) * r and r > 0
 
-    def start(self, name, grad, exchange):
+    def start(self, name, buf, exchange):
         state = self.state_of(name)
         step = state.get("step", 0)
         state["step"] = step + 1
-        if step < self.start_step or not self.compresses(grad.shape):
-            return dense_start(name, grad, exchange)
-        n = grad.shape[0]
-        matrix = np.array(grad, FLOAT32, copy=True).reshape(n, -1)
+        if step < self.start_step or not self.compresses(buf.shape):
+            return dense_start(name, buf, exchange)
+        matrix = buf.reshape(buf.shape[0], -1)  # a view: buf is the scratch and the result
         m = matrix.shape[1]
-        r = min(self.rank, n, m)
+        r = min(self.rank, matrix.shape[0], m)
         if self.use_error_feedback:
             error = state.get("error")
             if error is not None:
                 matrix += error
+            else:
+                error = state["error"] = np.empty_like(matrix)
+            np.copyto(error, matrix)  # M; the approximation is subtracted once known
         q = state.get("q") if self.warm_start else None
         if q is None:
             rng = np.random.default_rng([self.seed, name_seed(name)])
             q = rng.standard_normal((m, r)).astype(FLOAT32)
-        p = matrix @ q
-        handle = exchange.allreduce(p, name)
+        handle = exchange.allreduce(matrix @ q, name)
 
         def finish():
             summed_p = exchange.wait(handle)
             orthogonalize_(summed_p)
-            new_q = np.ascontiguousarray(matrix.T @ summed_p)
-            summed_q = exchange.wait(exchange.allreduce(new_q, name + ".q"))
-            result = summed_p @ summed_q.T
+            summed_q = exchange.wait(exchange.allreduce(np.ascontiguousarray(matrix.T @ summed_p), name + ".q"))
+            np.matmul(summed_p, summed_q.T, out=matrix)   # the sum over ranks of P P^T M_rank
             if self.use_error_feedback:
-                state["error"] = matrix - result / np.float32(exchange.size)
+                state["error"] -= matrix / np.float32(exchange.size)
             if self.warm_start:
                 state["q"] = summed_q / np.float32(exchange.size)
-            return result.reshape(grad.shape)
 
         return finish
 

@@ -112,7 +112,8 @@ def main():
     # 6. PowerSGD: dense before start_step and for 1-D tensors (bit for bit); at full rank the dense sum.
     m = grad(7, 24 * 10).reshape(24, 10)
     ps = PowerSGD(rank=2, start_step=1)
-    assert np.array_equal(cl.allreduce(m, op=cl.Sum, name="ps", compression=ps), cl.allreduce(m, op=cl.Sum, name="ps.ref"))
+    assert np.array_equal(cl.allreduce(m, op=cl.Sum, name="ps", compression=ps),
+                          cl.allreduce(m, op=cl.Sum, name="ps.ref"))
     v = grad(8, 50)
     assert np.array_equal(cl.allreduce(v, op=cl.Sum, name="ps1d", compression=PowerSGD(1, 0)),
                           cl.allreduce(v, op=cl.Sum, name="ps1d.ref"))
@@ -168,7 +169,6 @@ def main():
     half, ctx = C.fp16.compress(x)
     assert half.dtype == np.float16 and C.fp16.decompress(half, ctx).dtype == np.float32
     assert C.none.compress(x)[0] is x
-
 
     got = cl.allreduce(x, op=cl.Sum, name="user", compression=HalfCompressor)
     ref = cl.allreduce(x.astype(np.float16), op=cl.Sum, name="user.ref").astype(np.float32)
