@@ -8,9 +8,9 @@
  * so its result depends only on the values; scatter_add adds in the order given (the allgather's rank
  * order), so every rank computes the same float32 sums bit for bit.
  *
- * topk finds the k-th largest magnitude by selection (quickselect on integer keys, median-of-three
- * pivots, O(n) on average), then collects the positions. For small k relative to n it first keeps only
- * the positions above a threshold guessed from a strided sample (see topk_indices). Buffers come in through the buffer protocol;
+ * topk: for k much smaller than n, one pass keeps the positions above a threshold guessed from a strided
+ * sample and the exact k-th key is selected among them (quickselect); otherwise (or when the guess was
+ * too high) radix selection on the keys (three histogram passes) finds it. A last pass collects. Buffers come in through the buffer protocol;
  * commlib/compression/kernels.py checks dtypes and shapes, this file re-checks what memory safety needs.
  */
 #define PY_SSIZE_T_CLEAN
@@ -87,12 +87,45 @@ static void collect(const float *x, const int32_t *pos, Py_ssize_t m, uint32_t t
     }
 }
 
+/* Radix selection of the k-th largest key: three histogram passes over the keys' bits 30..20, 19..9 and
+ * 8..0, each restricted to the keys that share the bits found so far. Returns the key and, through
+ * *ties, how many keys equal to it belong to the top k. No comparisons that depend on the data's order,
+ * so its time does not depend on k or on the values. */
+static uint32_t radix_select(const float *x, Py_ssize_t n, Py_ssize_t k, Py_ssize_t *ties)
+{
+    static const int shift[3] = {20, 9, 0};
+    static const uint32_t width[3] = {2048, 2048, 512};
+    Py_ssize_t hist[2048];
+    uint32_t prefix = 0;         /* the bits found so far, in place */
+    uint32_t mask = 0;           /* which bits of a key prefix covers */
+    Py_ssize_t need = k;         /* how many of the keys matching prefix still belong to the top k */
+    for (int level = 0; level < 3; level++) {
+        memset(hist, 0, sizeof hist);
+        uint32_t bins = width[level] - 1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint32_t key = key_of(x, i);
+            if ((key & mask) == prefix) hist[(key >> shift[level]) & bins]++;
+        }
+        Py_ssize_t above = 0;
+        uint32_t b = bins;
+        for (;; b--) {
+            if (above + hist[b] >= need || b == 0) break;
+            above += hist[b];
+        }
+        need -= above;
+        prefix |= b << shift[level];
+        mask |= bins << shift[level];
+    }
+    *ties = need;
+    return prefix;
+}
+
 /* Positions of the k largest magnitudes of x[0..n), ascending; returns 0, or -1 when out of memory.
  *
  * For k much smaller than n, a strided sample's key of rank 2k (scaled to the sample) is a guess above
  * which all of the k largest most likely lie: one pass keeps the positions at or above it (about 2k),
  * the exact threshold is selected among those, and only they are scanned again. When the guess leaves
- * fewer than k candidates the full selection runs instead. */
+ * fewer than k candidates (or k is not small) radix selection runs instead. */
 static int topk_indices(const float *x, Py_ssize_t n, Py_ssize_t k, int32_t *idx)
 {
     if (k <= 0) return 0;
@@ -141,12 +174,13 @@ static int topk_indices(const float *x, Py_ssize_t n, Py_ssize_t k, int32_t *idx
             free(pos);
         }
     }
-    uint32_t *a = malloc((size_t)n * sizeof(uint32_t));
-    if (a == NULL) return -1;
-    for (Py_ssize_t i = 0; i < n; i++) a[i] = key_of(x, i);
-    uint32_t threshold = select_desc(a, n, k - 1);
-    free(a);
-    collect(x, NULL, n, threshold, k, idx);
+    Py_ssize_t ties;
+    uint32_t threshold = radix_select(x, n, k, &ties);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n && j < k; i++) {
+        uint32_t v = key_of(x, i);
+        if (v > threshold || (v == threshold && ties-- > 0)) idx[j++] = (int32_t)i;
+    }
     return 0;
 }
 
