@@ -52,8 +52,9 @@ def run_all(args) -> list[dict]:
                 else:
                     result = json.loads(lines[-1][len("RESULT "):])
                 result.update(repeat=repeat, job_wall_s=round(wall, 1))
-                print(f"{method:9s} repeat {repeat}: {json.dumps({k: result.get(k) for k in ('median_step_s', 'time_to_target_s', 'steps_to_target', 'final_accuracy')})}",
-                      flush=True)
+                shown = {k: result.get(k) for k in ("median_step_s", "time_to_target_s", "steps_to_target",
+                                                     "final_accuracy")}
+                print(f"{method:9s} repeat {repeat}: {json.dumps(shown)}", flush=True)
                 runs.append(result)
     return runs
 
@@ -71,7 +72,8 @@ def table(runs: list[dict], args, command: str) -> str:
     base_med = statistics.median(base) if base else None
     lines = [f"# Compression: time to {args.target:.0%} test accuracy, {args.hosts} hosts x 1 rank at {args.rate}",
              "", f"Command: `{command}`", "",
-             "| method | time per step (s) | steps to target | time to target (s) | ratio to none | final accuracy | reached |",
+             "| method | time per step (s) | steps to target | time to target (s) | ratio to none "
+             "| final accuracy | reached |",
              "|---|---|---|---|---|---|---|"]
     for method in args.methods:
         mine = [r for r in runs if r["compression"] == method]

@@ -144,16 +144,8 @@ class SparseMessage(Message):
         return finish
 
 
-class SharedIndexMessage(Message):
+class SharedIndexMessage(SparseMessage):
     """``values`` at ``indices`` that every rank chose identically: only the values travel."""
-
-    def __init__(self, n: int, indices: np.ndarray, values: np.ndarray):
-        self.n = n
-        self.indices = indices
-        self.values = values
-
-    def subtract_from(self, x):
-        x[self.indices] -= self.values
 
     def start(self, name, out, exchange):
         handle = exchange.allreduce(self.values, name)
