@@ -52,8 +52,8 @@ def run_all(args) -> list[dict]:
                 else:
                     result = json.loads(lines[-1][len("RESULT "):])
                 result.update(repeat=repeat, job_wall_s=round(wall, 1))
-                shown = {k: result.get(k) for k in ("median_step_s", "time_to_target_s", "steps_to_target",
-                                                     "final_accuracy")}
+                keys = ("median_step_s", "time_to_target_s", "steps_to_target", "final_accuracy")
+                shown = {k: result.get(k) for k in keys}
                 print(f"{method:9s} repeat {repeat}: {json.dumps(shown)}", flush=True)
                 runs.append(result)
     return runs
