@@ -61,6 +61,17 @@ def test_scatter_add_kernel_matches_numpy():
         kernels.scatter_add(dst, np.array([1, 2], np.int32), np.ones(1, np.float32))
 
 
+def test_momentum_accumulate_kernel_matches_numpy():
+    rng = np.random.default_rng(3)
+    u, v, g = (rng.standard_normal(10001).astype(np.float32) for _ in range(3))
+    ref_u = np.float32(0.9) * u + g
+    ref_v = v + ref_u
+    kernels.momentum_accumulate(u, v, g, 0.9)
+    assert np.array_equal(u, ref_u) and np.array_equal(v, ref_v)
+    with pytest.raises(ValueError, match="sizes differ"):
+        kernels.momentum_accumulate(u, v[:5], g, 0.9)
+
+
 class _Local(Exchange):
     """One rank's exchange without MPI: the sum over one rank is the value itself."""
 

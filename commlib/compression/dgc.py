@@ -89,9 +89,7 @@ class DGC(Compressor):
             dense_u = state.pop("U", None)
             u = state["u"] = (dense_u / np.float32(exchange.size) if dense_u is not None else np.zeros_like(flat))
             v = state["v"] = np.zeros_like(flat)
-        u *= self.momentum
-        u += flat
-        v += u
+        kernels.momentum_accumulate(u, v, flat, self.momentum)  # u = m*u + g; v += u
         idx = kernels.topk(v, count_for(1.0 - sparsity, v.size))
         message = SparseMessage(v.size, idx, v[idx])
         v[idx] = 0.0   # momentum factor masking: what was sent leaves both accumulators

@@ -37,3 +37,11 @@ def scatter_add(dst: np.ndarray, idx: np.ndarray, val: np.ndarray) -> None:
     _check(idx, _I32, "scatter_add idx")
     _check(val, _F32, "scatter_add val")
     _compression.scatter_add(dst.reshape(-1), idx.reshape(-1), val.reshape(-1))
+
+
+def momentum_accumulate(u: np.ndarray, v: np.ndarray, g: np.ndarray, m: float) -> None:
+    """``u = m*u + g; v += u`` in one pass (DGC's momentum correction; float32, equal sizes)."""
+    _check(u, _F32, "momentum_accumulate u", writable=True)
+    _check(v, _F32, "momentum_accumulate v", writable=True)
+    _check(g, _F32, "momentum_accumulate g")
+    _compression.momentum_accumulate(u.reshape(-1), v.reshape(-1), g.reshape(-1), float(m))
