@@ -37,6 +37,9 @@ setup(
     extras_require={
         "mpich": ["mpich"],
         "torch": ["torch"],
+        # GPU tensors (docs/gpu.md): CuPy for the device side, NCCL's wheel for the NCCL transport.
+        "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
+        "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],
         "bench": ["matplotlib"],
         "test": ["pytest"],
     },

@@ -7,19 +7,28 @@ created; that runtime is the library's only state (see :mod:`commlib.runtime`).
 
 from __future__ import annotations
 
+import atexit
+import logging
 import pickle
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .compression import Compression, WireCodec, codec_for
+from . import device
+from .compression import Compression, WireCodec
 from .compression import collective as _compressed
-from .config import _algorithm
 from .coordinator.requests import Entry, Handle, Kind, Meta
-from .dtypes import REDUCIBLE, check_contiguous, check_reducible, check_writable, dtype_name
+from . import validation
+from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
 from .ops import Average, ReduceOp, Sum, as_op
-from .runtime import Runtime
+from .process_sets import ProcessSet, _GlobalProcessSet
+
+if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import commlib` does not
+    from .process_sets import Member
+    from .runtime import Runtime
+
+log = logging.getLogger("commlib")
 
 
 class _Session:
@@ -31,28 +40,56 @@ class _Session:
 _session = _Session()
 
 
-def _rt() -> Runtime:
+def _rt() -> "Runtime":
     runtime = _session.runtime
     if runtime is None:
         raise CommlibError("commlib is not initialized; call commlib.init() first")
     return runtime
 
 
+#: The world as a process set (id 0): always registered while commlib is initialized.
+global_process_set = _GlobalProcessSet(lambda: _session.runtime.sets if _session.runtime is not None else None)
+
+
 # ---- lifecycle and topology ---------------------------------------------------------------------------
 
-def init(comm=None, **settings) -> None:
-    """Start commlib on ``comm`` (default MPI.COMM_WORLD). ``settings`` override ``COMMLIB_*`` variables
-    (e.g. ``algorithm="ring"``, ``num_streams=2``; see docs/configuration.md). Calling it again while
-    initialized does nothing; after ``shutdown()`` it starts afresh."""
-    if _session.runtime is None:
-        _session.runtime = Runtime(comm, **settings)
+def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings) -> None:
+    """Start commlib on ``comm`` (default MPI.COMM_WORLD); this initializes MPI (mpi4py) if needed.
+    ``process_sets``: sets to register at once (as ``add_process_set`` each, in order). ``settings``
+    override ``COMMLIB_*`` variables (e.g. ``algorithm="ring"``, ``num_streams=2``; see
+    docs/configuration.md). Calling it again while initialized does nothing; after ``shutdown()`` it
+    starts afresh.
+
+    Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
+    other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
+    if _session.runtime is not None:
+        return
+    from .runtime import Runtime
+
+    _session.runtime = Runtime(comm, **settings)
+    atexit.register(_leave)
+    for process_set in process_sets or ():
+        add_process_set(process_set)
 
 
 def shutdown() -> None:
     """Stop commlib: pending operations fail with a clear error; ``init()`` may be called again."""
     runtime, _session.runtime = _session.runtime, None
+    atexit.unregister(_leave)
     if runtime is not None:
         runtime.close()
+
+
+def _leave() -> None:
+    """The exit hook: the process exits without ``shutdown()``. Tell the other ranks, without waiting for
+    them (they may be waiting for this rank in their next collective)."""
+    runtime, _session.runtime = _session.runtime, None
+    if runtime is None:
+        return
+    try:
+        runtime.close(leaving=True)
+    except Exception as exc:  # exiting anyway: say why the others may not have been told
+        log.warning("commlib: could not tell the other ranks that rank %d is exiting: %r", runtime.rank, exc)
 
 
 def is_initialized() -> bool:
@@ -90,6 +127,22 @@ def mpi_threads_supported() -> bool:
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
 
+# ---- process sets --------------------------------------------------------------------------------------
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set (a ProcessSet or a list of world ranks) and return it, with its
+    ``process_set_id``. Collective: every rank calls it, with the same ranks, in the same order. Raises
+    a ValueError (:class:`ProcessSetError`) for a set already registered or ranks that differ between
+    ranks."""
+    return _rt().add_process_set(process_set)
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister ``process_set`` (every rank calls it); its pending operations fail. False for the
+    global set or a set that is not registered."""
+    return _rt().sets.remove(process_set)
+
+
 def start_timeline(path: str) -> None:
     """Start writing a Chrome-trace timeline to ``path`` (one file per rank: ``name.rankN.json``)."""
     _rt().start_timeline(path)
@@ -101,22 +154,26 @@ def stop_timeline() -> None:
 
 # ---- building requests ---------------------------------------------------------------------------------
 
-def _validated(check, *args) -> str:
-    """Run a validation; return its message instead of raising, so that the tensor fails on every rank
-    rather than leave the others waiting."""
-    try:
-        check(*args)
-    except (CommlibError, TypeError, ValueError) as exc:
-        return str(exc)
-    return ""
-
-
-def _submit(runtime: Runtime, meta: Meta, array, output, splits=None, wait: bool = False) -> Handle:
-    """Queue the request; with ``wait``, also drive it to completion in this thread."""
+def _submit(member: "Member", meta: Meta, array, output, splits=None, wait: bool = False) -> Handle:
+    """Queue the request with the set's coordinator; with ``wait``, also drive it to completion here."""
     entry = Entry(meta, array, output, Handle(meta.name), splits)
     if wait:
-        return runtime.coordinator.run(entry)
-    return runtime.coordinator.submit(entry)
+        return member.coordinator.run(entry)
+    return member.coordinator.submit(entry)
+
+
+def _member_and_name(process_set, name, operation: str) -> tuple["Runtime", "Member", str]:
+    runtime = _rt()
+    member = runtime.sets.member(process_set, name or operation)
+    return runtime, member, name or runtime.auto_name(operation, member.process_set_id)
+
+
+def _op(op) -> tuple[ReduceOp, str]:
+    """The ReduceOp, and '' or why ``op`` is none (then Sum, so that the request can still be sent)."""
+    try:
+        return as_op(op), ""
+    except ValueError as exc:
+        return Sum, str(exc)
 
 
 def _in_place(tensor, name: str, operation: str) -> np.ndarray:
@@ -126,10 +183,10 @@ def _in_place(tensor, name: str, operation: str) -> np.ndarray:
     return tensor
 
 
-_PLAIN_DTYPES = frozenset(REDUCIBLE)
+_PLAIN_DTYPES = frozenset(row.numpy for row in BY_NUMPY.values() if row.kind != "bool")
 
 
-def _plain_allreduce_meta(runtime: Runtime, name: str, output: np.ndarray, op, prescale: float,
+def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op, prescale: float,
                           postscale: float) -> Meta | None:
     """The request's metadata when nothing about it needs checking beyond a few flags (a ReduceOp, no
     compression or forced algorithm, a writable C-contiguous array of a reducible dtype), looked up in
@@ -143,18 +200,19 @@ def _plain_allreduce_meta(runtime: Runtime, name: str, output: np.ndarray, op, p
         return None
     key = (name, dtype, output.shape, op, prescale, postscale)
     meta = runtime.metas.get(key)
-    if meta is None:
-        if dtype.kind in "iu" and (op is Average or prescale != 1.0 or postscale != 1.0):
-            return None  # an error: the full path explains it
+    if meta is None:  # (bool, which may not take every op or factor, is not a plain dtype)
         meta = runtime.metas.put(key, Meta(name, Kind.ALLREDUCE, dtype_name(dtype), tuple(output.shape),
                                            int(op), prescale=float(prescale), postscale=float(postscale)))
     return meta
 
 
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
-                      compression, wait: bool) -> Handle:
-    runtime = _rt()
-    name = name or runtime.auto_name("allreduce")
+                      compression, wait: bool, process_set=None, staged: device.Staged | None = None) -> Handle:
+    runtime, member, name = _member_and_name(process_set, name, "allreduce")
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
+        staged = device.Staged(tensor, name)
+        return staged.handle(_allreduce_handle(staged.host, True, op, name, prescale_factor, postscale_factor,
+                                               algorithm, compression, wait, process_set, staged), inplace)
     if inplace:
         array = output = tensor if isinstance(tensor, np.ndarray) else _in_place(tensor, name, "allreduce")
     else:
@@ -162,70 +220,66 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         output = np.array(array, copy=True, order="C")
     if compression is Compression.none:
         compression = None
-    if compression is None and algorithm is None:
+    if compression is None and algorithm is None and staged is None:
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
         if meta is not None:
-            return _submit(runtime, meta, array, output, wait=wait)
-    errors = []
-    try:
-        op = as_op(op)
-    except ValueError as exc:
-        errors.append(str(exc))
-        op = Sum
-    errors.append(_validated(check_contiguous, output, name))
-    errors.append(_validated(check_writable, output, name))
-    errors.append(_validated(check_reducible, output, op, name))
-    if _compressed.is_special(compression):  # lossy or Horovod-style: see commlib/compression/collective.py
-        errors.append(_compressed.check(compression, output, op, algorithm, name))
-        if not any(errors):
-            handle = _compressed.allreduce(compression, runtime.size, runtime.rank, array, output, inplace, op,
-                                           name, prescale_factor, postscale_factor)
+            return _submit(member, meta, array, output, wait=wait)
+    op, error = _op(op)
+    dtype = output.dtype
+    special = _compressed.is_special(compression)  # lossy or Horovod-style: commlib/compression/collective.py
+    errors = validation.joined(error, validation.contiguous(output, name), validation.writable(output, name),
+                               validation.reduction(dtype, op, name),
+                               (_compressed.check(compression, output, op, algorithm, name) if special
+                                else validation.compression(compression, dtype, name)),
+                               validation.algorithm(algorithm),
+                               validation.scaling(dtype, prescale_factor, postscale_factor, name),
+                               staged.error if staged else "")
+    if special:
+        if not errors and staged is None:
+            handle = _compressed.allreduce(compression, member.size, member.rank, array, output, inplace, op,
+                                           name, prescale_factor, postscale_factor, process_set)
             if wait:
-                runtime.coordinator.wait(handle)
+                handle.wait()
             return handle
         compression = None  # the error travels under ``name``, where the other ranks' first collective is
-    errors.append(_validated(codec_for, compression, output.dtype, name))
-    if algorithm is not None:
-        errors.append(_validated(_algorithm, algorithm))
-    if (prescale_factor != 1.0 or postscale_factor != 1.0) and output.dtype.kind in "iub":
-        errors.append(f"{name}: prescale_factor/postscale_factor need a floating dtype, not {output.dtype}")
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
     meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),
                 prescale=float(prescale_factor), postscale=float(postscale_factor),
                 compression=compression.name if compression is not None else "none",
-                algorithm=(algorithm or "").lower() if not any(errors) else "",
-                error="; ".join(e for e in errors if e))
-    return _submit(runtime, meta, array, output, wait=wait)
+                algorithm=(algorithm or "").lower() if not errors else "", error=errors,
+                device=staged.kind if staged else device.CPU)
+    return _submit(member, meta, array, output, wait=wait)
 
 
 # ---- allreduce -----------------------------------------------------------------------------------------
 
 def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, algorithm: str | None = None,
-                    compression: WireCodec | None = Compression.none) -> Handle:
+                    compression: WireCodec | None = Compression.none, process_set=None) -> Handle:
     """Start reducing ``tensor`` across ranks into a new array; ``synchronize`` returns it.
 
     ``op``: Sum, Average (default), Min, Max, Product. ``prescale_factor``/``postscale_factor`` multiply
     before/after the reduction. ``algorithm`` forces one (see docs/algorithms.md). ``compression``
     (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32; a lossy
     compressor (Compression.topk(0.01), .dgc(), .powersgd(), ...; Sum/Average only, state kept per
-    ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes."""
+    ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes.
+    ``process_set``: reduce among that set's ranks only (default: every rank)."""
     return _allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor, algorithm,
-                             compression, wait=False)
+                             compression, wait=False, process_set=process_set)
 
 
 def allreduce_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, algorithm: str | None = None,
-                     compression: WireCodec | None = Compression.none) -> Handle:
+                     compression: WireCodec | None = Compression.none, process_set=None) -> Handle:
     """In-place version of :func:`allreduce_async`."""
     return _allreduce_handle(tensor, True, op, name, prescale_factor, postscale_factor, algorithm,
-                             compression, wait=False)
+                             compression, wait=False, process_set=process_set)
 
 
 def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, algorithm: str | None = None,
-              compression: WireCodec | None = Compression.none) -> np.ndarray:
+              compression: WireCodec | None = Compression.none, process_set=None) -> np.ndarray:
     """Reduce ``tensor`` across ranks; returns a new array.
 
     Example::
@@ -235,39 +289,40 @@ def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: floa
         mean = cl.allreduce(np.full(4, cl.rank(), np.float32))   # every rank: the mean of the ranks
     """
     return synchronize(_allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor,
-                                         algorithm, compression, wait=True))
+                                         algorithm, compression, wait=True, process_set=process_set))
 
 
 def allreduce_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, algorithm: str | None = None,
-               compression: WireCodec | None = Compression.none) -> np.ndarray:
+               compression: WireCodec | None = Compression.none, process_set=None) -> np.ndarray:
     """Reduce ``tensor`` across ranks in place; returns it."""
     return synchronize(_allreduce_handle(tensor, True, op, name, prescale_factor, postscale_factor,
-                                         algorithm, compression, wait=True))
+                                         algorithm, compression, wait=True, process_set=process_set))
 
 
 def _grouped(tensors: Sequence, inplace: bool, name, kwargs) -> Handle:
-    runtime = _rt()
-    base = name or runtime.auto_name("grouped_allreduce")
+    _, _, base = _member_and_name(kwargs.get("process_set"), name, "grouped_allreduce")
     parts = [_allreduce_handle(t, inplace, name=f"{base}.{i}", wait=False, **kwargs)
              for i, t in enumerate(tensors)]
     return Handle(base, parts=parts)
 
 
 def grouped_allreduce_async(tensors: Sequence, op=Average, name: str | None = None, prescale_factor=1.0,
-                            postscale_factor=1.0, algorithm=None, compression=Compression.none) -> Handle:
+                            postscale_factor=1.0, algorithm=None, compression=Compression.none,
+                            process_set=None) -> Handle:
     """Start allreducing a list of tensors together; ``synchronize`` returns the list of results."""
     return _grouped(tensors, False, name, dict(op=op, prescale_factor=prescale_factor,
                                                postscale_factor=postscale_factor, algorithm=algorithm,
-                                               compression=compression))
+                                               compression=compression, process_set=process_set))
 
 
 def grouped_allreduce_async_(tensors: Sequence, op=Average, name: str | None = None, prescale_factor=1.0,
-                             postscale_factor=1.0, algorithm=None, compression=Compression.none) -> Handle:
+                             postscale_factor=1.0, algorithm=None, compression=Compression.none,
+                             process_set=None) -> Handle:
     """In-place version of :func:`grouped_allreduce_async`."""
     return _grouped(tensors, True, name, dict(op=op, prescale_factor=prescale_factor,
                                               postscale_factor=postscale_factor, algorithm=algorithm,
-                                              compression=compression))
+                                              compression=compression, process_set=process_set))
 
 
 def grouped_allreduce(tensors: Sequence, **kwargs) -> list:
@@ -281,99 +336,136 @@ def grouped_allreduce_(tensors: Sequence, **kwargs) -> list:
 # ---- other collectives -----------------------------------------------------------------------------------
 
 def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Sum, root=-1,
-                  splits=None, wait=False) -> Handle:
-    runtime = _rt()
-    name = name or runtime.auto_name(operation)
+                  splits=None, wait=False, process_set=None, prescale=1.0, postscale=1.0,
+                  staged: device.Staged | None = None) -> Handle:
+    runtime, member, name = _member_and_name(process_set, name, operation)
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
+        staged = device.Staged(tensor, name)
+        return staged.handle(_plain_handle(kind, operation, staged.host, name, True, op, root, splits, wait,
+                                           process_set, prescale, postscale, staged), inplace)
     if inplace:
         array = output = _in_place(tensor, name, operation)
     else:
         array = np.ascontiguousarray(tensor)
         output = np.array(array, copy=True) if kind is Kind.BROADCAST else None
-    errors = [_validated(check_contiguous, array, name)]
+    errors = [validation.contiguous(array, name)]
     if inplace:
-        errors.append(_validated(check_writable, array, name))
-    if array.ndim == 0 and kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
-        errors.append(f"{name}: {operation} needs at least one dimension, got a scalar")
+        errors.append(validation.writable(array, name))
+    if kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
+        errors.append(validation.first_dimension(array, operation, name))
     if kind is Kind.REDUCESCATTER:
-        try:
-            op = as_op(op)
-            errors.append(_validated(check_reducible, array, op, name))
-        except ValueError as exc:
-            errors.append(str(exc))
-            op = Sum
-    if kind is Kind.BROADCAST and not 0 <= root < runtime.size:
-        errors.append(f"{name}: root_rank {root} is not a rank (0..{runtime.size - 1})")
-    if splits is not None:
-        splits = np.asarray(splits, dtype=np.int64).reshape(-1)
-        if splits.size != runtime.size or (splits < 0).any() or (array.ndim and splits.sum() != array.shape[0]):
-            errors.append(f"{name}: splits {splits.tolist()} must have one non-negative entry per rank "
-                          f"({runtime.size}) summing to the first dimension {array.shape[:1]}")
-    elif kind is Kind.ALLTOALL and array.ndim and array.shape[0] % runtime.size:
-        errors.append(f"{name}: alltoall without splits needs the first dimension ({array.shape[0]}) to be "
-                      f"divisible by the number of ranks ({runtime.size}); pass splits=")
+        op, error = _op(op)
+        errors += [error, validation.reduction(array.dtype, op, name),
+                   validation.scaling(array.dtype, prescale, postscale, name)]
+    if kind is Kind.BROADCAST:  # a world rank, as in Horovod; the set's coordinator takes its set rank
+        errors.append(validation.root_rank(root, member.ranks, member.process_set_id, name))
+        root = member.ranks.index(root) if root in member.ranks else -1
+    if kind is Kind.ALLTOALL:
+        if splits is not None:
+            splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+        errors.append(validation.splits(splits, array.shape[0] if array.ndim else None, member.size, name))
+    if staged is not None:
+        errors.append(staged.error)
     meta = Meta(name, kind, dtype_name(array.dtype), tuple(array.shape), int(op), root=root,
-                error="; ".join(e for e in errors if e))
-    return _submit(runtime, meta, array, output, splits, wait=wait)
+                prescale=float(prescale), postscale=float(postscale), error=validation.joined(*errors),
+                device=staged.kind if staged else device.CPU)
+    return _submit(member, meta, array, output, splits, wait=wait)
 
 
-def allgather_async(tensor, name: str | None = None) -> Handle:
+def allgather_async(tensor, name: str | None = None, process_set=None) -> Handle:
     """Start concatenating every rank's ``tensor`` along the first dimension (which may differ)."""
-    return _plain_handle(Kind.ALLGATHER, "allgather", tensor, name)
+    return _plain_handle(Kind.ALLGATHER, "allgather", tensor, name, process_set=process_set)
 
 
-def allgather(tensor, name: str | None = None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.ALLGATHER, "allgather", tensor, name, wait=True))
+def allgather(tensor, name: str | None = None, process_set=None) -> np.ndarray:
+    return synchronize(_plain_handle(Kind.ALLGATHER, "allgather", tensor, name, wait=True,
+                                     process_set=process_set))
 
 
-def broadcast_async(tensor, root_rank: int, name: str | None = None) -> Handle:
-    """Start copying ``root_rank``'s ``tensor`` to every rank, into a new array."""
-    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=int(root_rank))
+def broadcast_async(tensor, root_rank: int, name: str | None = None, process_set=None) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` to every rank, into a new array. ``root_rank`` is a
+    world rank, also with a ``process_set`` (as in Horovod)."""
+    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=int(root_rank), process_set=process_set)
 
 
-def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> Handle:
-    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True, root=int(root_rank))
+def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None, process_set=None) -> Handle:
+    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True, root=int(root_rank),
+                         process_set=process_set)
 
 
-def broadcast(tensor, root_rank: int, name: str | None = None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=int(root_rank), wait=True))
+def broadcast(tensor, root_rank: int, name: str | None = None, process_set=None) -> np.ndarray:
+    return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=int(root_rank), wait=True,
+                                     process_set=process_set))
 
 
-def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None) -> np.ndarray:
+def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None, process_set=None) -> np.ndarray:
     return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True,
-                                     root=int(root_rank), wait=True))
+                                     root=int(root_rank), wait=True, process_set=process_set))
 
 
-def reducescatter_async(tensor, op=Average, name: str | None = None) -> Handle:
+def reducescatter_async(tensor, op=Average, name: str | None = None, process_set=None,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start reducing ``tensor`` and giving each rank its block of the first dimension (earlier ranks
-    take the extra rows)."""
-    return _plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op)
+    take the extra rows, as Horovod). ``prescale_factor`` multiplies each rank's input, ``postscale_factor``
+    the result; Average divides by the ranks in the postscale pass (integers truncated, as Horovod)."""
+    return _plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, process_set=process_set,
+                         prescale=prescale_factor, postscale=postscale_factor)
 
 
-def reducescatter(tensor, op=Average, name: str | None = None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, wait=True))
+def reducescatter(tensor, op=Average, name: str | None = None, process_set=None,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
+    return synchronize(_plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, wait=True,
+                                     process_set=process_set, prescale=prescale_factor,
+                                     postscale=postscale_factor))
 
 
-def alltoall_async(tensor, splits=None, name: str | None = None) -> Handle:
-    """Start sending ``splits[i]`` rows of ``tensor`` to rank i (equal parts by default);
+def grouped_reducescatter_async(tensors: Sequence, op=Average, name: str | None = None, process_set=None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start :func:`reducescatter` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    _, _, base = _member_and_name(process_set, name, "grouped_reducescatter")
+    return Handle(base, parts=[
+        _plain_handle(Kind.REDUCESCATTER, "reducescatter", t, f"{base}.{i}", op=op, process_set=process_set,
+                      prescale=prescale_factor, postscale=postscale_factor) for i, t in enumerate(tensors)])
+
+
+def grouped_reducescatter(tensors: Sequence, **kwargs) -> list:
+    return synchronize(grouped_reducescatter_async(tensors, **kwargs))
+
+
+def grouped_allgather_async(tensors: Sequence, name: str | None = None, process_set=None) -> Handle:
+    """Start :func:`allgather` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    _, _, base = _member_and_name(process_set, name, "grouped_allgather")
+    return Handle(base, parts=[_plain_handle(Kind.ALLGATHER, "allgather", t, f"{base}.{i}", process_set=process_set)
+                               for i, t in enumerate(tensors)])
+
+
+def grouped_allgather(tensors: Sequence, name: str | None = None, process_set=None) -> list:
+    return synchronize(grouped_allgather_async(tensors, name, process_set=process_set))
+
+
+def alltoall_async(tensor, splits=None, name: str | None = None, process_set=None) -> Handle:
+    """Start sending ``splits[i]`` rows of ``tensor`` to rank i of the set (equal parts by default);
     ``synchronize`` returns ``(output, received_splits)``."""
-    return _plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, splits=splits)
+    return _plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, splits=splits, process_set=process_set)
 
 
-def alltoall(tensor, splits=None, name: str | None = None):
-    return synchronize(_plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, splits=splits, wait=True))
+def alltoall(tensor, splits=None, name: str | None = None, process_set=None):
+    return synchronize(_plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, splits=splits, wait=True,
+                                     process_set=process_set))
 
 
-def barrier() -> None:
-    """Wait until every rank has reached the barrier."""
-    synchronize(_plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), None, wait=True))
+def barrier(process_set=None) -> None:
+    """Wait until every rank (of ``process_set``) has reached the barrier."""
+    synchronize(_plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), None, wait=True,
+                              process_set=process_set))
 
 
-def join() -> int:
-    """Declare that this rank has run out of data. Until every rank has joined, its allreduces contribute
-    zeros to the others'. Returns the last rank to join."""
-    runtime = _rt()
+def join(process_set=None) -> int:
+    """Declare that this rank has run out of data. Until every rank (of ``process_set``) has joined, its
+    allreduces contribute zeros to the others'. Returns the last rank to join (a world rank)."""
+    runtime, member, _ = _member_and_name(process_set, "__join__", "join")
     meta = Meta("__join__", Kind.JOIN, "uint8", ())
-    return synchronize(_submit(runtime, meta, None, None, wait=True))
+    return synchronize(_submit(member, meta, None, None, wait=True))
 
 
 def poll(handle: Handle) -> bool:
@@ -384,30 +476,29 @@ def poll(handle: Handle) -> bool:
 def synchronize(handle: Handle) -> Any:
     """Wait for ``handle`` and return its result; raises :class:`CollectiveError` if it failed."""
     if not handle.done():
-        _rt().coordinator.wait(handle)
+        handle.wait()
     return handle.result()
 
 
 # ---- Python objects ------------------------------------------------------------------------------------
 
-def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None) -> Any:
-    """Broadcast a picklable object from ``root_rank``; every rank returns it."""
-    runtime = _rt()
-    name = name or runtime.auto_name("broadcast_object")
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None, process_set=None) -> Any:
+    """Broadcast a picklable object from ``root_rank`` (a world rank); every rank (of ``process_set``)
+    returns it."""
+    runtime, _, name = _member_and_name(process_set, name, "broadcast_object")
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if runtime.rank == root_rank else None
     length = broadcast_(np.array([0 if payload is None else payload.size], np.int64), root_rank,
-                        name=f"{name}.length")
+                        name=f"{name}.length", process_set=process_set)
     data = payload.copy() if payload is not None else np.empty(int(length[0]), np.uint8)
-    broadcast_(data, root_rank, name=f"{name}.data")
+    broadcast_(data, root_rank, name=f"{name}.data", process_set=process_set)
     return pickle.loads(data.tobytes())
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list:
-    """Gather a picklable object from every rank; returns the list in rank order."""
-    runtime = _rt()
-    name = name or runtime.auto_name("allgather_object")
+def allgather_object(obj: Any, name: str | None = None, process_set=None) -> list:
+    """Gather a picklable object from every rank (of ``process_set``); returns the list in rank order."""
+    _, _, name = _member_and_name(process_set, name, "allgather_object")
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    lengths = allgather(np.array([payload.size], np.int64), name=f"{name}.lengths")
-    data = allgather(payload, name=f"{name}.data")
+    lengths = allgather(np.array([payload.size], np.int64), name=f"{name}.lengths", process_set=process_set)
+    data = allgather(payload, name=f"{name}.data", process_set=process_set)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     return [pickle.loads(data[bounds[i]:bounds[i + 1]].tobytes()) for i in range(len(lengths))]

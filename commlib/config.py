@@ -14,7 +14,13 @@ from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 
-ALGORITHMS = ("auto", "native", "ring", "recursive_doubling", "rabenseifner", "hierarchical", "torus2d", "cma")
+
+def algorithm_names() -> tuple[str, ...]:
+    """The names COMMLIB_ALGORITHM accepts: ``auto`` and every algorithm of the registry
+    (:mod:`commlib.algorithms.spec`, imported here on first use: it imports no MPI)."""
+    from .algorithms.spec import names
+
+    return names()
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -66,10 +72,12 @@ def _switch(text: str) -> bool:
 
 
 def _algorithm(text: str) -> str:
-    value = str(text).strip().lower()
-    if value not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {text!r}; use one of: {', '.join(ALGORITHMS)}")
-    return value
+    from .validation import algorithm  # the one rule
+
+    message = algorithm(text)
+    if message:
+        raise ValueError(message)
+    return str(text).strip().lower()
 
 
 def _optional_path(text: str) -> str | None:
@@ -103,6 +111,7 @@ class Config:
     cache_capacity: int = 1024
     direct_max_ranks: int = 16
     timeline: str | None = None
+    tuning_file: str | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -129,7 +138,7 @@ class Config:
                 raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
             if value is None:
                 continue
-            if isinstance(value, str) and attr not in ("timeline",):
+            if isinstance(value, str) and attr not in ("timeline", "tuning_file"):
                 try:
                     value = FIELDS[attr].parse(value)
                 except (TypeError, ValueError) as exc:
@@ -160,8 +169,9 @@ class Config:
     def _validate(self) -> None:
         if self.cma_segment_bytes < 64:
             raise ConfigError(f"COMMLIB_CMA_SEGMENT must be at least 64 bytes, got {self.cma_segment_bytes}")
-        if self.algorithm not in ALGORITHMS:
-            raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of: {', '.join(ALGORITHMS)}")
+        if self.algorithm not in algorithm_names():
+            raise ConfigError(f"unknown algorithm {self.algorithm!r}; use one of: "
+                              f"{', '.join(algorithm_names())}")
         if self.stall_shutdown_time_s and self.stall_shutdown_time_s < self.stall_check_time_s:
             raise ConfigError(
                 "COMMLIB_STALL_SHUTDOWN_TIME must be 0 (off) or at least COMMLIB_STALL_CHECK_TIME "
@@ -171,7 +181,8 @@ class Config:
 
 FIELDS: dict[str, _Field] = {
     "algorithm": _Field("COMMLIB_ALGORITHM", _algorithm,
-                        "allreduce algorithm: " + ", ".join(ALGORITHMS) + " (default auto)"),
+                        "allreduce algorithm: auto (the cost model's choice) or a name of the registry "
+                        "(docs/algorithms.md) (default auto)"),
     "local_size": _Field("COMMLIB_LOCAL_SIZE", _positive_int,
                          "treat consecutive blocks of k ranks as one node (emulates multi-node shapes); "
                          "default: MPI's shared-memory split"),
@@ -180,8 +191,8 @@ FIELDS: dict[str, _Field] = {
     "ring_segment_bytes": _Field("COMMLIB_RING_SEGMENT", parse_size,
                                  "pipeline segment of the ring algorithm, bytes (K/M/G suffix; default 1M)"),
     "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
-                                  "auto: messages up to this size use MPI's own allreduce (recursive "
-                                  "doubling with a codec) (default 128K)"),
+                                  "hierarchical: shards up to this size cross nodes by recursive doubling, "
+                                  "larger ones by ring (default 128K)"),
     "cma": _Field("COMMLIB_CMA", _switch,
                   "1: on one node, probe cross-memory attach at init and let auto use the cma algorithm; "
                   "0: never (default 1)"),
@@ -202,8 +213,9 @@ FIELDS: dict[str, _Field] = {
                                  "every rank reports peers that stopped answering); "
                                  "0 disables (default 60)"),
     "stall_shutdown_time_s": _Field("COMMLIB_STALL_SHUTDOWN_TIME", _non_negative_float,
-                                    "seconds after which a stalled tensor fails on every rank; 0 disables "
-                                    "(default 0)"),
+                                    "seconds after which a stalled tensor fails on every rank, and a rank "
+                                    "that has waited that long for a silent peer gives up on it (commlib "
+                                    "then fails on every rank, naming the peer); 0 disables (default 0)"),
     "cache_capacity": _Field("COMMLIB_CACHE_CAPACITY", _positive_int,
                              "negotiated tensors remembered for the fast path (default 1024)"),
     "direct_max_ranks": _Field("COMMLIB_DIRECT_MAX_RANKS", _non_negative_int,
@@ -211,4 +223,8 @@ FIELDS: dict[str, _Field] = {
                                "other; above, through rank 0 (default 16)"),
     "timeline": _Field("COMMLIB_TIMELINE", _optional_path,
                        "write a Chrome-trace JSON timeline to this path (default: off)"),
+    "tuning_file": _Field("COMMLIB_TUNING_FILE", _optional_path,
+                          "cost-model profile auto reads (commlib-bench --calibrate writes it); 'none': the "
+                          "built-in defaults; default ~/.cache/commlib/tuning.json ($XDG_CACHE_HOME) if it "
+                          "exists. Rank 0's profile is broadcast to every rank"),
 }

@@ -19,49 +19,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import (AlgorithmContext, cma, execute, partition, prepare, rabenseifner,
-                         recursive_doubling, resolve, ring, ring_many)
-from .algorithms.scaling import with_scaling_passes
-from .compression import FLOAT32, WireCodec, warn_overflow
+from .algorithms import AlgorithmContext, execute, partition, prepare, ring, spec
+from .compression import WireCodec, warn_overflow
 from .config import Config
-from .dtypes import FLOAT16, check_contiguous, check_reducible
+from .dtypes import FLOAT16
+from .validation import check_contiguous, check_options, check_reducible
 from .errors import CommlibError
 from .ops import ReduceOp, as_op
 from .topology import Topology
 from .transport.base import Transport
 
 _COUNT = np.dtype(np.int64)
-
-#: Algorithms that take ``prescale``/``postscale`` and fold them into passes they make anyway: with a codec
-#: into their encode, accumulate and decode passes; the ring also without one (the postscale, e.g. an
-#: Average's division, on each finished segment while in cache). Bit-identical to scaling passes before
-#: and after, without the 8 bytes per element each of those costs.
-_FOLDS_SCALING = {
-    "ring": ring.allreduce,
-    "recursive_doubling": recursive_doubling.allreduce,
-    "rabenseifner": rabenseifner.allreduce,
-    "cma": cma.allreduce,
-}
-
-
-def _ring_many(ctx, bufs, op, codec=None, prescale=1.0, postscale=1.0) -> int:
-    assert codec is None and prescale == 1.0, "ring_many takes neither a codec nor a prescale"
-    ring_many.allreduce(ctx, bufs, op, postscale=postscale)
-    return 0
-
-
-#: Algorithms that reduce several buffers in one pass over their concatenation, without copying them:
-#: ``(ctx, bufs, op, codec=, prescale=, postscale=) -> overflow count``.
-_MANY = {"ring": _ring_many, "cma": cma.allreduce_many}
-
-
-def _check_options(dtype: np.dtype, codec: WireCodec | None, prescale: float, postscale: float,
-                   name: str) -> None:
-    """Refuse a codec on anything but float32 and scale factors on integers."""
-    if codec is not None and dtype != FLOAT32:
-        raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {dtype}; pass codec=None")
-    if (prescale != 1.0 or postscale != 1.0) and dtype.kind in "iu":
-        raise TypeError(f"{name}: prescale/postscale need a floating dtype, not {dtype}")
 
 
 def _scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
@@ -107,7 +75,8 @@ class Engine:
 
         Args:
             op: ``Sum``, ``Average`` (sum, then divided by the number of ranks), ``Min``, ``Max``, ``Product``.
-            algorithm: one of ``config.ALGORITHMS``; None means ``config.algorithm``.
+            algorithm: ``auto`` or a name of the registry (:mod:`commlib.algorithms.spec`); None means
+                ``config.algorithm``.
             prescale, postscale: factors applied before and after the reduction (floating dtypes only).
             codec: a ``WireCodec`` (float32 buffers only): data travels in half precision.
             name: names the tensor in errors and warnings.
@@ -131,21 +100,16 @@ class Engine:
         and the scale factors depend only on the request, so the coordinator keeps one function per
         negotiated request; a small call's latency is mostly decisions like these."""
         op = as_op(op)
-        _check_options(dtype, codec, prescale, postscale, name)
+        check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
-        algorithm = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
+        choice = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
-        if self.size > 1 and count and algorithm == "native" and pre == 1.0 and post == 1.0:
+        if self.size > 1 and count and choice.algorithm == "native" and pre == 1.0 and post == 1.0:
             return self.transport.native_allreducer(dtype, kernel_op)
-        folds_scaling = _FOLDS_SCALING.get(algorithm) if self.size > 1 else None
 
         def run(flat: np.ndarray) -> None:
-            if folds_scaling is not None:  # the algorithm scales inside passes it makes anyway
-                overflow = folds_scaling(ctx, flat, kernel_op, codec, prescale=pre, postscale=post)
-            else:
-                overflow = with_scaling_passes(flat, pre, post,
-                                               lambda: execute(ctx, flat, kernel_op, algorithm, codec))
+            overflow = execute(ctx, flat, kernel_op, choice, codec, pre, post)
             if overflow:
                 warn_overflow(name, overflow, codec)
         return run
@@ -155,10 +119,9 @@ class Engine:
                         name: str = "tensors") -> None:
         """Reduce several C-contiguous buffers of one dtype in place, as :meth:`allreduce_` would each.
 
-        When the algorithm for their total size is cma, or the ring without a codec or prescale, they are
-        reduced together in one pass over their concatenation, without copying them
-        (:mod:`commlib.algorithms.cma`, :mod:`commlib.algorithms.ring_many`); otherwise one
-        :meth:`allreduce_` each."""
+        When the algorithm for their total size has a ``run_many`` in the registry (cma; the ring, which
+        without a codec or prescale reduces them in one pass over their concatenation), it reduces them
+        together without copying them; otherwise one :meth:`allreduce_` each."""
         op = as_op(op)
         for buf in bufs:  # before flattening: reshape(-1) of a non-contiguous array is a silent copy
             check_contiguous(buf, name)
@@ -167,17 +130,21 @@ class Engine:
         if len({f.dtype for f in flats}) > 1:
             raise TypeError(f"{name}: allreduce_many_ needs buffers of one dtype, got "
                             f"{sorted({f.dtype.name for f in flats})}")
-        total = sum(f.nbytes for f in flats)
-        chosen = resolve(self.context, algorithm or self.config.algorithm, total, codec is not None)
-        together = _MANY.get(chosen)
-        plain = codec is None and prescale == 1.0
-        if len(flats) < 2 or together is None or self.size == 1 or (chosen == "ring" and not plain):
+        if len(flats) < 2 or self.size == 1:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
-        _check_options(flats[0].dtype, codec, prescale, postscale, name)
+        check_options(flats[0].dtype, codec, prescale, postscale, name)
+        choice = prepare(self.context, flats[0].dtype, sum(f.nbytes for f in flats),
+                         algorithm or self.config.algorithm, codec)
+        together = spec.get(choice.algorithm).run_many
+        if together is None:
+            for flat in flats:
+                self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
+            return
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
-        overflow = together(self.context, flats, op.kernel_op, codec=codec, prescale=pre, postscale=post)
+        self.context.segment_bytes = choice.segment_bytes
+        overflow = together(self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
         if overflow:
             warn_overflow(name, overflow, codec)
 
@@ -209,21 +176,28 @@ class Engine:
             self.transport.bcast_(arr.reshape(-1), root)
         return arr
 
-    def reducescatter(self, arr: np.ndarray, op=ReduceOp.SUM, name: str = "tensor") -> np.ndarray:
+    def reducescatter(self, arr: np.ndarray, op=ReduceOp.SUM, name: str = "tensor", prescale: float = 1.0,
+                      postscale: float = 1.0) -> np.ndarray:
         """Reduce ``arr`` across ranks and return this rank's block of rows: the first dimension is cut
-        with ``partition.offsets`` (earlier ranks take the extra rows). ``Average`` divides by the size."""
+        with ``partition.offsets`` (earlier ranks take the extra rows). As Horovod: ``prescale`` multiplies
+        each rank's input, ``postscale`` the result, and ``Average`` divides by the size in that same
+        postscale pass (integers: each product truncated, see ``kernels.scale_``)."""
         op = as_op(op)
         arr = _at_least_1d(arr, name)
         check_reducible(arr, op, name)
+        check_options(arr.dtype, None, prescale, postscale, name)
         rows = partition.offsets(arr.shape[0], self.size)
         row = _row_size(arr)
         work = np.array(arr, order="C", copy=True).reshape(-1)
+        if prescale != 1.0:
+            kernels.scale_(work, prescale)
         if self.size > 1:
             ring.reduce_scatter_(self.context, self.transport, work, op.kernel_op, [r * row for r in rows])
         mine = work[rows[self.rank] * row:rows[self.rank + 1] * row]
         out = mine.reshape((rows[self.rank + 1] - rows[self.rank],) + arr.shape[1:]).copy()
-        if op is ReduceOp.AVERAGE and self.size > 1:
-            kernels.scale_(out.reshape(-1), 1.0 / self.size)
+        post = postscale / self.size if op is ReduceOp.AVERAGE and self.size > 1 else postscale
+        if post != 1.0:
+            kernels.scale_(out.reshape(-1), post)
         return out
 
     def alltoall(self, arr: np.ndarray, splits: Sequence[int] | None = None,

@@ -12,3 +12,17 @@ class CollectiveError(CommlibError):
 
 class ConfigError(CommlibError, ValueError):
     """A ``COMMLIB_*`` variable or an argument has an invalid value."""
+
+
+class InFlightError(CommlibError, ValueError):
+    """A tensor name was submitted again while its first submission is still in flight (a ValueError, as
+    Horovod raises for it)."""
+
+
+class ProcessSetError(CommlibError, ValueError):
+    """A process set is used wrongly: not registered, removed, not including this rank, or added with
+    different ranks on different ranks (a ValueError, as in Horovod)."""
+
+
+class UnsupportedDtypeError(CommlibError, TypeError):
+    """The array's element type cannot take part in the requested operation."""

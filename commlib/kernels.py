@@ -26,24 +26,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import _kernels
-from .dtypes import BFLOAT16, FLOAT16, UnsupportedDtypeError, check_contiguous
+from .dtypes import BY_NUMPY, CODES as _CODES, FLOAT32, HALF
+from .errors import UnsupportedDtypeError
+from .validation import check_contiguous
 from .ops import ReduceOp, as_op
 
-FLOAT32 = np.dtype(np.float32)
-
-#: The C extension's number for each dtype it reduces.
-_CODES = {
-    FLOAT16: _kernels.FLOAT16,
-    BFLOAT16: _kernels.BFLOAT16,
-    FLOAT32: _kernels.FLOAT32,
-    np.dtype(np.float64): _kernels.FLOAT64,
-    np.dtype(np.int8): _kernels.INT8,
-    np.dtype(np.uint8): _kernels.UINT8,
-    np.dtype(np.int32): _kernels.INT32,
-    np.dtype(np.int64): _kernels.INT64,
-}
-_HALF_CODES = {FLOAT16: _kernels.FLOAT16, BFLOAT16: _kernels.BFLOAT16}
-_FLOAT_CODES = {dt: code for dt, code in _CODES.items() if dt.kind == "f" or dt == BFLOAT16}
+_HALF_CODES = {dt: code for dt, code in _CODES.items() if dt in HALF}
+_SCALABLE_CODES = {dt: code for dt, code in _CODES.items() if BY_NUMPY[dt].kind != "bool"}
 
 
 def _array(arr, name: str) -> np.ndarray:
@@ -131,17 +120,18 @@ def reduce_widened_(dst: np.ndarray, src: np.ndarray, op: ReduceOp, *, dst_scale
 
 
 def scale_(buf: np.ndarray, factor: float, *, portable: bool = False) -> None:
-    """``buf *= factor`` in place (floating dtypes).
+    """``buf *= factor`` in place (numeric dtypes).
 
     float64 multiplies by ``factor``; float32, float16 and bfloat16 by ``float32(factor)``, the half types
-    in float32 and rounded once. Integer buffers raise :class:`UnsupportedDtypeError` (a TypeError): there
-    is no single right rounding for them; scale in a floating type instead."""
+    in float32 and rounded once. Integers as Horovod scales them on the CPU: ``float64(factor) * x``,
+    truncated toward zero (saturating at the int64 range, then wrapping to narrower types like numpy's
+    astype). bool raises :class:`UnsupportedDtypeError` (a TypeError)."""
     try:
-        return _kernels.scale(buf, _FLOAT_CODES[buf.dtype], factor, portable)
+        return _kernels.scale(buf, _SCALABLE_CODES[buf.dtype], factor, portable)
     except _FAST_FAILURES:
         pass
     _writable(buf, "buf")
-    code = _code(_FLOAT_CODES, buf, "buf", "scale_ (floating dtypes only)")
+    code = _code(_SCALABLE_CODES, buf, "buf", "scale_ (numeric dtypes only)")
     _kernels.scale(buf, code, float(factor), portable)
 
 
@@ -226,7 +216,7 @@ def reduce_round_trip_(dst: np.ndarray, src: np.ndarray, wire: np.ndarray, op: R
 
 
 def dtype_code(dtype) -> int:
-    """The C extensions' number for ``dtype`` (one of the 8 reducible dtypes)."""
+    """The C extensions' number for ``dtype`` (one of the reducible dtypes of :mod:`commlib.dtypes`)."""
     code = _CODES.get(np.dtype(dtype))
     if code is None:
         raise UnsupportedDtypeError(f"dtype {dtype} has no kernels; use one of: {', '.join(map(str, _CODES))}")

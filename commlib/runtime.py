@@ -1,8 +1,12 @@
 """The one state object: created by ``init()``, torn down by ``shutdown()``.
 
 It owns commlib's duplicate of the user's communicator (so commlib's traffic never collides with the
-user's own MPI calls), the topology, one control channel and one engine per execution lane (each on a
-further duplicate), the coordinator, and the timeline.
+user's own MPI calls), the topology, the timeline, and the process sets (:mod:`commlib.process_sets`):
+the world is the first set; each set this rank is in has its own control channel, its own engine per
+execution lane (each on a further duplicate) and its own coordinator.
+
+This module imports MPI; ``commlib`` imports it only from ``init()``, so that ``import commlib`` leaves
+MPI uninitialized (``mpi4py.rc`` can still be set).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from .coordinator.controller import Coordinator
 from .coordinator.execution import Lane
 from .coordinator.requests import AUTO_NAME_MARK
 from .engine import Engine
-from .errors import ConfigError
+from .errors import ConfigError, ProcessSetError
+from .process_sets import ProcessSetTable
 from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
@@ -38,6 +43,7 @@ class Runtime:
             raise ConfigError(
                 f"COMMLIB_NUM_STREAMS={self.config.num_streams} needs MPI_THREAD_MULTIPLE, which this MPI "
                 "did not provide; use COMMLIB_NUM_STREAMS=1")
+        self.thread_multiple = thread_level == MPI.THREAD_MULTIPLE
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -50,30 +56,61 @@ class Runtime:
         self.timeline = None
         if self.config.timeline:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank)
-        lanes = [Lane(i, Engine(MPITransport.duplicate(self.comm), self.topology, self.config), self.timeline)
-                 for i in range(self.config.num_streams)]
-        self.coordinator = Coordinator(ControlChannel(self.comm.Dup()), lanes, self.config, self.timeline)
-        self._unnamed = {}
+        world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
+        self.sets = ProcessSetTable(self.comm, self._build_member,
+                                    self._build_member(world, list(range(self.size)), ""))
+        self._unnamed: dict = {}
         self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
 
-    def auto_name(self, operation: str) -> str:
-        """Names for unnamed tensors, the same on every rank as long as ranks call in the same order."""
-        counter = self._unnamed.setdefault(operation, itertools.count())
-        return f"{operation}{AUTO_NAME_MARK}{next(counter)}"
+    def _build_member(self, comm, ranks: list[int], label: str) -> tuple:
+        """A set's (communicator, node layout, coordinator) on ``comm``, which holds exactly ``ranks``;
+        the layout comes from the world's, so a set's algorithms follow its own shape."""
+        set_rank = comm.Get_rank()
+        topology = Topology.from_node_ids(set_rank, [self.topology.node_of_rank[r] for r in ranks])
+        lanes = [Lane(i, Engine(MPITransport.duplicate(comm), topology, self.config), self.timeline)
+                 for i in range(self.config.num_streams)]
+        coordinator = Coordinator(ControlChannel(comm.Dup()), lanes, self.config, self.timeline,
+                                  world_ranks=ranks, label=label)
+        return comm, topology, coordinator
+
+    @property
+    def coordinator(self) -> Coordinator:
+        """The world's coordinator."""
+        return self.sets.world.coordinator
+
+    def add_process_set(self, process_set):
+        if not self.thread_multiple:
+            raise ProcessSetError("process sets need MPI_THREAD_MULTIPLE (each set's coordinator calls MPI "
+                                  "from its own thread); do not lower mpi4py.rc.thread_level")
+        return self.sets.add(process_set)
+
+    def auto_name(self, operation: str, set_id: int = 0) -> str:
+        """Names for unnamed tensors, the same on every rank of a set as long as they call in the same
+        order (counted per set: ranks of different sets call different numbers of collectives)."""
+        counter = self._unnamed.setdefault((operation, set_id), itertools.count())
+        suffix = f"{set_id}." if set_id else ""
+        return f"{operation}{AUTO_NAME_MARK}{suffix}{next(counter)}"
 
     def start_timeline(self, path: str) -> None:
         self.stop_timeline()
         self.timeline = Timeline(rank_path(path, self.rank, self.size), self.rank)
-        self.coordinator.set_timeline(self.timeline)
+        for member in self.sets.members():
+            member.coordinator.set_timeline(self.timeline)
 
     def stop_timeline(self) -> None:
         if self.timeline is not None:
-            self.coordinator.set_timeline(None)
+            for member in self.sets.members():
+                member.coordinator.set_timeline(None)
             self.timeline.close()
             self.timeline = None
 
-    def close(self) -> None:
-        self.coordinator.close()
-        if self.timeline is not None:
-            self.timeline.close()
-        self.comm.Free()
+    def close(self, leaving: bool = False) -> None:
+        """Shut down every set. ``leaving``: the process is exiting without ``shutdown()``; tell the
+        others and do not wait for them."""
+        try:
+            self.sets.close(leaving=leaving)
+        finally:
+            if self.timeline is not None:
+                self.timeline.close()
+            if not MPI.Is_finalized():
+                self.comm.Free()

@@ -25,10 +25,6 @@ typedef struct {
     int simd; /* AVX2 and F16C both usable: the kernels_x86.c loops may run */
 } ck_state;
 
-static const char *const ck_dtype_names[CK_NUM_DTYPES] = {
-    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
-};
-static const size_t ck_itemsizes[CK_NUM_DTYPES] = {2, 2, 4, 8, 1, 1, 4, 8};
 
 static ck_state *get_state(PyObject *module) { return (ck_state *)PyModule_GetState(module); }
 
@@ -219,7 +215,8 @@ static PyObject *ck_py_reduce_widened(PyObject *module, PyObject *const *args, P
 }
 
 PyDoc_STRVAR(scale_doc, "scale(buf, dtype, factor, portable)\n--\n\n"
-                        "buf *= factor in place, for a floating buffer.");
+                        "buf *= factor in place, for a numeric buffer (integers: the product in float64,\n"
+                        "truncated toward zero, as Horovod's CPU scaling).");
 
 static PyObject *ck_py_scale(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -232,8 +229,8 @@ static PyObject *ck_py_scale(PyObject *module, PyObject *const *args, Py_ssize_t
     if ((factor == -1.0 && PyErr_Occurred()) || (portable = PyObject_IsTrue(args[3])) < 0) {
         return NULL;
     }
-    if (dt != CK_FLOAT16 && dt != CK_BFLOAT16 && dt != CK_FLOAT32 && dt != CK_FLOAT64) {
-        PyErr_Format(PyExc_TypeError, "scale takes a floating buffer, not %s", ck_dtype_names[dt]);
+    if (dt == CK_BOOL) {
+        PyErr_Format(PyExc_TypeError, "scale takes a numeric buffer, not %s", ck_dtype_names[dt]);
         return NULL;
     }
     size_t item = ck_itemsizes[dt];
@@ -450,6 +447,7 @@ static int ck_exec(PyObject *module)
     } codes[] = {
         {"FLOAT16", CK_FLOAT16}, {"BFLOAT16", CK_BFLOAT16}, {"FLOAT32", CK_FLOAT32}, {"FLOAT64", CK_FLOAT64},
         {"INT8", CK_INT8},       {"UINT8", CK_UINT8},       {"INT32", CK_INT32},     {"INT64", CK_INT64},
+        {"INT16", CK_INT16},     {"BOOL", CK_BOOL},
     };
     for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
         if (PyModule_AddIntConstant(module, codes[i].name, codes[i].code) < 0) {

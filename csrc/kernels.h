@@ -13,7 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Element types, numbered as commlib/kernels.py passes them. */
+/* Element types: the one numbering. commlib._kernels exports each code as a module constant (FLOAT16, ...),
+ * which commlib/dtypes.py reads into its dtype table; nothing else numbers dtypes. */
 typedef enum {
     CK_FLOAT16 = 0,
     CK_BFLOAT16 = 1,
@@ -23,8 +24,21 @@ typedef enum {
     CK_UINT8 = 5,
     CK_INT32 = 6,
     CK_INT64 = 7,
-    CK_NUM_DTYPES = 8
+    CK_INT16 = 8,
+    CK_BOOL = 9, /* one byte, 0 or 1: Sum and Max are a logical or, Product and Min a logical and */
+    CK_NUM_DTYPES = 10
 } ck_dtype;
+
+/* Name and size in bytes of each element type, by code (for messages and buffer checks). */
+static const char *const ck_dtype_names[CK_NUM_DTYPES] = {
+    "float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "int16", "bool",
+};
+static const size_t ck_itemsizes[CK_NUM_DTYPES] = {2, 2, 4, 8, 1, 1, 4, 8, 2, 1};
+
+static inline int ck_is_floating(ck_dtype dt)
+{
+    return dt == CK_FLOAT16 || dt == CK_BFLOAT16 || dt == CK_FLOAT32 || dt == CK_FLOAT64;
+}
 
 /* Elementwise operations, numbered as commlib.ops.ReduceOp (Average arrives as Sum). */
 typedef enum { CK_SUM = 0, CK_MIN = 2, CK_MAX = 3, CK_PRODUCT = 4 } ck_op;

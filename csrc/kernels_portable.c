@@ -51,6 +51,17 @@ static void reduce_i8(ck_op op, void *dst, const void *src, size_t n) { CK_INT_L
 static void reduce_u8(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(uint8_t, uint8_t); }
 static void reduce_i32(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(int32_t, uint32_t); }
 static void reduce_i64(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(int64_t, uint64_t); }
+static void reduce_i16(ck_op op, void *dst, const void *src, size_t n) { CK_INT_LOOPS(int16_t, uint16_t); }
+
+/* bool as numpy reduces it: Sum and Max are or, Product and Min are and; any nonzero byte counts as true. */
+static void reduce_bool(ck_op op, void *dst, const void *src, size_t n)
+{
+    if (op == CK_SUM || op == CK_MAX) {
+        CK_LOOP(uint8_t, (uint8_t)(a != 0 || b != 0));
+    } else {
+        CK_LOOP(uint8_t, (uint8_t)(a != 0 && b != 0));
+    }
+}
 
 void ck_reduce_portable(ck_dtype dt, ck_op op, void *dst, const void *src, size_t n)
 {
@@ -63,6 +74,8 @@ void ck_reduce_portable(ck_dtype dt, ck_op op, void *dst, const void *src, size_
     case CK_UINT8: reduce_u8(op, dst, src, n); return;
     case CK_INT32: reduce_i32(op, dst, src, n); return;
     case CK_INT64: reduce_i64(op, dst, src, n); return;
+    case CK_INT16: reduce_i16(op, dst, src, n); return;
+    case CK_BOOL: reduce_bool(op, dst, src, n); return;
     default: return; /* kernels.c validates dt */
     }
 }
@@ -120,9 +133,41 @@ void ck_reduce_widened_scaled_portable(ck_dtype half, ck_op op, float *dst, cons
 }
 
 /* buf *= factor; float32 and the half types multiply by float32(factor) (halves round once). */
+/* An integer times a factor as Horovod scales integers on the CPU: the product in float64, truncated
+ * toward zero; beyond int64 it saturates (C leaves that conversion undefined), and narrower types then
+ * wrap, as numpy's astype. */
+static inline int64_t ck_scaled_int(double factor, double x)
+{
+    double v = factor * x;
+    if (v != v) {
+        return 0;
+    }
+    if (v >= 9223372036854775807.0) {
+        return INT64_MAX;
+    }
+    if (v <= -9223372036854775808.0) {
+        return INT64_MIN;
+    }
+    return (int64_t)v;
+}
+
+#define CK_SCALE_INT(T, U)                                                                               \
+    do {                                                                                                 \
+        T *b = (T *)buf;                                                                                 \
+        for (size_t i = 0; i < n; i++) b[i] = (T)(U)(uint64_t)ck_scaled_int(factor, (double)b[i]);        \
+    } while (0)
+
 void ck_scale_portable(ck_dtype dt, void *buf, double factor, size_t n)
 {
     float f = (float)factor;
+    switch (dt) {
+    case CK_INT8: CK_SCALE_INT(int8_t, uint8_t); return;
+    case CK_UINT8: CK_SCALE_INT(uint8_t, uint8_t); return;
+    case CK_INT16: CK_SCALE_INT(int16_t, uint16_t); return;
+    case CK_INT32: CK_SCALE_INT(int32_t, uint32_t); return;
+    case CK_INT64: CK_SCALE_INT(int64_t, uint64_t); return;
+    default: break;
+    }
     if (dt == CK_FLOAT64) {
         double *b = (double *)buf;
         for (size_t i = 0; i < n; i++) b[i] *= factor;

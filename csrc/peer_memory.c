@@ -22,7 +22,6 @@
 
 #include "kernels.h"
 
-static const size_t pm_itemsizes[CK_NUM_DTYPES] = {2, 2, 4, 8, 1, 1, 4, 8};
 
 #ifdef __linux__
 /* Move `len` bytes between `local` and `remote` in process `pid`; 0, or an errno value. The kernel may
@@ -234,14 +233,13 @@ static PyObject *pm_py_allreduce_share(PyObject *module, PyObject *const *args, 
     memset(&c, 0, sizeof c);
     c.dt = (ck_dtype)dtv;
     c.op = (ck_op)opv;
-    c.item = pm_itemsizes[c.dt];
+    c.item = ck_itemsizes[c.dt];
     c.simd = simd;
     c.half = (int)half;
     c.prescale = prescale;
     c.postscale = postscale;
-    int floating = c.dt == CK_FLOAT16 || c.dt == CK_BFLOAT16 || c.dt == CK_FLOAT32 || c.dt == CK_FLOAT64;
-    if ((postscale != 1.0 || prescale != 1.0) && !floating) {
-        PyErr_SetString(PyExc_TypeError, "prescale/postscale need a floating dtype");
+    if ((postscale != 1.0 || prescale != 1.0) && c.dt == CK_BOOL) {
+        PyErr_SetString(PyExc_TypeError, "prescale/postscale need a numeric dtype, not bool");
         return NULL;
     }
     if (half != -1 && ((half != CK_FLOAT16 && half != CK_BFLOAT16) || c.dt != CK_FLOAT32)) {

@@ -16,3 +16,32 @@ def pytest_report_header(config):
         return f"MPI: {MPI.Get_library_version().splitlines()[0].strip()}; mpi4py {__import__('mpi4py').__version__}"
     except Exception as exc:  # the header must never break collection
         return f"MPI: unavailable ({exc})"
+
+
+# -- emulated clusters (commlib.testing.cluster; docs/cluster.md) -----------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def make_cluster():
+    """Factory ``make_cluster(hosts, rate=None)`` -> an up Cluster; every cluster made in the session is
+    torn down at its end, and the teardown asserts that none left anything behind. Skips (saying what is
+    missing) where this machine cannot run namespaces."""
+    from commlib.testing import netns
+    from commlib.testing.cluster import Cluster, leftovers
+
+    made = []
+
+    def make(hosts, rate=None):
+        missing = netns.missing_prerequisites(shaped=rate is not None)
+        if missing:
+            pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
+        cluster = Cluster(hosts, rate=rate)
+        made.append(cluster)
+        return cluster.up()
+
+    yield make
+    for cluster in made:
+        cluster.down()
+    left = leftovers([c.name for c in made if c.name])
+    assert not left, f"emulated clusters left behind: {left}"

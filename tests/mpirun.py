@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,13 +19,9 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 
 def mpiexec() -> str:
     """The ``mpiexec`` beside this Python (the embedded MPICH wheel's), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("no mpiexec found: install the 'mpich' wheel or put your MPI's mpiexec on PATH")
-    return found
+    from commlib.testing.cluster import find_mpiexec
+
+    return find_mpiexec()
 
 
 _TARGET = """
@@ -85,6 +80,25 @@ def _remove_new_mpich_shm(before: set[Path]) -> None:
             pass
 
 
+def worker_path(script: str | Path) -> Path:
+    """``script`` as given when it exists, else the file of that name under ``tests/workers/``."""
+    path = Path(script)
+    return path if path.is_absolute() or path.exists() else WORKERS / path
+
+
+def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a test job: this one without any COMMLIB_* setting, the repository on the
+    import path, unbuffered output, CMA_EXPECTED, then ``env``."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH", "")]))
+    full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
+    for key in [k for k in full_env if k.startswith("COMMLIB_")]:
+        del full_env[key]
+    full_env.update(env or {})
+    return full_env
+
+
 def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
             env: dict[str, str] | None = None, expect_fail: bool = False) -> str:
     """Run ``python script args`` on ``nprocs`` ranks; return combined stdout+stderr.
@@ -93,16 +107,8 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     killed and :class:`MPIJobFailed` is raised, so no test can hang CI. With ``expect_fail`` the job must
     exit non-zero (within the timeout) instead.
     """
-    path = Path(script)
-    if not path.is_absolute() and not path.exists():
-        path = WORKERS / path
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH", "")]))
-    full_env.setdefault("PYTHONUNBUFFERED", "1")
-    full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
-    for key in [k for k in full_env if k.startswith("COMMLIB_")]:
-        del full_env[key]
-    full_env.update(env or {})
+    path = worker_path(script)
+    full_env = job_env(env)
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args)]
     shm_before = _mpich_shm_files()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
@@ -122,3 +128,20 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     elif proc.returncode != 0:
         raise MPIJobFailed(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}")
     return out
+
+
+def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120.0,
+                   env: dict[str, str] | None = None) -> str:
+    """Run ``python script args`` on every rank of an emulated cluster (commlib.testing.cluster) under
+    ``timeout``, through ``workers/on_cluster.py``, which first checks that commlib sees the cluster's
+    node layout from MPI; return combined stdout+stderr, raise :class:`MPIJobFailed` on failure."""
+    from commlib.testing.cluster import JobFailed
+
+    layout = ",".join(map(str, cluster.ranks_per_host))
+    command = [sys.executable, str(WORKERS / "on_cluster.py"), layout, str(worker_path(script)), *map(str, args)]
+    shm_before = _mpich_shm_files()
+    try:
+        return cluster.mpiexec(command, timeout=timeout, env=job_env(env)).stdout
+    except JobFailed as exc:
+        _remove_new_mpich_shm(shm_before)
+        raise MPIJobFailed(str(exc)) from None

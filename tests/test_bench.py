@@ -15,11 +15,11 @@ from commlib.bench.collective import exact_limit, reduction_input, reduction_res
 from commlib.bench.collectives import COLLECTIVES
 from commlib.bench.core import count_wrong, layouts, tolerance
 from commlib.bench.options import DTYPES, OPS, parse_options
-from commlib.config import ALGORITHMS
+from commlib.algorithms.spec import names
 from commlib.compression import Compression
 from commlib.ops import ReduceOp
 
-ALL = [a for a in ALGORITHMS if a != "auto"] + ["auto"]
+ALL = list(names(with_auto=False)) + ["auto"]
 ALL_MULTINODE = [a for a in ALL if a != "cma"]  # cma needs every rank on one node
 
 
@@ -138,11 +138,11 @@ def test_wrong_results_make_the_exit_code_non_zero():
     assert "FAILED" in out
     rows = [line.split() for line in out.splitlines() if line.strip() and not line.startswith("#")
             and line.split()[0].isdigit()]
-    assert len(rows) == 3, out
+    assert len(rows) == 6, out  # one row per size and algorithm
+    assert [row[2] for row in rows] == ["native", "ring"] * 3, out
     for row in rows:
-        count, wrong_native, wrong_ring = int(row[1]), int(row[7]), int(row[11])
-        assert wrong_native > 0 and wrong_ring > 0, row
-        assert wrong_native <= 2 * count and wrong_ring <= 2 * count
+        count, wrong = int(row[1]), int(row[6])
+        assert 0 < wrong <= 2 * count, row
 
 
 # -- in process: options and check data ------------------------------------------------------------------
@@ -164,6 +164,39 @@ def test_incompatible_or_bad_options_exit_2_with_a_message(capsys, argv, message
         parse_options(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_table_width_does_not_grow_with_the_algorithms(tmp_path):
+    # --algo all, the link-bound column and the model's prediction: still one narrow row per algorithm
+    data, out = bench(2, tmp_path, "-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--rounds", "1",
+                      "--algo", "all", "--explain", "--link-rate", "1gbit")
+    widest = max(len(line) for line in out.splitlines() if line and line[0] in " 0123456789")
+    assert widest <= 125, out
+    auto = data["results"][0]["algorithms"]["auto"]
+    assert auto["chosen"] in ALL and auto["predicted_us"] > 0, auto
+    assert all(m["x_bound"] is None for r in data["results"] for m in r["algorithms"].values()), \
+        "one node has no link bound"
+
+
+def test_calibrate_writes_a_profile_that_auto_reads(tmp_path):
+    profile = tmp_path / "tuning.json"
+    data, out = bench(2, tmp_path, "-b", "4K", "-n", "2", "-w", "1", "--rounds", "1", "--algo", "auto,native",
+                      "--calibrate", str(profile), timeout=200)
+    doc = json.loads(profile.read_text())
+    assert doc["version"] == 1 and doc["shape"]["ranks"] == 2 and "commlib-bench" in doc["command"]
+    assert doc["model"]["intra"]["alpha_s"] > 0 and doc["model"]["reduce_s_per_byte"] > 0, doc
+    # a second job loads it (rank 0 reads, every rank gets it) and prints it with --explain
+    _, out = bench(2, tmp_path, "-b", "4K", "-n", "2", "-w", "1", "--rounds", "1", "--algo", "auto",
+                   "--explain", name="second.json", env={"COMMLIB_TUNING_FILE": str(profile)})
+    assert f"cost model ({profile})" in out, out
+
+
+def test_a_bad_profile_is_an_error_on_every_rank(tmp_path):
+    profile = tmp_path / "tuning.json"
+    profile.write_text('{"version": 1, "model": {"intra": {"alpha_s": -1, "beta_s_per_byte": 0}}}')
+    out = run_mpi(2, "bench_cli.py", "-b", "4K", "-n", "1", "-w", "0", expect_fail=True, timeout=60,
+                  env={"COMMLIB_TUNING_FILE": str(profile)})
+    assert "must be a finite number >= 0" in out and str(profile) in out, out
 
 
 def test_options_parse_like_nccl_tests():

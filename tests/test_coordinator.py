@@ -1,5 +1,7 @@
 """The background coordinator on 1-4 real MPI ranks: results, ordering, fusion, lanes, join, errors."""
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -29,7 +31,7 @@ def test_idle_job_does_not_spin():
 
 
 CASES = ["readonly", "shape", "dtype", "op", "root", "scale", "compression", "allgather_shape", "noncontiguous",
-         "unsupported_dtype", "average_int", "bad_algorithm", "reuse", "execution_failure"]
+         "unsupported_dtype", "average_bool", "bad_algorithm", "reuse", "execution_failure"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -155,3 +157,49 @@ def test_fusion_groups_bound_the_packed_bytes_only():
 def test_settings_that_must_agree_are_checked_at_init():
     out = run_mpi(2, "config_mismatch.py", timeout=60)
     assert out.count("mismatch raised, then init worked") == 2, out
+
+
+def _error_times(out: str) -> dict[int, float]:
+    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"rank (\d+): error after ([\d.]+) s", out)}
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_a_rank_that_exits_without_shutdown_fails_the_others(nprocs):
+    out = run_mpi(nprocs, "coord_leave.py", "exit", timeout=60)
+    times = _error_times(out)
+    assert sorted(times) == list(range(nprocs - 1)), out
+    assert all(t < 10 for t in times.values()), times
+    assert out.count("left: its process exited without calling commlib.shutdown()") >= nprocs - 1, out
+    assert out.count("OK") == nprocs - 1
+
+
+@pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
+def test_rank_0_leaving_fails_the_others(env):
+    out = run_mpi(3, "coord_leave.py", "exit", "0", env=env, timeout=60)
+    times = _error_times(out)
+    assert sorted(times) == [1, 2] and all(t < 10 for t in times.values()), out
+    assert "rank 0 left" in out and out.count("leave case exit OK") == 2, out
+
+
+def test_a_rank_that_leaves_fails_the_others_join():
+    out = run_mpi(3, "coord_leave.py", "join", timeout=60)
+    times = _error_times(out)
+    assert sorted(times) == [0, 1] and all(t < 10 for t in times.values()), out
+    assert out.count("leave case join OK") == 2, out
+
+
+def test_a_rank_that_dies_of_an_exception_fails_the_others():
+    out = run_mpi(3, "coord_leave.py", "raise", timeout=60, expect_fail=True)
+    assert "rank leaves by an uncaught exception" in out
+    # mpiexec ends the job on the non-zero exit; whoever printed first was told by the exit hook
+    assert all(t < 10 for t in _error_times(out).values()), out
+
+
+@pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
+def test_stall_shutdown_without_the_silent_rank(env):
+    env = {**env, "COMMLIB_STALL_CHECK_TIME": "1", "COMMLIB_STALL_SHUTDOWN_TIME": "2"}
+    out = run_mpi(3, "coord_leave.py", "hold", env=env, timeout=90)
+    times = _error_times(out)
+    assert sorted(times) == [0, 1, 2], out
+    assert times[0] < 10 and times[1] < 10, times
+    assert "sent no coordinator message" in out and out.count("leave case hold OK") == 3, out

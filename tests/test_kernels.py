@@ -21,7 +21,8 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 HALVES = (F16, BF16)
 FLOATS = (F16, BF16, F32, F64)
-INTS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.int64))
+INTS = tuple(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.int32, np.int64))
+BOOL = np.dtype(np.bool_)
 SIZES = (0, 1, 7, 8, 16, 31, 32, 1000, 65537)  # around the 8- and 16-element SIMD blocks
 OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 PATHS = pytest.mark.parametrize("portable", [False, True], ids=["simd", "portable"])
@@ -43,7 +44,7 @@ def assert_same(got: np.ndarray, ref: np.ndarray, what: str, zero_sign: bool = T
     """Bit-identical except that any NaN matches any NaN; with ``zero_sign=False`` -0.0 matches +0.0
     (numpy itself is inconsistent about which zero np.maximum(-0.0, 0.0) returns)."""
     assert got.dtype == ref.dtype and got.shape == ref.shape, what
-    if got.dtype.kind in "iu":
+    if got.dtype.kind in "iub":
         bad = got != ref
     else:
         gn, rn = isnan(got), isnan(ref)
@@ -62,6 +63,8 @@ def assert_same(got: np.ndarray, ref: np.ndarray, what: str, zero_sign: bool = T
 def random_values(dtype: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
     """Ordinary values mixed with random bit patterns (which bring NaN payloads, infs, subnormals, -0.0)
     and a few chosen specials."""
+    if dtype == BOOL:
+        return rng.random(n) < 0.5
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size=n, endpoint=True, dtype=dtype)
@@ -87,7 +90,7 @@ def reference_reduce(a: np.ndarray, b: np.ndarray, op: ReduceOp) -> np.ndarray:
 
 @PATHS
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
-@pytest.mark.parametrize("dtype", FLOATS + INTS, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS + INTS + (BOOL,), ids=str)
 def test_reduce_matches_numpy(dtype, op, portable):
     rng = np.random.default_rng([dtype.num, int(op), 7])
     for n in SIZES:
@@ -226,10 +229,25 @@ def test_scale_matches_numpy(dtype, portable):
                 np.testing.assert_array_equal(bits(got), bits(other), err_msg=f"simd != portable: {dtype} {factor}")
 
 
+@PATHS
 @pytest.mark.parametrize("dtype", INTS, ids=str)
-def test_scale_rejects_integers(dtype):
-    with pytest.raises(TypeError, match=f"dtype {dtype} is not supported by scale_"):
-        kernels.scale_(np.ones(4, dtype), 2.0)
+def test_scale_integers_as_horovod(dtype, portable):
+    """Horovod scales integers on the CPU as ``T(double(factor) * x)``: truncated toward zero."""
+    info = np.iinfo(dtype)
+    values = np.array([0, 1, -1, 3, -3, 7, -7, 100, -100, info.max, info.min, info.max - 1], np.int64)
+    values = values[(values >= info.min) & (values <= info.max)].astype(dtype)
+    for factor in (0.5, 1 / 3, 2.0, -0.75, 0.999999):
+        got = values.copy()
+        kernels.scale_(got, factor, portable=portable)
+        products = np.float64(factor) * values.astype(np.float64)
+        saturated = [min(max(int(np.trunc(p)), -2 ** 63), 2 ** 63 - 1) for p in products]  # at int64's range
+        want = np.array(saturated, np.int64).astype(dtype)  # then wrapped, as numpy's astype
+        np.testing.assert_array_equal(got, want, err_msg=f"{dtype} * {factor}")
+
+
+def test_scale_rejects_bool():
+    with pytest.raises(TypeError, match="dtype bool is not supported by scale_"):
+        kernels.scale_(np.ones(4, np.bool_), 2.0)
 
 
 # ------------------------------------------------------------------------------------ to_half/from_half
@@ -417,7 +435,7 @@ def test_errors_name_the_problem():
         kernels.reduce_(ro, f32, ReduceOp.SUM)
     with pytest.raises(ValueError, match="buf: array is read-only"):
         kernels.scale_(ro, 2.0)
-    for bad in (np.ones(8, np.complex64), np.ones(8, bool), np.ones(8, np.uint32), np.ones(8, np.int16)):
+    for bad in (np.ones(8, np.complex64), np.ones(8, np.uint32), np.ones(8, np.uint16)):
         with pytest.raises(UnsupportedDtypeError, match=f"dtype {bad.dtype} is not supported by reduce_"):
             kernels.reduce_(bad, bad.copy(), ReduceOp.SUM)
     with pytest.raises(UnsupportedDtypeError, match="dtype complex64 is not supported by scale_"):

@@ -1,58 +1,52 @@
 """Allreduce algorithms: pure schedules over a :class:`~commlib.transport.base.Transport`.
 
-``run_allreduce(ctx, buf, op, algorithm, codec)`` is the entry point; ``ALGORITHMS`` maps each public name
-(``config.ALGORITHMS`` minus ``auto``) to a function ``allreduce(ctx, buf, op, codec) -> overflow count``.
-No module here imports MPI.
+The registry (:mod:`.spec`) describes each algorithm once: its entry point (one signature for all), its
+many-buffer entry point, whether it folds scaling, what it requires and its cost formula (:mod:`.cost`).
+``run_allreduce(ctx, buf, op, algorithm, codec)`` is the entry point for one buffer; ``auto`` asks
+:mod:`.select`, which minimises the predicted time. No module here imports MPI.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..compression import FLOAT32, WireCodec
-from ..config import ALGORITHMS as ALGORITHM_NAMES
+from ..compression import WireCodec
 from ..errors import CommlibError, ConfigError
 from ..ops import ReduceOp, as_op
-from . import cma, hierarchical, native, rabenseifner, recursive_doubling, ring, ring_many, select, torus2d
+from ..validation import check_options
+from . import select, spec
 from .context import AlgorithmContext, TorusGrid
+from .scaling import with_scaling_passes
+from .select import Choice
+from .spec import SPECS, AlgorithmSpec
 
-ALGORITHMS = {
-    "native": native.allreduce,
-    "ring": ring.allreduce,
-    "recursive_doubling": recursive_doubling.allreduce,
-    "rabenseifner": rabenseifner.allreduce,
-    "hierarchical": hierarchical.allreduce,
-    "torus2d": torus2d.allreduce,
-    "cma": cma.allreduce,
-}
-assert set(ALGORITHMS) | {"auto"} == set(ALGORITHM_NAMES)
+#: Every concrete algorithm, by name (the registry's view for callers that only run them).
+ALGORITHMS = {s.name: s.run for s in SPECS}
 
-__all__ = ["ALGORITHMS", "AlgorithmContext", "TorusGrid", "execute", "prepare", "resolve", "run_allreduce"]
+__all__ = ["ALGORITHMS", "AlgorithmContext", "AlgorithmSpec", "Choice", "SPECS", "TorusGrid", "execute",
+           "prepare", "resolve", "run_allreduce"]
 
 
-def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, compressed: bool = False) -> str:
-    """The concrete algorithm ``algorithm`` stands for on a message of ``nbytes`` bytes (``compressed``:
-    it will travel through a codec)."""
-    if algorithm not in ALGORITHM_NAMES:
-        raise ConfigError(f"unknown algorithm {algorithm!r}; use one of: {', '.join(ALGORITHM_NAMES)}")
-    return select.choose(ctx, nbytes, compressed) if algorithm == "auto" else algorithm
+def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, codec: WireCodec | None = None) -> Choice:
+    """The concrete algorithm (and segment size) ``algorithm`` stands for on a message of ``nbytes`` bytes
+    travelling through ``codec``."""
+    if algorithm == spec.AUTO:
+        return select.choose(ctx, nbytes, codec)
+    spec.get(algorithm)  # an unknown name is an error naming the choices
+    return Choice(algorithm, ctx.config.ring_segment_bytes)
 
 
 def prepare(ctx: AlgorithmContext, dtype: np.dtype, nbytes: int, algorithm: str = "auto",
-            codec: WireCodec | None = None) -> str:
+            codec: WireCodec | None = None) -> Choice:
     """Check everything ``run_allreduce`` would reject for a buffer of ``dtype`` and ``nbytes`` bytes,
     without communicating; return the concrete algorithm that will run. Callers that scale a buffer
     first call this first."""
-    if codec is not None and dtype != FLOAT32:
-        raise TypeError(f"{codec!r} compresses float32 buffers, not {dtype}")
-    name = resolve(ctx, algorithm, nbytes, codec is not None)
-    if name == "native" and codec is not None:
-        native.allreduce(ctx, np.empty(0, dtype), ReduceOp.SUM, codec)  # raises the explanation
-    if name == "cma" and ctx.size > 1:
-        cma.require(ctx)
-    if name == "torus2d":
-        ctx.torus()  # a bad COMMLIB_TORUS_SHAPE is an error on any number of ranks
-    return name
+    check_options(dtype, codec, 1.0, 1.0, "buffer")
+    choice = resolve(ctx, algorithm, nbytes, codec)
+    reason = spec.get(choice.algorithm).requires(ctx, codec)
+    if reason:
+        raise ConfigError(reason)
+    return choice
 
 
 def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "auto",
@@ -71,9 +65,11 @@ def run_allreduce(ctx: AlgorithmContext, buf: np.ndarray, op, algorithm: str = "
     return execute(ctx, buf, as_op(op).kernel_op, prepare(ctx, buf.dtype, buf.nbytes, algorithm, codec), codec)
 
 
-def execute(ctx: AlgorithmContext, buf: np.ndarray, op: ReduceOp, name: str, codec: WireCodec | None) -> int:
-    """Run the concrete algorithm ``name`` returned by :func:`prepare` for ``buf``, without checking again
-    (the Engine's path: it validates, scales, then executes)."""
+def execute(ctx: AlgorithmContext, buf: np.ndarray, op: ReduceOp, choice: Choice, codec: WireCodec | None,
+            prescale: float = 1.0, postscale: float = 1.0) -> int:
+    """Run ``choice`` (from :func:`prepare`) on ``buf`` without checking again:
+    ``buf = postscale * reduce(prescale * buf)`` (the Engine's path: it validates, then executes)."""
     if ctx.size == 1 or buf.size == 0:
-        return 0
-    return ALGORITHMS[name](ctx, buf, op, codec)
+        return with_scaling_passes(buf, prescale, postscale, lambda: 0)
+    ctx.segment_bytes = choice.segment_bytes
+    return spec.BY_NAME[choice.algorithm].run(ctx, buf, op, codec, prescale=prescale, postscale=postscale)

@@ -80,11 +80,18 @@ class ShareSplit:
         self._offsets.put(key, new)
 
 
+def requires_reason(ctx, codec=None) -> str | None:
+    """Why cma cannot run on this context (None: it can; on one rank it always can)."""
+    if ctx.peer_memory is None and ctx.size > 1:
+        return (f"the cma algorithm needs cross-memory attach between the ranks of one node: "
+                f"{ctx.peer_memory_reason}; choose another algorithm")
+    return None
+
+
 def require(ctx) -> None:
     """Raise, saying why, when this context has no cross-memory attach to its peers."""
     if ctx.peer_memory is None:
-        raise ConfigError(f"the cma algorithm needs cross-memory attach between the ranks of one node: "
-                          f"{ctx.peer_memory_reason}; choose another algorithm")
+        raise ConfigError(requires_reason(ctx) or "the cma algorithm needs cross-memory attach")
 
 
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, prescale: float = 1.0,

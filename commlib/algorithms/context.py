@@ -4,9 +4,13 @@ buffers, the configuration, and sub-groups (node, shard and torus groups) create
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import numpy as np
 
 from ..buffers import ScratchPool
 from ..config import Config
+from .cost import DEFAULTS, CostModel, model_from_profile, profile_path, read_profile
 from ..errors import ConfigError
 from ..topology import Topology
 from ..transport.base import UNDEFINED, Transport
@@ -34,7 +38,7 @@ class AlgorithmContext:
 
     def __init__(self, transport: Transport, topology: Topology, config: Config,
                  scratch: ScratchPool | None = None, peer_memory: PeerMemory | None = None,
-                 peer_memory_reason: str = "not probed"):
+                 peer_memory_reason: str = "not probed", cost_model: CostModel | None = None):
         self.transport = transport
         self.topology = topology
         self.config = config
@@ -44,6 +48,10 @@ class AlgorithmContext:
         self.peer_memory_reason = "" if peer_memory is not None else peer_memory_reason
         #: what algorithms learn across calls, by key (e.g. cma's balanced shares); equal on every rank
         self.tuning: dict[str, object] = {}
+        #: the cost model ``auto`` minimises; equal on every rank (``create`` broadcasts rank 0's profile)
+        self.cost_model: CostModel = cost_model if cost_model is not None else DEFAULTS
+        #: pipeline segment of the segmented schedules, bytes of data; ``auto`` sets it per call
+        self.segment_bytes: int = config.ring_segment_bytes
         self._intra: Transport | None = None
         self._shard_groups: list[Transport | None] | None = None
         self._torus: TorusGrid | None = None
@@ -62,7 +70,8 @@ class AlgorithmContext:
                 peers, reason = PeerMemory.probe(transport)  # collective, like this constructor
             else:
                 reason = f"the ranks are on {topology.cross_size} nodes, not one"
-        return cls(transport, topology, config, peer_memory=peers, peer_memory_reason=reason)
+        return cls(transport, topology, config, peer_memory=peers, peer_memory_reason=reason,
+                   cost_model=shared_cost_model(transport, config))
 
     @property
     def rank(self) -> int:
@@ -103,23 +112,7 @@ class AlgorithmContext:
     def torus(self) -> TorusGrid:
         """The X-by-Y grid of torus2d: ``config.torus_shape``, else X = ranks per node, Y = nodes."""
         if self._torus is None:
-            topo, size = self.topology, self.size
-            if self.config.torus_shape is not None:
-                nx, ny = self.config.torus_shape
-                if nx * ny != size:
-                    raise ConfigError(
-                        f"COMMLIB_TORUS_SHAPE={nx}x{ny} has {nx * ny} positions but there are {size} ranks; "
-                        f"choose X and Y with X*Y = {size}"
-                    )
-                x, y = self.rank % nx, self.rank // nx
-            else:
-                if not topo.uniform:
-                    raise ConfigError(
-                        f"torus2d needs nodes of equal size by default, but they have {list(topo.node_sizes)} "
-                        "ranks; set COMMLIB_TORUS_SHAPE=XxY or use algorithm 'hierarchical'"
-                    )
-                nx, ny = topo.local_size, topo.cross_size
-                x, y = topo.local_rank, topo.cross_rank
+            (nx, ny), (x, y) = torus_layout(self.topology, self.config)
             rows = self.transport.split(y, x)
             cols = self.transport.split(x, y)
             self._torus = TorusGrid((nx, ny), rows, cols)
@@ -137,3 +130,57 @@ class AlgorithmContext:
         self._intra, self._shard_groups, self._torus = None, None, None
         self.scratch.clear()
         self.tuning.clear()
+
+
+def torus_layout(topology: Topology, config: Config) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((X, Y), (x, y))``: the torus2d grid and this rank's place in it, without communicating; a
+    ConfigError says why there is no grid (a shape that does not fit, nodes of unequal size)."""
+    size, rank = topology.size, topology.rank
+    if config.torus_shape is not None:
+        nx, ny = config.torus_shape
+        if nx * ny != size:
+            raise ConfigError(
+                f"COMMLIB_TORUS_SHAPE={nx}x{ny} has {nx * ny} positions but there are {size} ranks; "
+                f"choose X and Y with X*Y = {size}"
+            )
+        return (nx, ny), (rank % nx, rank // nx)
+    if not topology.uniform:
+        raise ConfigError(
+            f"torus2d needs nodes of equal size by default, but they have {list(topology.node_sizes)} "
+            "ranks; set COMMLIB_TORUS_SHAPE=XxY or use algorithm 'hierarchical'"
+        )
+    return (topology.local_size, topology.cross_size), (topology.local_rank, topology.cross_rank)
+
+
+_U8 = np.dtype(np.uint8)
+_I64 = np.dtype(np.int64)
+
+
+def shared_cost_model(transport: Transport, config: Config) -> CostModel:
+    """Collective: rank 0 loads the tuning profile (``config.tuning_file``, else the default location) and
+    broadcasts it, so that every rank's ``auto`` decides from the same numbers. A profile that cannot be
+    used is an error on every rank, naming the file."""
+    text = b""
+    if transport.rank == 0:
+        try:
+            path = profile_path(config.tuning_file)
+            if path is not None:
+                data = read_profile(path)
+                model_from_profile(data, str(path))  # validate here, so the error is rank 0's too
+                text = json.dumps({"source": str(path), "profile": data}).encode()
+        except ConfigError as exc:
+            text = json.dumps({"error": str(exc)}).encode()
+    if transport.size > 1:
+        length = np.array([len(text)], _I64)
+        transport.bcast_(length, 0)
+        payload = np.frombuffer(text, _U8).copy() if transport.rank == 0 else np.empty(int(length[0]), _U8)
+        if payload.size:
+            transport.bcast_(payload, 0)
+        text = payload.tobytes()
+    if not text:
+        return DEFAULTS
+    shared = json.loads(text)
+    if "error" in shared:
+        raise ConfigError(shared["error"] + (" (on rank 0, whose profile every rank uses)"
+                                             if transport.rank else ""))
+    return model_from_profile(shared["profile"], shared["source"])

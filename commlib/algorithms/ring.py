@@ -56,10 +56,11 @@ _CODEC_SEGMENT_DIVISOR = 16
 
 
 def _segment(ctx, count: int, itemsize: int) -> int:
-    """Elements per segment: ``config.ring_segment_bytes`` of data (``itemsize`` 0: a codec's segment), at
+    """Elements per segment: ``ctx.segment_bytes`` of data (``config.ring_segment_bytes`` unless ``auto``
+    chose another; ``itemsize`` 0: a codec's segment), at
     most ``count``. Sender and receiver must cut a message alike: ``count`` must be at least the size of
     every message of the exchange (then a message is either one segment or cut at the configured size)."""
-    per = ctx.config.ring_segment_bytes // (itemsize or _CODEC_SEGMENT_DIVISOR)
+    per = ctx.segment_bytes // (itemsize or _CODEC_SEGMENT_DIVISOR)
     return min(max(1, per), max(count, 1))
 
 

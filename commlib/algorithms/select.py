@@ -1,34 +1,84 @@
-"""The ``auto`` rule: which algorithm runs when the caller did not name one.
+"""The ``auto`` rule: the algorithm, and the pipeline segment where it has one, with the least predicted
+time (:mod:`.cost`) among those that can run here (each spec's ``requires``).
 
-1. One rank: nothing to do (``run_allreduce`` returns before choosing).
-2. Messages of at most ``config.small_message_bytes`` (COMMLIB_SMALL_MESSAGE, default 128 KiB): MPI's own
-   allreduce (``native``), whose latency no Python schedule matches; with a codec, which MPI cannot carry,
-   ``recursive_doubling`` - log2(p) latency terms, and the whole buffer per step costs little.
-3. Every rank on one node and cross-memory attach available (``ctx.peer_memory``): ``cma`` - each byte
-   is copied between processes once each way, not through MPI's shared-memory cells. With a codec too:
-   cma rounds the values as the wire format would (the numbers compression promises) but moves float32,
-   because on one node there is no wire to save and the ring's encode/decode passes cost more.
-4. More than one node and more than one rank on some node: ``hierarchical`` - only n/k bytes per rank
-   cross the slower inter-node link.
-5. Otherwise (one rank per node): ``ring`` - bandwidth-optimal and pipelined.
+Every input is equal on every rank - the message size, the codec, the topology, the configuration, the
+collective cma probe, and the cost model (rank 0's profile, broadcast by ``AlgorithmContext.create``) - and
+the evaluation is deterministic, so every rank picks the same algorithm without a message. Ties go to the
+earlier algorithm of the registry and the configured segment size.
 
-Measured on 2 ranks of the reference machine (docs/algorithms.md): MPI's allreduce beats recursive
-doubling and cma up to 128 KiB, cma beats it from 256 KiB (5.5 against 4.4 GB/s busbw) and reaches
-2-3x at 8-64 MiB, where MPICH page-faults on fresh scratch memory every call. The rule depends only on
-values that are equal on every rank (size, topology, config, the collective cma probe), so every rank
-picks the same algorithm.
+Choices are remembered per (size, codec) on the context (a bounded cache): the search evaluates a few dozen
+formulas, which a 4 KiB call should not pay every time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 
-def choose(ctx, nbytes: int, compressed: bool = False) -> str:
-    """The algorithm ``auto`` runs for a message of ``nbytes`` bytes (the float32 size with a codec)."""
-    if nbytes <= ctx.config.small_message_bytes:
-        return "recursive_doubling" if compressed else "native"
-    if ctx.peer_memory is not None:
-        return "cma"
-    topo = ctx.topology
-    if topo.cross_size > 1 and topo.max_local_size > 1:
-        return "hierarchical"
-    return "ring"
+from ..cache import BoundedCache
+from . import spec
+from .cost import INF, Shape
+
+#: Pipeline segments ``auto`` considers for segmented algorithms (bytes of data), besides the configured one.
+#: Nothing smaller than 1 MiB: on 2 hosts x 2 ranks at 1 Gbit/s, hierarchical_pipelined with 256 KiB
+#: segments (2 MiB blocks) took 1.27 s at 64 MiB against 0.68 s with 1 MiB, where the model, which does
+#: not see the cost of a step when ranks outnumber cores, predicted them equal.
+SEGMENT_CHOICES = (1 << 20, 4 << 20)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What runs: an algorithm of the registry and its pipeline segment (bytes of data)."""
+
+    algorithm: str
+    segment_bytes: int
+    predicted_s: float | None = None  # the model's time, when auto chose it
+
+
+def shape_of(ctx) -> Shape:
+    """The cost model's view of ``ctx``: nodes of every rank, whether cma can run, the torus grid."""
+    cached = ctx.tuning.get("select.shape")
+    if cached is None:
+        torus = None
+        if spec.BY_NAME["torus2d"].requires(ctx, None) is None:
+            from .context import torus_layout
+
+            torus = torus_layout(ctx.topology, ctx.config)[0]
+        cached = ctx.tuning["select.shape"] = Shape(
+            node_of_rank=tuple(ctx.topology.node_of_rank), cma=ctx.peer_memory is not None and ctx.size > 1,
+            torus=torus, small_message_bytes=ctx.config.small_message_bytes)
+    return cached
+
+
+def candidates(ctx, codec) -> list[spec.AlgorithmSpec]:
+    """The algorithms that can run on ``ctx`` with ``codec``, in registry order."""
+    return [s for s in spec.SPECS if s.requires(ctx, codec) is None]
+
+
+def rank_all(model, nbytes: int, shape: Shape, specs, codec, configured_segment: int) -> list[Choice]:
+    """Every (algorithm, segment) with its predicted time, fastest first (stable: registry order)."""
+    choices = []
+    for s in specs:
+        segments = dict.fromkeys((configured_segment,) + SEGMENT_CHOICES) if s.segmented else (configured_segment,)
+        best = None
+        for seg in segments:
+            t = s.cost(model, nbytes, shape, codec, seg)
+            if best is None or t < best.predicted_s:
+                best = Choice(s.name, seg, t)
+        choices.append(best)
+    return sorted(choices, key=lambda c: c.predicted_s)
+
+
+def choose(ctx, nbytes: int, codec=None) -> Choice:
+    """The choice ``auto`` makes for a message of ``nbytes`` bytes (the float32 size with a codec)."""
+    cache = ctx.tuning.get("select.choices")
+    if cache is None:
+        cache = ctx.tuning["select.choices"] = BoundedCache(256)
+    key = (nbytes, codec.name if codec is not None else None)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit
+    ranked = rank_all(ctx.cost_model, nbytes, shape_of(ctx), candidates(ctx, codec), codec,
+                      ctx.config.ring_segment_bytes)
+    if not ranked or ranked[0].predicted_s == INF:
+        raise RuntimeError(f"no allreduce algorithm can run here for {nbytes} bytes")  # ring always can
+    return cache.put(key, ranked[0])

@@ -14,7 +14,18 @@ import numpy as np
 
 from ..compression import WireCodec
 from ..ops import ReduceOp
+from ..errors import ConfigError
 from . import partition, ring
+from .context import torus_layout
+
+
+def requires(ctx, codec: WireCodec | None = None) -> str | None:
+    """Why the grid cannot be formed here (a bad COMMLIB_TORUS_SHAPE, nodes of unequal size), or None."""
+    try:
+        torus_layout(ctx.topology, ctx.config)
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None, transport=None) -> int:

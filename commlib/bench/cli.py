@@ -14,8 +14,11 @@ import shlex
 import sys
 import traceback
 
+from . import calibrate as calibration
 from . import progress as progress_bar
 from . import report
+from ..algorithms import cost, select, spec
+from .core import codec_of
 from .collectives import collective as make_collective
 from .core import refusals, run_sweep
 from .lane import open_lane
@@ -40,6 +43,14 @@ def _parse_on_every_rank(argv: list[str], rank: int) -> Options | int:
             return parse_options(argv)
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else 2
+
+
+def _launcher_rank() -> int:
+    """This process's rank as the launcher tells it, known before MPI starts (0 if none says)."""
+    for variable in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(variable, "").isdigit():
+            return int(os.environ[variable])
+    return 0
 
 
 def _job_errors(options: Options, nranks: int) -> list[str]:
@@ -72,6 +83,8 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
                 print(error, file=sys.stderr)
             return 2
         options = dataclasses.replace(options, algorithms=tuple(a for a in options.algorithms if a not in refused))
+        if options.calibrate_path is not None:
+            _calibrate(options, comm, lane, command)
         info = _run_info(options, collective, comm, lane, refused, command)
         bar = None
         if rank == 0 and progress_bar.wanted(options.progress):
@@ -80,17 +93,61 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
             print("\n".join(report.header(info)), flush=True)
         results = []
         for result in run_sweep(options, collective, comm, lane.engine, progress=bar):
-            results.append(result)
             if rank == 0:
                 if bar is not None:
                     bar.finish()
+                result = _annotate(result, options, lane, info)
                 print(report.row(result, info), flush=True)
+            results.append(result)
         if rank == 0:
             _write_outputs(options, results, info)
         comm.Barrier()
         return 1 if report.total_wrong(results) else 0
     finally:
         lane.close()
+
+
+def _calibrate(options: Options, comm, lane, command: str) -> None:
+    """Fit the cost model on this job, write the profile (rank 0) and use it for this run's ``auto``."""
+    model, measured = calibration.calibrate(lane.engine, comm)
+    ctx = lane.engine.context
+    ctx.cost_model = model  # every rank fitted the same numbers
+    ctx.tuning.pop("select.choices", None)
+    if comm.Get_rank() == 0:
+        path = options.calibrate_path or _profile_target(ctx.config.tuning_file)
+        cost.write_profile(path, calibration.document(model, select.shape_of(ctx), measured, command))
+        print("\n".join(calibration.describe(model)) + f"\n# tuning profile written to {path}", flush=True)
+        print(f"# use it: export COMMLIB_TUNING_FILE={path}" if options.calibrate_path else
+              "# auto reads it from there by default", flush=True)
+
+
+def _profile_target(setting: str | None) -> str:
+    """Where --calibrate without FILE writes: COMMLIB_TUNING_FILE, else the default location."""
+    if setting and setting.strip().lower() != "none":
+        return os.path.expanduser(setting)
+    return str(cost.default_profile_path())
+
+
+def _annotate(result, options: Options, lane, info: report.RunInfo):
+    """Rank 0: what auto ran, the model's prediction (--explain) and the multiple of the link bound."""
+    ctx = lane.engine.context
+    codec = codec_of(options)
+    shape = select.shape_of(ctx)
+    bound = (cost.link_bound(result.nbytes, lane.topology.cross_size, options.link_rate, codec)
+             if options.link_rate else 0.0)
+    measurements = []
+    for m in result.measurements:
+        chosen = predicted = None
+        if m.algorithm == "auto":
+            choice = select.choose(ctx, result.nbytes, codec)
+            chosen, predicted = choice.algorithm, choice.predicted_s
+        elif m.algorithm in spec.BY_NAME:
+            predicted = spec.get(m.algorithm).cost(ctx.cost_model, result.nbytes, shape, codec,
+                                                   ctx.config.ring_segment_bytes)
+        predicted_us = predicted * 1e6 if options.explain and predicted not in (None, cost.INF) else None
+        measurements.append(dataclasses.replace(
+            m, chosen=chosen, predicted_us=predicted_us, x_bound=m.time_us * 1e-6 / bound if bound else None))
+    return dataclasses.replace(result, measurements=tuple(measurements))
 
 
 def _refusal_error(options: Options, refused: dict[str, str]) -> str | None:
@@ -113,7 +170,9 @@ def _run_info(options: Options, collective, comm, lane, refused: dict[str, str],
         iters=options.iters, warmup_iters=options.warmup_iters, rounds=options.rounds, check=options.check,
         compression=options.compression,
         torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
-        algorithms=options.algorithms, skipped=refused, load_average=_load_average(), command=command)
+        algorithms=options.algorithms, skipped=refused, load_average=_load_average(), command=command,
+        link_rate=options.link_rate, explain=options.explain,
+        model=calibration.describe(lane.engine.context.cost_model) if options.explain else [])
 
 
 def _write_outputs(options: Options, results, info: report.RunInfo) -> None:
@@ -143,14 +202,14 @@ def _mpi_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``commlib-bench`` console script."""
-    from mpi4py import MPI
-
     argv = sys.argv[1:] if argv is None else list(argv)
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    options = _parse_on_every_rank(argv, rank)
+    options = _parse_on_every_rank(argv, _launcher_rank())  # before MPI: --help starts none
     if isinstance(options, int):
         return options
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
     errors = _job_errors(options, comm.Get_size())
     if errors:
         if rank == 0:

@@ -38,6 +38,9 @@ class Measurement:
     algbw_gbs: float
     busbw_gbs: float
     wrong: int | None
+    chosen: str | None = None  # auto: the algorithm it ran
+    predicted_us: float | None = None  # the cost model's time (--explain)
+    x_bound: float | None = None  # time / the link bound (--link-rate)
 
 
 @dataclasses.dataclass(frozen=True)

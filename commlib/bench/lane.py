@@ -10,7 +10,6 @@ import dataclasses
 
 from ..config import Config
 from ..topology import Topology
-from ..transport.mpi import MPITransport
 
 
 @dataclasses.dataclass
@@ -27,6 +26,7 @@ class Lane:
 def open_lane(comm, config: Config) -> Lane:
     """Collective over ``comm``: detect the nodes (``config.local_size`` emulates them) and start an Engine."""
     from ..engine import Engine
+    from ..transport.mpi import MPITransport  # imports MPI: not before the benchmark runs (--help starts none)
 
     topology = Topology.detect(comm, config.local_size)
     transport = MPITransport.duplicate(comm)

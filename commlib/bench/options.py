@@ -11,22 +11,17 @@ import dataclasses
 
 import numpy as np
 
-from ..config import ALGORITHMS, Config, parse_shape, parse_size
-from ..dtypes import BFLOAT16, FLOAT16
+from ..algorithms.spec import names as algorithm_names
+from ..config import Config, parse_shape, parse_size
+from ..dtypes import TABLE
 from ..errors import ConfigError
 from ..ops import ReduceOp
 
-#: -d names: nccl-tests' first, then numpy's.
-DTYPES = {
-    "float": np.dtype(np.float32), "float32": np.dtype(np.float32),
-    "half": FLOAT16, "float16": FLOAT16,
-    "bfloat16": BFLOAT16, "bf16": BFLOAT16,
-    "double": np.dtype(np.float64), "float64": np.dtype(np.float64),
-    "int8": np.dtype(np.int8), "char": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "int32": np.dtype(np.int32), "int": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-}
+#: -d names: nccl-tests' first (the table prints the first name of a dtype), then every numeric row of the
+#: dtype table (commlib/dtypes.py) by numpy's name. bool has no check values (they are counts).
+_NCCL_NAMES = {"float": "float32", "half": "float16", "double": "float64", "char": "int8", "int": "int32"}
+_BY_NAME = {row.name: row.numpy for row in TABLE if row.kind != "bool"}
+DTYPES = {**{alias: _BY_NAME[name] for alias, name in _NCCL_NAMES.items()}, **_BY_NAME, "bf16": _BY_NAME["bfloat16"]}
 
 #: -o names as nccl-tests spells them.
 OPS = {"sum": ReduceOp.SUM, "prod": ReduceOp.PRODUCT, "min": ReduceOp.MIN, "max": ReduceOp.MAX,
@@ -64,6 +59,9 @@ class Options:
     json_path: str | None = None
     plot_path: str | None = None
     progress: bool | None = None  # None: only when stderr is a terminal
+    calibrate_path: str | None = None  # --calibrate: fit the cost model and write the profile here
+    explain: bool = False  # --explain: the model's predicted time beside each measured one
+    link_rate: float | None = None  # --link-rate: bytes/s of each node's link, for the "x bound" column
 
     @property
     def dtype_name(self) -> str:
@@ -131,13 +129,27 @@ def _choice(table: dict):
 def _algorithms(text: str) -> tuple[str, ...]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if names == ["all"]:
-        return tuple(a for a in ALGORITHMS if a != "auto") + ("auto",)
-    unknown = [n for n in names if n not in ALGORITHMS]
+        return algorithm_names(with_auto=False) + ("auto",)
+    unknown = [n for n in names if n not in algorithm_names()]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown algorithm(s) {', '.join(unknown) or repr(text)}; use 'all' or a comma list of: "
-            + ", ".join(ALGORITHMS))
+            + ", ".join(algorithm_names()))
     return tuple(dict.fromkeys(names))  # keep order, drop repeats
+
+
+def parse_rate(text: str) -> float:
+    """A link rate as tc writes it (``1gbit``, ``100mbit``, ``125mbps`` = bytes), in bytes per second: the
+    same syntax as the emulated cluster's ``--rate``."""
+    from ..testing.cluster import parse_rate as bits_per_second
+
+    try:
+        value = bits_per_second(text) / 8
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a link rate must be positive")
+    return value
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -170,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-d", "--datatype", type=_choice(DTYPES), default=np.dtype(np.float32),
         help="float, half, bfloat16, double, int8, uint8, int32, int64 or a numpy name (default float)")
     add("--algo", type=_algorithms, default=None,
-        help="allreduce algorithms, comma separated, or 'all' (default native); one of: " + ", ".join(ALGORITHMS))
+        help="allreduce algorithms, comma separated, or 'all' (default native); one of: " + ", ".join(algorithm_names()))
     add("--local-size", type=_positive, default=None, metavar="K",
         help="treat consecutive blocks of K ranks as one node (emulates several nodes)")
     add("--torus", type=_shape, default=None, metavar="XxY", help="grid of the torus2d algorithm")
@@ -179,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--json", dest="json_path", default=None, metavar="FILE", help="write every result as JSON to FILE")
     add("--plot", dest="plot_path", default=None, metavar="FILE",
         help="draw busbw against size per algorithm to a PNG (needs matplotlib: pip install commlib[bench])")
+    add("--calibrate", dest="calibrate_path", nargs="?", const="", default=None, metavar="FILE",
+        help="measure the links, kernels and MPI's allreduce on this job, fit the cost model and write the "
+             "tuning profile to FILE (default: COMMLIB_TUNING_FILE, else ~/.cache/commlib/tuning.json); "
+             "then run the sweep with it. (-o is the reduction op, as in nccl-tests)")
+    add("--explain", action="store_true",
+        help="print the cost model's predicted time beside each measured one, and what auto chose")
+    add("--link-rate", type=parse_rate, default=None, metavar="RATE",
+        help="each node's link rate as tc writes it (e.g. 1gbit, 10gbit, 125mbps = bytes): add each time as a multiple of the link "
+             "bound 2(n-1)/n x size / rate for n nodes (wire bytes with --compression)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show a progress bar on stderr (default: only when stderr is a terminal)")
@@ -233,7 +254,10 @@ def validate(args: argparse.Namespace) -> Options:
         check=bool(args.check), op=args.op, dtype=args.datatype, algorithms=tuple(algorithms),
         all_algorithms=args.algo == _algorithms("all"),
         local_size=args.local_size, torus_shape=args.torus, compression=args.compression,
-        json_path=args.json_path, plot_path=args.plot_path, progress=args.progress)
+        json_path=args.json_path, plot_path=args.plot_path, progress=args.progress,
+        calibrate_path=args.calibrate_path, explain=args.explain, link_rate=args.link_rate)
+    if (options.explain or options.calibrate_path is not None) and options.collective != "allreduce":
+        raise UsageError(f"--explain and --calibrate model allreduce, not {options.collective}")
     if options.stepfactor == 1 and options.minbytes != options.maxbytes:
         raise UsageError("-f 1 would never reach -e; use -f 2 or larger, or -e equal to -b")
     options.config()  # COMMLIB_* and --local-size/--torus must agree before anything runs

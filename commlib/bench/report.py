@@ -8,11 +8,10 @@ from typing import Sequence
 
 from .core import SizeResult
 
-# Widths of the fixed columns and of each algorithm's group (time, algbw, busbw, #wrong).
-_FIXED = (12, 12, 9, 5)
-_GROUP = (11, 8, 8, 7)
-_GROUP_WIDTH = sum(_GROUP) + len(_GROUP)  # one space before each column
-
+# One row per size and algorithm, so the table keeps its width however many algorithms run:
+# size, count, algorithm, time, algbw, busbw, #wrong, then the optional x bound, predicted and meas/pred.
+_WIDTHS = (12, 12, 28, 11, 8, 8, 7)
+_BOUND, _PRED, _RATIO = 8, 11, 9
 
 @dataclasses.dataclass(frozen=True)
 class RunInfo:
@@ -37,6 +36,9 @@ class RunInfo:
     skipped: dict[str, str]  # algorithm -> why this job's shape refuses it
     load_average: float | None  # rank 0's machine, 1-minute load average at the start (None if unknown)
     command: str
+    link_rate: float | None = None  # bytes/s per node (--link-rate)
+    explain: bool = False
+    model: list[str] = dataclasses.field(default_factory=list)  # the cost model, as # lines (--explain)
 
 
 def header(info: RunInfo) -> list[str]:
@@ -55,27 +57,45 @@ def header(info: RunInfo) -> list[str]:
         "busbw = algbw * bus factor",
         "#",
     ]
-    fixed = sum(_FIXED) + len(_FIXED) - 1
-    lines.append("#" + " " * (fixed - 1) + "".join(f" {name:^{_GROUP_WIDTH - 1}}" for name in info.algorithms))
-    columns = "".join(f" {'time(us)':>{_GROUP[0]}} {'algbw':>{_GROUP[1]}} {'busbw':>{_GROUP[2]}} "
-                      f"{'#wrong':>{_GROUP[3]}}" for _ in info.algorithms)
-    lines.append(f"#{'size':>{_FIXED[0] - 1}} {'count':>{_FIXED[1]}} {'type':>{_FIXED[2]}} "
-                 f"{'op':>{_FIXED[3]}}{columns}")
-    units = "".join(f" {'':>{_GROUP[0]}} {'(GB/s)':>{_GROUP[1]}} {'(GB/s)':>{_GROUP[2]}} {'':>{_GROUP[3]}}"
-                    for _ in info.algorithms)
-    lines.append(f"#{'(B)':>{_FIXED[0] - 1}} {'(elements)':>{_FIXED[1]}} {'':>{_FIXED[2]}} "
-                 f"{'':>{_FIXED[3]}}{units}")
-    return lines
+    if info.explain:
+        lines += info.model + ["# pred: the model's time; meas/pred: measured / predicted; auto:X ran X", "#"]
+    if info.link_rate:
+        lines += [f"# x bound: time / (2(n-1)/n x wire bytes / {info.link_rate * 8 / 1e9:g} Gbit/s) on "
+                  f"n = {info.nodes} node(s)", "#"]
+    w = _WIDTHS
+    names = f"#{'size':>{w[0] - 1}} {'count':>{w[1]}} {'algorithm':<{w[2]}} {'time(us)':>{w[3]}} " \
+            f"{'algbw':>{w[4]}} {'busbw':>{w[5]}} {'#wrong':>{w[6]}}"
+    units = f"#{'(B)':>{w[0] - 1}} {'(elements)':>{w[1]}} {'':<{w[2]}} {'':>{w[3]}} " \
+            f"{'(GB/s)':>{w[4]}} {'(GB/s)':>{w[5]}} {'':>{w[6]}}"
+    if info.link_rate:
+        names += f" {'x bound':>{_BOUND}}"
+        units += f" {'':>{_BOUND}}"
+    if info.explain:
+        names += f" {'pred(us)':>{_PRED}} {'meas/pred':>{_RATIO}}"
+        units += f" {'':>{_PRED}} {'':>{_RATIO}}"
+    return lines + [names, units]
 
 
 def row(result: SizeResult, info: RunInfo) -> str:
-    cells = [f"{result.nbytes:>{_FIXED[0]}} {result.count:>{_FIXED[1]}} {info.dtype:>{_FIXED[2]}} "
-             f"{info.op:>{_FIXED[3]}}"]
+    """The rows of one size: one per algorithm."""
+    w = _WIDTHS
+    lines = []
     for m in result.measurements:
         wrong = "N/A" if m.wrong is None else str(m.wrong)
-        cells.append(f" {m.time_us:>{_GROUP[0]}.1f} {m.algbw_gbs:>{_GROUP[1]}.3f} {m.busbw_gbs:>{_GROUP[2]}.3f} "
-                     f"{wrong:>{_GROUP[3]}}")
-    return "".join(cells)
+        name = f"{m.algorithm}:{m.chosen}" if m.chosen else m.algorithm
+        line = (f"{result.nbytes:>{w[0]}} {result.count:>{w[1]}} {name:<{w[2]}} {m.time_us:>{w[3]}.1f} "
+                f"{m.algbw_gbs:>{w[4]}.3f} {m.busbw_gbs:>{w[5]}.3f} {wrong:>{w[6]}}")
+        if info.link_rate:
+            line += f" {_fmt(m.x_bound, '.2f'):>{_BOUND}}"
+        if info.explain:
+            ratio = m.time_us / m.predicted_us if m.predicted_us else None
+            line += f" {_fmt(m.predicted_us, '.1f'):>{_PRED}} {_fmt(ratio, '.2f'):>{_RATIO}}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or value != value or value == float("inf") else format(value, spec)
 
 
 def total_wrong(results: Sequence[SizeResult]) -> int:
@@ -95,8 +115,11 @@ def winners(results: Sequence[SizeResult]) -> list[dict]:
         native = next((m for m in r.measurements if m.algorithm == "native"), None)
         best_other = max((m for m in r.measurements if m.algorithm != "native"), key=lambda m: m.busbw_gbs,
                          default=None)
+        auto = next((m for m in r.measurements if m.algorithm == "auto"), None)
+        fastest = min(r.measurements, key=lambda m: m.time_us)
         rows.append({
             "nbytes": r.nbytes,
+            "auto_vs_fastest": auto.time_us / fastest.time_us if auto else None,
             "best": best.algorithm,
             "best_busbw_gbs": best.busbw_gbs,
             "best_commlib": best_other.algorithm if best_other else None,
@@ -119,13 +142,17 @@ def footer(results: Sequence[SizeResult], info: RunInfo) -> list[str]:
         lines.append("#")
         lines.append("# Fastest per size" + (", and the best non-native algorithm's busbw / native's busbw"
                                              if has_native else ""))
-        lines.append(f"#{'size(B)':>{_FIXED[0] - 1}} {'fastest':>20} {'busbw':>8}"
-                     + (f" {'best commlib':>20} {'x native':>9}" if has_native else ""))
+        has_auto = "auto" in info.algorithms
+        lines.append(f"#{'size(B)':>{_WIDTHS[0] - 1}} {'fastest':>20} {'busbw':>8}"
+                     + (f" {'best commlib':>20} {'x native':>9}" if has_native else "")
+                     + (f" {'auto/fastest':>12}" if has_auto else ""))
         for w in winners(results):
-            line = f"#{w['nbytes']:>{_FIXED[0] - 1}} {w['best']:>20} {w['best_busbw_gbs']:>8.3f}"
+            line = f"#{w['nbytes']:>{_WIDTHS[0] - 1}} {w['best']:>20} {w['best_busbw_gbs']:>8.3f}"
             if has_native:
                 ratio = w["best_commlib_vs_native"]
-                line += f" {w['best_commlib'] or '-':>20} {('%.2f' % ratio) if ratio is not None else '-':>9}"
+                line += f" {w['best_commlib'] or '-':>20} {_fmt(ratio, '.2f'):>9}"
+            if has_auto:
+                line += f" {_fmt(w['auto_vs_fastest'], '.2f'):>12}"
             lines.append(line)
     return lines
 
@@ -136,7 +163,8 @@ def to_json(results: Sequence[SizeResult], info: RunInfo) -> dict:
         "results": [
             {"nbytes": r.nbytes, "count": r.count,
              "algorithms": {m.algorithm: {"time_us": m.time_us, "algbw_gbs": m.algbw_gbs,
-                                          "busbw_gbs": m.busbw_gbs, "wrong": m.wrong}
+                                          "busbw_gbs": m.busbw_gbs, "wrong": m.wrong, "chosen": m.chosen,
+                                          "predicted_us": m.predicted_us, "x_bound": m.x_bound}
                             for m in r.measurements}}
             for r in results
         ],

@@ -49,23 +49,25 @@ Finish = Callable[[], None]
 
 
 class Exchange:
-    """The collectives a compressor may use: commlib's own, Sum over all ranks, named per tensor."""
+    """The collectives a compressor may use: commlib's own, Sum over the ranks of ``process_set`` (all by
+    default; ``size`` and ``rank`` are within it), named per tensor."""
 
-    def __init__(self, size: int, rank: int):
+    def __init__(self, size: int, rank: int, process_set=None):
         self.size = size
         self.rank = rank
+        self.process_set = process_set
 
     def allreduce(self, array: np.ndarray, name: str):
         """Start summing ``array`` in place; returns a handle for :meth:`wait`."""
         from .. import api
 
-        return api.allreduce_async_(array, op=api.Sum, name=name)
+        return api.allreduce_async_(array, op=api.Sum, name=name, process_set=self.process_set)
 
     def allgather(self, array: np.ndarray, name: str):
         """Start concatenating every rank's ``array`` (rank order); returns a handle for :meth:`wait`."""
         from .. import api
 
-        return api.allgather_async(array, name=name)
+        return api.allgather_async(array, name=name, process_set=self.process_set)
 
     @staticmethod
     def wait(handle):

@@ -64,8 +64,8 @@ def check(compression, output: np.ndarray, op: ReduceOp, algorithm, name: str) -
 class _Capture(Exchange):
     """An Exchange that remembers the handles it creates (the deferred handle's parts)."""
 
-    def __init__(self, size, rank):
-        super().__init__(size, rank)
+    def __init__(self, size, rank, process_set=None):
+        super().__init__(size, rank, process_set)
         self.handles = []
 
     def allreduce(self, array, name):
@@ -80,10 +80,10 @@ class _Capture(Exchange):
 
 
 def allreduce(compression, size: int, rank: int, array: np.ndarray, output: np.ndarray, inplace: bool,
-              op: ReduceOp, name: str, prescale: float, postscale: float) -> Handle:
+              op: ReduceOp, name: str, prescale: float, postscale: float, process_set=None) -> Handle:
     """Start the request (validated by :func:`check`); the handle's result is ``output``."""
     if isinstance(compression, Compressor):
-        exchange = _Capture(size, rank)
+        exchange = _Capture(size, rank, process_set)
         if prescale != 1.0:
             output *= np.float32(prescale)
         finish = compression.start(name, output, exchange)  # output (the caller's copy or array) is scratch
@@ -100,7 +100,7 @@ def allreduce(compression, size: int, rank: int, array: np.ndarray, output: np.n
 
     compressed, ctx = compression.compress(array)
     handle = api.allreduce_async(np.asarray(compressed), op=op, name=name, prescale_factor=prescale,
-                                 postscale_factor=postscale)
+                                 postscale_factor=postscale, process_set=process_set)
 
     def restore():
         result = np.asarray(compression.decompress(api.synchronize(handle), ctx))

@@ -1,4 +1,4 @@
-"""The background coordinator: agrees across ranks which named tensors are ready, then runs them.
+"""The coordinator of one process set: agrees across its ranks which named tensors are ready, then runs them.
 
 Negotiation protocol
 ====================
@@ -23,9 +23,15 @@ communicator of its own). No message blocks, so an idle rank sleeps instead of s
    everywhere (:mod:`.execution`). The settings these decisions read must agree; ``init`` checks them.
 4. Join.  A rank that ran out of data says ``join`` in its message: allreduces proceed with zeros from it,
    other collectives fail; when all ranks have joined, a join response carries the last rank to join.
-5. Shutdown.  A rank that shuts down (or whose coordinator fails) says ``gone`` in its last message.
-   From that round on, rounds complete without it and every tensor that still needs it fails, on every
-   rank.
+5. Shutdown.  A rank that shuts down, fails, or leaves (its process exits without ``shutdown()``) says
+   ``gone`` in its last message, with the reason; from that round on rounds complete without it, and
+   every tensor that still needs it fails on every rank, naming it (:mod:`.lifecycle` documents the
+   shutdown path, the exit hook and the goodbyes above their code).
+6. Stalls (:mod:`.stalls`).  Rank 0 fails tensors some ranks never submitted by naming them in its next
+   round message (rounds still complete). A rank that waits longer than ``COMMLIB_STALL_SHUTDOWN_TIME``
+   for a round that a peer never answers gives up without that peer's message: it sends every peer a
+   notice outside the rounds and fails; a rank that reads such a notice fails alike. Everything pending
+   and every later call then raises, naming the silent ranks.
 
 Why not a coordinator rank: a request to rank 0 and a response back is two message latencies and rank 0's
 bookkeeping in between, on every small call; one direct round is one latency. The price is p - 1 messages
@@ -33,16 +39,9 @@ per rank per round instead of one, right for the ranks of a node or a few nodes;
 ``COMMLIB_DIRECT_MAX_RANKS`` the relay through rank 0 keeps it at O(p) in all (a tree of relays, for
 thousands of ranks, is not built).
 
-Rank 0 still does what depends on a clock, since decisions from clocks differ between ranks: the stall
-check. It logs tensors that some ranks submitted ``COMMLIB_STALL_CHECK_TIME`` seconds ago and others have
-not, with the missing ranks; after ``COMMLIB_STALL_SHUTDOWN_TIME`` it names them in its next message, and
-they fail on every rank in that round. Every rank warns about peers that stop answering rounds (it cannot
-give up on them: a peer that was only slow would, on waking, decide from a round this rank abandoned).
-
-Progress is driven by whichever thread needs it: a thread waiting in ``synchronize`` runs the cycle
-itself (no thread hand-off, which costs ~50 us here), and the background thread runs it when nobody
-waits. Both back off from spinning to sleeping (at most ``COMMLIB_CYCLE_TIME``); an idle rank sleeps and
-looks for messages every 50 ms.
+Progress (:mod:`.progress`) is driven by whichever thread needs it: a thread waiting in ``synchronize``
+runs the cycle itself, and the background thread runs it when nobody waits; both wait between cycles by
+the policy of :mod:`.backoff`.
 """
 
 from __future__ import annotations
@@ -52,51 +51,58 @@ import logging
 import threading
 import time
 
-from ..errors import CollectiveError, CommlibError
+from ..errors import CollectiveError, InFlightError
 from .execution import LaneSet
+from .lifecycle import Lifecycle, StallShutdown
 from .fusion import fuse
 from .negotiation import ReadyTable
-from .rounds import make_rounds
+from .progress import REPLY_POLLS, Progress
 from .requests import Entry, Handle, Kind, Response
+from .rounds import make_rounds
+from .stalls import StallInspector
 
 log = logging.getLogger("commlib")
 
-_REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
-_POLL_CYCLES = 64          # idle cycles that poll without yielding the core (a reply is imminent)
-_SPIN_CYCLES = 256         # idle cycles, counting those, before sleeping instead of yielding
-_IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
-_SHUTDOWN_GRACE_S = 10.0   # how long shutdown waits for the other ranks to shut down too
+_CATCH_UP_READS = 20       # reads, 5 ms apart, after a long absence (see Coordinator._catch_up)
 _JOIN = Kind.JOIN          # a global: an enum member costs an attribute lookup on the hot path
 
 
-class Coordinator:
-    """One per rank. Thread-safe ``submit``; ``wait`` drives progress until a handle completes."""
+class Coordinator(Lifecycle):
+    """One per process set on each of its ranks. Thread-safe ``submit``; ``wait`` drives progress until a
+    handle completes. ``world_ranks[r]`` is the world rank of set rank r (for messages)."""
 
-    def __init__(self, channel, lanes: list, config, timeline=None):
+    def __init__(self, channel, lanes: list, config, timeline=None, world_ranks=None, label: str = ""):
         self._channel = channel
         self.rank = channel.rank
         self.size = channel.size
         self._config = config
-        self._cycle_s = config.cycle_time_ms / 1e3
         self._timeline = timeline
+        self._world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
+        self._label = label
         self._lanes = LaneSet(lanes, self._finish)
-        self._table = ReadyTable(self.size, config.cache_capacity)
-        self._rounds = make_rounds(channel, relay=self.size > config.direct_max_ranks)
+        self._table = ReadyTable(self.size, config.cache_capacity, self._world_ranks)
+        relayed = self.size > config.direct_max_ranks
+        self._rounds = make_rounds(channel, relay=relayed)
+        self._stalls = StallInspector(self.rank, config, self.describe_ranks, relayed=relayed)
         self._incoming: collections.deque[Entry] = collections.deque()
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
         self._undecided: set[str] = set()       # announced, no response yet (driving thread only)
         self._extra: dict = {}                  # join / gone / fail, for this rank's next message
-        self._failing = False                   # rank 0: stalled tensors named, round not yet complete
-        self._stuck_since = 0.0                 # when this rank began waiting for a round (0: not waiting)
-        self._progress = threading.Lock()       # held by the thread running a cycle
-        self._wakeup = threading.Condition()
-        self._waiters: list = []                # an item per user thread inside wait() (append/pop: atomic)
+        shutdown_s = config.stall_shutdown_time_s
+        self._away_s = shutdown_s / 2 if shutdown_s else float("inf")  # see _catch_up
+        self._last_cycle = time.monotonic()
         self._failure: BaseException | None = None
         self._closed = False
-        self._next_stall_check = time.monotonic()
-        self._thread = threading.Thread(target=self._background, name="commlib-coordinator", daemon=True)
-        self._thread.start()
+        self._progress = Progress(self, config.cycle_time_ms / 1e3)
+
+    def describe_ranks(self, ranks) -> str:
+        """Set ranks as the user knows them: world ranks (and the set, if not the world)."""
+        names = [self._world_ranks[r] for r in ranks]
+        return f"rank(s) {names}" + (f" of {self._label}" if self._label else "")
+
+    def _who(self, rank: int) -> str:
+        return f"rank {self._world_ranks[rank]}" + (f" of {self._label}" if self._label else "")
 
     # ---- user threads ------------------------------------------------------------------------------
 
@@ -104,107 +110,72 @@ class Coordinator:
         """Queue ``entry`` for negotiation. ``drive``: the caller will wait on it at once, so the
         background thread need not be woken."""
         if self._failure is not None or self._closed:
-            self._check_usable()
+            self.check_usable()
         name = entry.meta.name
         with self._names:
             if name in self._in_flight:
-                raise CommlibError(
-                    f"tensor name {name!r} is already in flight on rank {self.rank}; wait for it "
-                    "(synchronize) before submitting the name again, or use a different name")
+                raise InFlightError(
+                    f"tensor name {name!r} is already in flight on rank {self._world_ranks[self.rank]}; wait "
+                    "for it (synchronize) before submitting the name again, or use a different name")
             self._in_flight[name] = entry
+        entry.handle.owner = self
         self._incoming.append(entry)
         if not drive:
-            with self._wakeup:
-                self._wakeup.notify()
+            self._progress.wake()
         return entry.handle
 
     def wait(self, handle: Handle) -> None:
         """Return when ``handle`` is done, running the coordinator's cycle in this thread meanwhile."""
-        if handle.done():
-            return
-        self._waiters.append(None)
-        try:
-            self._drive(handle)
-        finally:
-            self._waiters.pop()
+        if not handle.done():
+            self._progress.wait(handle)
 
     def run(self, entry: Entry) -> Handle:
         """Submit ``entry`` and wait for it. Registered as a waiter first, so that the background thread
         leaves the cycle to this thread instead of taking it and handing the result over."""
-        self._waiters.append(None)
-        try:
-            handle = self.submit(entry, drive=True)
-            self._drive(handle)
-        finally:
-            self._waiters.pop()
-        return handle
-
-    def _drive(self, handle: Handle) -> None:
-        cycle_s = self._cycle_s
-        timeout = max(cycle_s, 1e-3)
-        progress = self._progress
-        idle = 0
-        while not handle.done():
-            if self._failure is not None:
-                raise self._failure_error()
-            if not progress.acquire(timeout=timeout):
-                continue
-            try:
-                busy = self._cycle()
-            except Exception as exc:  # the user sees a CollectiveError, as every other rank's waiter will
-                self._fail(exc)
-                raise self._failure_error() from exc
-            finally:
-                progress.release()
-            if busy:
-                idle = 0
-                continue
-            idle += 1
-            if self._lanes.threaded and not self._undecided:
-                handle.wait_briefly(cycle_s)  # decided and queued on a lane: its thread completes it
-            else:
-                self._back_off(idle)
+        self._progress.wait(entry.handle, before=lambda: self.submit(entry, drive=True))
+        return entry.handle
 
     def set_timeline(self, timeline) -> None:
         """Start (a Timeline) or stop (None) recording."""
         self._timeline = timeline
         self._lanes.set_timeline(timeline)
 
-    def close(self) -> None:
-        """Stop the coordinator: pending operations fail, and the other ranks are told."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._wakeup:
-            self._wakeup.notify_all()
-        self._thread.join(timeout=30)
-        with self._progress:
-            self._fail_all("commlib was shut down before it completed")
-            try:
-                self._announce_gone("shut down")
-                self._await_peers_shutdown()
-            except Exception as exc:  # a failed coordinator may have lost its channel: still shut down
-                if self._failure is None:
-                    raise
-                log.warning("commlib shutdown after a failure on rank %d: %r", self.rank, exc)
-        self._lanes.close()
-        self._channel.close()
+    # ---- what Progress reads -------------------------------------------------------------------------
+
+    @property
+    def lanes_threaded(self) -> bool:
+        return self._lanes.threaded
+
+    def undecided(self) -> bool:
+        return bool(self._undecided)
+
+    def has_work(self) -> bool:
+        """Something to drive: own requests or notices, or (rank 0, the stall checker) tensors that some
+        ranks submitted. Peers' rounds alone are answered at the idle poll."""
+        return bool(self._incoming or self._in_flight or self._extra or
+                    (self.rank == 0 and self._table.has_pending()))
 
     # ---- the cycle ---------------------------------------------------------------------------------
 
-    def _cycle(self) -> bool:
+    def cycle(self) -> bool:
         """One pass: contribute new requests, read messages, answer rounds others started, and decide
         and execute every complete round. True if any progress was made."""
         rounds = self._rounds
         busy = False
+        now = time.monotonic()
+        if now - self._last_cycle > self._away_s:
+            self._catch_up()
+        self._last_cycle = now
         if self._incoming or self._extra:
             busy = True
             self._contribute()
-            for _ in range(_REPLY_POLLS):  # peers usually answer within microseconds: wait here for it
+            for _ in range(REPLY_POLLS):  # peers usually answer within microseconds: wait here for it
                 if not rounds.blocked() or rounds.receive():
                     break
         elif rounds.receive():
             busy = True
+        if self._channel.notices:  # a peer gave up on the rounds: decide nothing more from them
+            self._read_notices()
         while rounds.owed():  # a peer started a round this rank has not joined: answer it
             busy = True
             self._contribute()
@@ -213,15 +184,9 @@ class Coordinator:
             if messages is None:
                 break
             self._complete_round(messages)
-        if rounds.sent > rounds.completed:  # waiting for a round to complete
-            if not self._stuck_since:
-                self._stuck_since = time.monotonic()
-        elif self._stuck_since:
-            self._stuck_since = 0.0
-        if self._stuck_since or self.rank == 0:
-            now = time.monotonic()
-            if now >= self._next_stall_check:
-                self._check_stalls(now)
+        stalls = self._stalls
+        if stalls.waiting(rounds.sent > rounds.completed, now):
+            self._check_stalls()
         return busy
 
     def _contribute(self, last: bool = False) -> None:
@@ -267,24 +232,29 @@ class Coordinator:
                     table.join(source)
                 if "fail" in extra:
                     stalled = extra["fail"]
-                    self._failing = False
+                    self._stalls.fail_applied()
                 if "gone" in extra:
-                    table.rank_gone(source, extra["gone"])
-                    self._rounds.leave(source)
-                    if self._rounds.orphaned:  # what rank 0 was to relay is lost: it fails here
-                        self._fail_all(f"rank {source} {extra['gone']}")
+                    self._rank_gone(source, extra["gone"])
         responses = table.take_ready()
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
-            responses = table.fail_stalled(*stalled) + responses
+            responses = table.fail_stalled(*stalled, describe=self.describe_ranks) + responses
         if len(responses) > 1:
             responses = fuse(responses, self._config.fusion_threshold_bytes, self._config.fusion_inplace_bytes)
         if responses:
             self._execute(responses)
 
+    def _rank_gone(self, source: int, reason: str) -> None:
+        """``source`` sent its last message: later rounds complete without it; what needs it fails."""
+        who = self._who(source)
+        self._table.rank_gone(source, f"{who} {reason}")
+        self._rounds.leave(source)
+        if self._rounds.orphaned:  # what rank 0 was to relay is lost: it fails here
+            self._fail_all(f"{who} {reason}")
+
     def _execute(self, responses: list[Response]) -> None:
         for response in responses:
             if response.kind is _JOIN:
-                self._finish_join(response.last_joined)
+                self._finish_join(response.last_joined, response.error)
                 continue
             metas = response.metas
             in_flight = self._in_flight  # one dict.get each is atomic; submit's lock guards check-then-set
@@ -325,128 +295,48 @@ class Coordinator:
                 if entry is not None:
                     entry.handle.set_error(error)
 
-    def _finish_join(self, last_joined: int) -> None:
+    def _finish_join(self, last_joined: int, error: str = "") -> None:
         with self._names:
             entry = self._in_flight.pop("__join__", None)
-        if entry is not None:
-            entry.handle.set_result(last_joined)
-
-    def _check_stalls(self, now: float) -> None:
-        check = self._config.stall_check_time_s
-        self._next_stall_check = now + max(min(check, 5.0), 0.05) if check else float("inf")
-        if not check:
+        if entry is None:
             return
-        shutdown = self._config.stall_shutdown_time_s
-        if self._stuck_since and now - self._stuck_since >= check:
-            # Only a warning: giving up on a round would be unsafe, since a peer that is merely slow
-            # (stopped, swapped out) would on waking decide from that round without this rank.
-            log.warning("commlib stall: rank %d has waited %.0f s for a coordinator message from rank(s) %s; "
-                        "a process may have died, or be stuck without releasing the GIL",
-                        self.rank, now - self._stuck_since, self._rounds.missing())
-        if self.rank != 0:
-            return
-        for name, missing in self._table.stalled(check, now):
-            if self._table.should_warn(name, now, check):
-                log.warning("commlib stall: tensor %r was submitted by some ranks more than %g s ago; "
-                            "waiting for rank(s) %s", name, check, missing)
-        if shutdown and not self._failing:
-            names = [name for name, _ in self._table.stalled(shutdown, now)]
-            if names:  # failed in the round that carries them, on every rank alike
-                self._extra["fail"] = (names, shutdown)
-                self._failing = True
-
-    # ---- background thread ---------------------------------------------------------------------------
-
-    def _background(self) -> None:
-        idle = 0
-        while not self._closed:
-            with self._wakeup:
-                if self._waiters or not self._has_work():
-                    self._wakeup.wait(_IDLE_POLL_S)
-                    idle = 0
-                    if self._waiters or self._closed:
-                        continue
-            if not self._progress.acquire(timeout=_IDLE_POLL_S):
-                continue
-            try:
-                busy = self._cycle()
-            except BaseException as exc:  # reaches the user through the handles and the next call
-                self._fail(exc)
-                return
-            finally:
-                self._progress.release()
-            idle = 0 if busy else idle + 1
-            if not busy and self._has_work():
-                self._back_off(idle)
-
-    def _has_work(self) -> bool:
-        """Something to drive: own requests or notices, or (rank 0, the stall checker) tensors that some
-        ranks submitted. Peers' rounds alone are answered at the idle poll."""
-        return bool(self._incoming or self._in_flight or self._extra or
-                    (self.rank == 0 and self._table.has_pending()))
-
-    def _back_off(self, idle: int) -> None:
-        """Poll while a reply is likely imminent, then yield the core, then sleep longer and longer, up
-        to the cycle time (a yield costs ~0.5 ms when the cores are oversubscribed)."""
-        if idle < _POLL_CYCLES:
-            return
-        if idle < _SPIN_CYCLES:
-            time.sleep(0)
+        if error:
+            entry.handle.set_error(CollectiveError(error))
         else:
-            time.sleep(min(self._config.cycle_time_ms / 1e3, 20e-6 * (idle - _SPIN_CYCLES + 1)))
+            entry.handle.set_result(self._world_ranks[last_joined] if last_joined >= 0 else last_joined)
 
-    # ---- failure and shutdown ----------------------------------------------------------------------
+    # ---- stalls --------------------------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise self._failure_error()
-        if self._closed:
-            raise CollectiveError("commlib has been shut down; call commlib.init() to use it again")
+    def _check_stalls(self) -> None:
+        names, verdict = self._stalls.check(time.monotonic(), self._table, self._rounds.missing)
+        if names:  # failed in the round that carries them, on every rank alike
+            self._extra["fail"] = (names, self._config.stall_shutdown_time_s)
+        if verdict:
+            self._give_up(verdict)
 
-    def _failure_error(self) -> CollectiveError:
-        error = CollectiveError(f"commlib's background coordinator failed on rank {self.rank}: "
-                                f"{type(self._failure).__name__}: {self._failure}")
-        error.__cause__ = self._failure
-        return error
+    def _give_up(self, verdict: str) -> None:
+        """Abandon the rounds (a peer stopped answering): tell every peer outside the rounds, and fail."""
+        log.error("commlib stall on rank %d: %s", self._world_ranks[self.rank], verdict)
+        for peer in range(self.size):
+            if peer != self.rank:
+                try:
+                    self._channel.post_notice(peer, verdict)
+                except Exception:  # best effort: each waiting peer reaches the same verdict on its own clock
+                    pass
+        raise StallShutdown(verdict)
 
-    def _fail(self, exc: BaseException) -> None:
-        if self._failure is not None:
-            return
-        self._failure = exc
-        log.error("commlib coordinator failed on rank %d: %r", self.rank, exc)
-        self._fail_all(str(self._failure_error()))
-        try:
-            self._announce_gone(f"failed ({type(exc).__name__}: {exc})")
-        except BaseException:  # the channel itself may be what failed
-            pass
-
-    def _fail_all(self, reason: str) -> None:
-        with self._names:
-            entries = list(self._in_flight.values())
-            self._in_flight.clear()
-        self._incoming.clear()
-        self._undecided.clear()
-        for entry in entries:
-            entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
-
-    def _announce_gone(self, reason: str) -> None:
-        """This rank's last message: later rounds complete without it."""
-        if self._rounds.left:
-            return
-        self._incoming.clear()
-        self._extra["gone"] = reason
-        self._contribute(last=True)
-
-    def _await_peers_shutdown(self) -> None:
-        """Wait (bounded) until every rank has shut down, so no message is left in flight when the
-        communicators are freed; reading (and dropping) messages meanwhile keeps the others' sends flowing."""
-        barrier = self._channel.ibarrier()
-        deadline = time.monotonic() + _SHUTDOWN_GRACE_S
-        while not barrier.Test():
-            self._channel.receive_all()
-            if time.monotonic() > deadline:
-                log.warning("commlib shutdown: not every rank shut down within %g s; continuing",
-                            _SHUTDOWN_GRACE_S)
+    def _catch_up(self) -> None:
+        """This rank ran no cycle for a long time (stopped, or starved of the GIL): its peers may have given
+        up on it. Their notices were sent after the round messages that are waiting here, and may arrive
+        a little after them: read until a notice comes (or briefly), so that no round they abandoned is
+        decided here."""
+        for _ in range(_CATCH_UP_READS):
+            self._rounds.receive()
+            if self._channel.notices:
                 return
-            time.sleep(0.001)
-        self._channel.flush()
+            time.sleep(0.005)
+
+    def _read_notices(self) -> None:
+        """A peer gave up on a round this rank also waits in: give up too."""
+        for source, verdict in self._channel.receive_notices():
+            raise StallShutdown(f"{self._who(source)} gave up: {verdict}")

@@ -55,7 +55,8 @@ class Lane:
                 engine.broadcast_(entry.output, meta.root)
                 entry.handle.set_result(entry.output)
             elif kind is Kind.REDUCESCATTER:
-                entry.handle.set_result(engine.reducescatter(entry.array, ReduceOp(meta.op)))
+                entry.handle.set_result(engine.reducescatter(entry.array, ReduceOp(meta.op), meta.name,
+                                                             meta.prescale, meta.postscale))
             elif kind is Kind.ALLTOALL:
                 entry.handle.set_result(engine.alltoall(entry.array, entry.splits))
             elif kind is Kind.BARRIER:

@@ -17,8 +17,9 @@ from .requests import AUTO_NAME_MARK, Kind, Meta, Response
 class ReadyTable:
     """Collects every rank's requests and turns complete ones into responses."""
 
-    def __init__(self, size: int, cache_capacity: int):
+    def __init__(self, size: int, cache_capacity: int, world_ranks: list[int] | None = None):
         self.size = size
+        self._names = world_ranks or list(range(size))  # how messages name a set's ranks: world ranks
         self._pending: dict[str, dict[int, Meta]] = {}
         self._first_seen: dict[str, float] = {}
         self._cache_metas: list[Meta] = []
@@ -32,7 +33,6 @@ class ReadyTable:
         self._joined: list[int] = []
         self._waiting_for = list(range(size))   # ranks that have not joined
         self._gone: dict[int, str] = {}
-        self._warned: dict[str, float] = {}
 
     # ---- input -------------------------------------------------------------------------------------
 
@@ -85,8 +85,12 @@ class ReadyTable:
             self._waiting_for.remove(rank)
 
     def rank_gone(self, rank: int, reason: str) -> None:
-        """``rank`` shut down or failed: whatever still needs it fails on every rank."""
+        """``rank`` shut down or failed: whatever still needs it fails on every rank (also when it had
+        joined: it will not contribute its zeros any more)."""
         self._gone[rank] = reason
+        if rank in self._joined:
+            self._joined.remove(rank)
+            self._waiting_for = sorted(self._waiting_for + [rank])
 
     # ---- output ------------------------------------------------------------------------------------
 
@@ -121,7 +125,12 @@ class ReadyTable:
                     responses.append(response)
         if self._gone:
             responses.extend(self._decide_gone())
-        if self._joined and len(self._joined) == self.size:
+        if self._joined and self._gone:  # the ranks that left will never join: the join fails
+            why = "; ".join(reason for _, reason in sorted(self._gone.items()))
+            self._joined = []
+            self._waiting_for = list(range(self.size))
+            responses.append(Response(Kind.JOIN, [], error=f"join cannot complete: {why}"))
+        elif self._joined and len(self._joined) == self.size:
             last = self._joined[-1]
             self._joined = []
             self._waiting_for = list(range(self.size))
@@ -129,13 +138,13 @@ class ReadyTable:
         return responses
 
     def _decide(self, name: str, by_rank: dict[int, Meta], waiting_for: list[int]) -> Response | None:
-        errors = [f"rank {r}: {m.error}" for r, m in sorted(by_rank.items()) if m.error]
+        errors = [f"rank {self._names[r]}: {m.error}" for r, m in sorted(by_rank.items()) if m.error]
         if errors:
             return Response(Kind.ALLREDUCE, [next(iter(by_rank.values()))],
                             error=f"tensor {name!r} is invalid on some ranks: " + "; ".join(errors))
         if not all(r in by_rank for r in waiting_for):
             return None
-        mismatch = describe_mismatch(name, by_rank)
+        mismatch = describe_mismatch(name, by_rank, self._names)
         metas = [by_rank[min(by_rank)]]
         if mismatch:
             return Response(metas[0].kind, metas, error=mismatch)
@@ -165,7 +174,7 @@ class ReadyTable:
         if not self._gone:
             return []
         responses = []
-        why = "; ".join(f"rank {r} {reason}" for r, reason in sorted(self._gone.items()))
+        why = "; ".join(reason for _, reason in sorted(self._gone.items()))
         for name in list(self._pending):
             meta = next(iter(self._pending.pop(name).values()))
             self._first_seen.pop(name, None)
@@ -199,7 +208,7 @@ class ReadyTable:
             present = set(self._ranks_with(self._cache_ids[name]))
         return [r for r in range(self.size) if r not in present and r not in self._joined]
 
-    def fail_stalled(self, names: list[str], seconds: float) -> list[Response]:
+    def fail_stalled(self, names: list[str], seconds: float, describe=None) -> list[Response]:
         """Error responses for ``names``, found stalled for ``seconds`` (by rank 0's clock), that are still
         undecided here; names decided meanwhile are skipped."""
         responses = []
@@ -215,16 +224,9 @@ class ReadyTable:
                 self._clear(cache_id)
             self._first_seen.pop(name, None)
             responses.append(Response(meta.kind, [meta], error=(
-                f"tensor {name!r} stalled: rank(s) {missing} did not submit it within {seconds:g} s "
+                f"tensor {name!r} stalled: {describe(missing) if describe else f'rank(s) {missing}'} did not submit it within {seconds:g} s "
                 "(COMMLIB_STALL_SHUTDOWN_TIME); check that every rank calls the same collectives")))
         return responses
-
-    def should_warn(self, name: str, now: float, every: float) -> bool:
-        last = self._warned.get(name)
-        if last is not None and now - last < every:
-            return False
-        self._warned[name] = now
-        return True
 
     def has_pending(self) -> bool:
         return bool(self._first_seen) or bool(self._joined)
@@ -245,7 +247,7 @@ def _each_bit(bits: int):
         bits ^= low
 
 
-def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:
+def describe_mismatch(name: str, by_rank: dict[int, Meta], names: list[int] | None = None) -> str:
     """'' if every rank's request agrees, else a message naming each field and every rank's value."""
     metas = iter(by_rank.values())
     first = next(metas)
@@ -257,7 +259,7 @@ def describe_mismatch(name: str, by_rank: dict[int, Meta]) -> str:
     for key in first:
         values = {r: f[key] for r, f in sorted(fields.items())}
         if len(set(map(repr, values.values()))) > 1:
-            listing = ", ".join(f"rank {r}: {v}" for r, v in values.items())
+            listing = ", ".join(f"rank {names[r] if names else r}: {v}" for r, v in values.items())
             problems.append(f"mismatched {key.replace('_', ' ')} ({listing})")
     if not problems:
         return ""

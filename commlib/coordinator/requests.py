@@ -51,6 +51,7 @@ class Meta:
     compression: str = "none"
     algorithm: str = ""
     error: str = ""
+    device: str = "cpu"  # where the tensor lives ("cpu" or "cuda", see commlib.device); ranks must agree
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -64,7 +65,7 @@ class Meta:
         """The fields that must be equal on every rank (allgather and alltoall may differ in the first
         dimension)."""
         shape = self.shape[1:] if self.kind in (Kind.ALLGATHER, Kind.ALLTOALL) else self.shape
-        fields = {"operation": self.kind.label, "dtype": self.dtype, "shape": shape}
+        fields = {"operation": self.kind.label, "dtype": self.dtype, "shape": shape, "device": self.device}
         if self.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER):
             fields.update(op=self.op, prescale_factor=self.prescale, postscale_factor=self.postscale)
         if self.kind is Kind.ALLREDUCE:
@@ -92,10 +93,11 @@ class Response:
 class Handle:
     """The result of an asynchronous call; pass it to ``poll`` or ``synchronize``."""
 
-    __slots__ = ("name", "_done", "_event", "_result", "_error", "_parts")
+    __slots__ = ("name", "owner", "_done", "_event", "_result", "_error", "_parts")
 
     def __init__(self, name: str, parts: list["Handle"] | None = None):
         self.name = name
+        self.owner = None  # the coordinator it was submitted to (synchronize drives that one)
         self._done = False
         self._event: threading.Event | None = None  # made only if a thread has to block on it
         self._result: Any = None
@@ -106,6 +108,14 @@ class Handle:
         if self._parts is not None:
             return all(p.done() for p in self._parts)
         return self._done
+
+    def wait(self) -> None:
+        """Block until done, driving the owning coordinator(s) meanwhile."""
+        if self._parts is not None:
+            for part in self._parts:
+                part.wait()
+        elif not self._done:
+            self.owner.wait(self)
 
     def wait_briefly(self, seconds: float) -> bool:
         """Block up to ``seconds`` for another thread to complete the handle."""

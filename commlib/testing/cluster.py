@@ -13,7 +13,7 @@ per host.
         print(done.stdout)
 
 Everything is torn down by :meth:`Cluster.down`: on leaving the ``with`` block, on an exception,
-Ctrl-C, SIGTERM/SIGHUP (turned into ``SystemExit`` while a cluster is up) and at interpreter exit. A
+Ctrl-C, SIGTERM/SIGHUP (turned into ``KeyboardInterrupt`` while a cluster is up) and at interpreter exit. A
 cluster whose owning process was killed outright is removed by the next :func:`sweep_stale` (every
 ``up`` calls it). ``python -m commlib.testing.cluster --help`` is the command-line face (docs/cluster.md).
 """
@@ -24,11 +24,13 @@ import argparse
 import atexit
 import contextlib
 import fcntl
+import ipaddress
 import json
 import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,12 +80,23 @@ def find_mpiexec() -> str:
     beside = Path(sys.executable).parent / "mpiexec"
     if beside.exists():
         return str(beside)
-    import shutil
-
     found = shutil.which("mpiexec")
     if not found:
         raise RuntimeError("no mpiexec found: install the 'mpich' wheel or put your MPI's mpiexec on PATH")
     return found
+
+
+def check_hydra(mpiexec: str) -> None:
+    """Raise :class:`ClusterUnavailable` unless ``mpiexec`` is MPICH's hydra (the shim speaks its
+    ``-launcher-exec``)."""
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterUnavailable(f"cannot run {mpiexec} --version: {exc}") from None
+    if "HYDRA" not in version:
+        raise ClusterUnavailable(f"{mpiexec} is not MPICH's hydra mpiexec (its --version says "
+                                 f"{version.strip()[:80]!r}); the emulated cluster needs hydra: install the "
+                                 "'mpich' extra")
 
 
 class JobFailed(RuntimeError):
@@ -131,17 +144,32 @@ def _remove_cluster(state_dir: Path) -> list[str]:
     return errors
 
 
-def sweep_stale() -> list[str]:
-    """Remove clusters whose owning process no longer exists (killed with SIGKILL, say); return their
-    names. Clusters made by ``python -m commlib.testing.cluster up`` have no owner and stay until ``down``."""
+def _owner_status(state_dir: Path) -> str:
+    """Whose cluster this is, in words (for ``check``)."""
+    try:
+        owner = json.loads((state_dir / "state.json").read_text()).get("owner")
+    except (OSError, ValueError):
+        return "damaged state (check --clean removes it)"
+    if owner is None:
+        return "made by `up`; stays until `down`"
+    if _process_identity(int(owner.split(":")[0])) == owner:
+        return f"in use by live process {owner.split(':')[0]}"
+    return "its owner died (check --clean removes it)"
+
+
+def sweep_stale(unowned: bool = False) -> list[str]:
+    """Remove clusters whose owning process no longer exists (killed with SIGKILL, say), and with
+    ``unowned`` those made by ``python -m commlib.testing.cluster up`` (which have no owner and otherwise
+    stay until ``down``); return their names."""
     removed = []
     with _locked():
         for state_dir in sorted(p for p in STATE_ROOT.glob(f"{PREFIX}*") if p.is_dir()):
             try:
                 owner = json.loads((state_dir / "state.json").read_text()).get("owner")
-            except (OSError, ValueError):
-                owner = "unreadable"
-            if owner and _process_identity(int(owner.split(":")[0])) != owner:
+                stale = unowned if owner is None else _process_identity(int(owner.split(":")[0])) != owner
+            except (OSError, ValueError):  # written under the lock: unreadable means damaged
+                stale = True
+            if stale:
                 _remove_cluster(state_dir)
                 removed.append(state_dir.name)
     return removed
@@ -158,8 +186,10 @@ def leftovers(names: Sequence[str] | None = None) -> list[str]:
     return found
 
 
-def _exit_on_signal(signum, frame):
-    raise SystemExit(128 + signum)
+def _interrupt_on_signal(signum, frame):
+    """SIGTERM/SIGHUP as Ctrl-C: every harness unwinds on KeyboardInterrupt (pytest stops the session and
+    runs its teardowns, where a SystemExit would only fail the current test and go on)."""
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 class Cluster:
@@ -226,13 +256,14 @@ class Cluster:
         missing = netns.missing_prerequisites(shaped=self.rate is not None)
         if missing:
             raise ClusterUnavailable("cannot emulate a cluster here; missing: " + "; ".join(missing))
+        check_hydra(find_mpiexec())
         sweep_stale()
         rng = random.Random()
         with _locked():
             if self.name is None:
                 taken = {p.name for p in STATE_ROOT.iterdir()} | {n.split("-")[0] for n in netns.namespaces()}
-                self.name = next(n for n in (f"{PREFIX}{rng.getrandbits(24):06x}" for _ in iter(int, 1))
-                                 if n not in taken)
+                while self.name is None or self.name in taken:
+                    self.name = f"{PREFIX}{rng.getrandbits(24):06x}"
             elif self.state_dir.exists():
                 raise ClusterUnavailable(f"a cluster named {self.name} is already up (`python -m "
                                          f"commlib.testing.cluster down --name {self.name}` removes it)")
@@ -270,13 +301,13 @@ class Cluster:
         if threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGHUP):
                 if signal.getsignal(signum) == signal.SIG_DFL:
-                    self._saved_handlers[signum] = signal.signal(signum, _exit_on_signal)
+                    self._saved_handlers[signum] = signal.signal(signum, _interrupt_on_signal)
 
     def _remove_teardown(self) -> None:
         atexit.unregister(self.down)
         if threading.current_thread() is threading.main_thread():
             for signum, previous in self._saved_handlers.items():
-                if signal.getsignal(signum) is _exit_on_signal:
+                if signal.getsignal(signum) is _interrupt_on_signal:
                     signal.signal(signum, previous)
         self._saved_handlers.clear()
 
@@ -294,8 +325,6 @@ class Cluster:
     def attach(cls, name: str) -> "Cluster":
         """The cluster ``name`` that is already up (made by ``up`` in another process); ``down`` on the
         returned object removes it."""
-        import ipaddress
-
         try:
             state = json.loads((STATE_ROOT / name / "state.json").read_text())
         except OSError:
@@ -404,7 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the program and its arguments")
         if action == "verify":
             p.add_argument("--bytes", type=int, default=64 << 20)
-    p = sub.add_parser("down", help="remove a cluster made by `up` (--all: every cluster of this machine)")
+    p = sub.add_parser("down", help="remove a cluster made by `up` (--all: every one made by `up`, and those "
+                                    "whose owner died; never one a live process owns)")
     p.add_argument("--name")
     p.add_argument("--all", action="store_true")
     p = sub.add_parser("args", help="print the mpiexec flags of a cluster that is up")
@@ -424,9 +454,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(shlex.join(Cluster.attach(opts.name).mpiexec_args()))
         elif opts.action == "down":
             if opts.all:
-                for state_dir in sorted(p for p in STATE_ROOT.glob(f"{PREFIX}*") if p.is_dir()):
-                    with _locked():
-                        _remove_cluster(state_dir)
+                for name in sweep_stale(unowned=True):
+                    print(f"removed {name}")
             elif opts.name:
                 Cluster.attach(opts.name).down()
             else:
@@ -436,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for name in sweep_stale():
                     print(f"removed {name} (its owner is gone)")
             found = leftovers()
+            for state_dir in sorted(p for p in STATE_ROOT.glob(f"{PREFIX}*") if p.is_dir()):
+                print(f"{state_dir.name}: {_owner_status(state_dir)}")
             print("\n".join(found) if found else "nothing left behind")
             return 1 if found else 0
         else:

@@ -6,18 +6,23 @@ their autograd, ``DistributedOptimizer``, and the broadcast helpers. See docs/to
 
 from .averagers import (HierarchicalModelAverager, LocalSGDOptimizer, ModelAverager,
                         PeriodicModelAverager)
-from .autograd import allgather, allreduce, alltoall, broadcast, grouped_allreduce, reducescatter
+from .autograd import (
+    allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
+    reducescatter,
+)
 from .basics import (
-    ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_initialized,
+    ProcessSet, add_process_set, global_process_set, remove_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, gloo_built, gloo_enabled, init, is_initialized,
     local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
     shutdown, size, start_timeline, stop_timeline,
 )
 from .collectives import (
-    Average, Compression, Handle, HorovodInternalError, Max, Min, Product, Sum, allgather_async, allreduce_,
-    allreduce_async, allreduce_async_, alltoall_async, barrier, broadcast_, broadcast_async, broadcast_async_,
-    grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_, join, poll, reducescatter_async,
-    synchronize,
+    Adasum, Average, Compression, Handle, HorovodInternalError, Max, Min, Product, Sum, allgather_async,
+    allreduce_, allreduce_async, allreduce_async_, alltoall_async, barrier, broadcast_, broadcast_async,
+    broadcast_async_, grouped_allgather_async, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_, grouped_reducescatter_async, join, poll, reducescatter_async,
+    sparse_allreduce_async, synchronize,
 )
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 from .tensors import DeviceNotSupportedError

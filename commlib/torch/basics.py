@@ -1,8 +1,9 @@
 """Process queries and build queries, answered truthfully for this build.
 
-commlib runs over MPI (mpi4py) on the host. It has no NCCL, Gloo, oneCCL, DDL, CUDA or ROCm backend, so
-those queries say so: ``nccl_built()`` returns 0 like Horovod's (which returns the NCCL version code when
-built with NCCL), the others return False.
+commlib runs over MPI (mpi4py) on the host. It has no Gloo, oneCCL, DDL or ROCm backend, so those queries
+say so. ``cuda_built()`` is True where CUDA tensors can be communicated (CuPy and a visible GPU: they are
+staged through host memory). commlib.torch does not use NCCL, so ``nccl_built()`` returns 0 like Horovod's
+built without NCCL (``commlib.nccl_built()`` answers for commlib's own NCCL transport).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ local_size = _cl.local_size
 cross_rank = _cl.cross_rank
 cross_size = _cl.cross_size
 mpi_threads_supported = _cl.mpi_threads_supported
+ProcessSet = _cl.ProcessSet
+add_process_set = _cl.add_process_set
+remove_process_set = _cl.remove_process_set
+global_process_set = _cl.global_process_set
 
 
 def mpi_built() -> bool:
@@ -57,8 +62,9 @@ def ccl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    """False: commlib.torch only communicates CPU tensors."""
-    return False
+    """Whether CUDA tensors can be communicated here: CuPy imports and a GPU is visible (they travel through
+    pinned host memory and MPI; see docs/gpu.md)."""
+    return _cl.cuda_built()
 
 
 def rocm_built() -> bool:

@@ -20,8 +20,9 @@ import torch
 
 import commlib as _cl
 
-from ..compression import Compressor, WireCodec
-from ..compression.collective import is_special
+from .. import adasum as _adasum
+from ..compression import NoCompression, WireCodec
+from ..errors import CommlibError
 from ..ops import ReduceOp, as_op
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
@@ -30,6 +31,7 @@ Sum = _cl.Sum
 Min = _cl.Min
 Max = _cl.Max
 Product = _cl.Product
+Adasum = _adasum.Adasum
 Compression = _cl.Compression
 HorovodInternalError = _cl.CollectiveError
 
@@ -40,10 +42,11 @@ class Handle:
     It keeps the tensors involved alive until the operation finished, and turns commlib's numpy result
     into torch tensors once."""
 
-    __slots__ = ("_inner", "_finish", "_tensors", "_done", "_result", "_error")
+    __slots__ = ("_inner", "_finish", "_tensors", "_done", "_result", "_error", "_parts")
 
-    def __init__(self, inner, finish, tensors):
+    def __init__(self, inner, finish, tensors, parts=None):
         self._inner = inner
+        self._parts = parts
         self._finish = finish
         self._tensors = tensors
         self._done = False
@@ -55,7 +58,7 @@ class Handle:
         every time it is asked)."""
         if not self._done:
             try:
-                self._result = self._finish(_cl.synchronize(self._inner))
+                self._result = self._finish(None if self._inner is None else _cl.synchronize(self._inner))
             except BaseException as exc:
                 self._error = exc
             self._done = True
@@ -73,7 +76,24 @@ def resolve_op(op, average=None) -> ReduceOp:
         warnings.warn("the average argument is deprecated; use op=Average or op=Sum", DeprecationWarning,
                       stacklevel=3)
         return Average if average else Sum
-    return Average if op is None else as_op(op)
+    if op is None:
+        return Average
+    return op if op is Adasum else as_op(op)
+
+
+def set_kwargs(process_set) -> dict:
+    """The ``process_set=`` argument for commlib's calls: none for the global set (the default)."""
+    return {} if process_set is None else {"process_set": process_set}
+
+
+def set_rank(process_set) -> int:
+    """This rank's position within ``process_set`` (the world when None)."""
+    return _cl.rank() if process_set is None else process_set.rank()
+
+
+def set_size(process_set) -> int:
+    """The number of ranks in ``process_set`` (the world when None)."""
+    return _cl.size() if process_set is None else process_set.size()
 
 
 def _same(tensor):
@@ -88,6 +108,8 @@ def poll(handle: Handle) -> bool:
     """True when the operation behind ``handle`` finished (``synchronize`` will then not block)."""
     if handle._done:
         return True
+    if handle._parts is not None:
+        return all(poll(part) for part in handle._parts)
     return bool(_cl.poll(handle._inner))
 
 
@@ -101,130 +123,179 @@ def synchronize(handle: Handle):
     return handle.wait()
 
 
-# --- allreduce ------------------------------------------------------------------------------------------
-
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                    compression=Compression.none) -> Handle:
-    """Start reducing ``tensor`` over all ranks into a new tensor; ``tensor`` is not modified.
-
-    Ranks submitting the same ``name`` must pass the same shape, dtype and op. ``compression``
-    (``Compression.fp16``/``.bf16``) sends float32 data in half precision and accumulates in float32.
-    """
-    op = resolve_op(op, average)
-    if _horovod_style(compression):
-        return _horovod_compressed(tensor, False, compression, name, op, prescale_factor, postscale_factor)
-    array = as_array(tensor, name, "allreduce")
-    inner = _cl.allreduce_async(array, op=op, name=name, prescale_factor=prescale_factor,
-                                postscale_factor=postscale_factor, compression=compression)
-    return Handle(inner, _new, tensor)
-
+# --- compression ----------------------------------------------------------------------------------------
 
 def _horovod_style(compression) -> bool:
-    """A user's compressor with Horovod's torch ``compress``/``decompress`` (not fp16/bf16, which keep
-    float32 accumulation, nor commlib's lossy compressors, which work on the numpy view)."""
-    return is_special(compression) and not isinstance(compression, Compressor)
+    """A Horovod-style compressor: an object with torch ``compress``/``decompress`` (commlib's wire codecs
+    and anything else go to commlib's collective as ``compression=``)."""
+    return (compression is not None and not isinstance(compression, (WireCodec, NoCompression))
+            and callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None)))
 
 
-def _horovod_compressed(tensor, inplace, compression, name, op, prescale_factor, postscale_factor) -> Handle:
-    """Horovod's order: ``compress`` the torch tensor, allreduce what it returns, ``decompress`` the
-    result (and copy it into ``tensor`` for in-place calls)."""
-    check_tensor(tensor, name, "allreduce")
-    compressed, ctx = compression.compress(tensor)
-    inner = _cl.allreduce_async(as_array(compressed.contiguous(), name, "allreduce"), op=op, name=name,
-                                prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+def compress(compression, tensor):
+    """``(tensor to send, context)``: Horovod's order, ``compress`` before the collective, for a
+    Horovod-style compressor; others leave the tensor as it is."""
+    if not _horovod_style(compression):
+        return tensor, None
+    return compression.compress(tensor)
+
+
+def decompress(compression, tensor, context):
+    return compression.decompress(tensor, context) if _horovod_style(compression) else tensor
+
+
+def _wire(compression):
+    """What commlib's collective gets as ``compression``: none after a Horovod-style compressor."""
+    return None if _horovod_style(compression) else compression
+
+
+# --- allreduce ------------------------------------------------------------------------------------------
+
+def _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set, into=None) -> Handle:
+    """Adasum (see :mod:`commlib.adasum`): an allgather of the flattened tensor, combined on every rank."""
+    if process_set is not None and process_set.process_set_id != 0:
+        raise NotImplementedError("Adasum runs on the global process set only (as in Horovod)")
+    array = as_array(tensor, name, "allreduce")
+    flat = _adasum.prepare(array, name or "allreduce", prescale_factor)
+    inner = _cl.allgather_async(flat, name=None if name is None else f"{name}.adasum")
+
+    def finish(gathered):
+        result = as_tensor(_adasum.finish(gathered, array, postscale_factor))
+        return result if into is None else into.copy_(result)
+
+    return Handle(inner, finish, tensor)
+
+
+def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, compression,
+                     process_set) -> Handle:
+    if op is Adasum:
+        return _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set,
+                             into=tensor if inplace else None)
+    sent, context = compress(compression, tensor)
+    kwargs = dict(op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                  compression=_wire(compression), **set_kwargs(process_set))
+    array = as_array(sent.contiguous(), name, "allreduce")
+    if sent is tensor and inplace:
+        return Handle(_cl.allreduce_async_(array, **kwargs), _same(tensor), tensor)
+    inner = _cl.allreduce_async(array, **kwargs)
 
     def finish(result):
-        out = compression.decompress(as_tensor(result), ctx)
+        out = decompress(compression, as_tensor(result), context)
         return tensor.copy_(out) if inplace else out
 
-    return Handle(inner, finish, (tensor, compressed))
+    return Handle(inner, finish, (tensor, sent))
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=None, compression=Compression.none) -> Handle:
+    """Start reducing ``tensor`` over the ranks (of ``process_set``) into a new tensor; ``tensor`` is
+    not modified.
+
+    Ranks submitting the same ``name`` must pass the same shape, dtype and op. ``op=Adasum`` combines
+    instead of summing (:mod:`commlib.adasum`). ``compression`` (``Compression.fp16``/``.bf16``) sends
+    float32 data in half precision and accumulates in float32; a Horovod-style compressor (an object
+    with ``compress``/``decompress``) is applied around the collective instead.
+    """
+    return _allreduce_async(tensor, False, name, resolve_op(op, average), prescale_factor, postscale_factor,
+                            compression, process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     compression=Compression.none) -> Handle:
-    """Start reducing ``tensor`` over all ranks in place; ``synchronize`` returns ``tensor``."""
-    op = resolve_op(op, average)
-    if _horovod_style(compression):
-        return _horovod_compressed(tensor, True, compression, name, op, prescale_factor, postscale_factor)
-    array = as_array(tensor, name, "allreduce")
-    inner = _cl.allreduce_async_(array, op=op, name=name, prescale_factor=prescale_factor,
-                                 postscale_factor=postscale_factor, compression=compression)
-    return Handle(inner, _same(tensor), tensor)
+                     process_set=None, compression=Compression.none) -> Handle:
+    """Start reducing ``tensor`` over the ranks in place; ``synchronize`` returns ``tensor``."""
+    return _allreduce_async(tensor, True, name, resolve_op(op, average), prescale_factor, postscale_factor,
+                            compression, process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-               compression=Compression.none):
-    """Reduce ``tensor`` over all ranks in place and return it."""
+               process_set=None, compression=Compression.none):
+    """Reduce ``tensor`` over the ranks in place and return it."""
     op = resolve_op(op, average)
-    if _horovod_style(compression):
-        return synchronize(_horovod_compressed(tensor, True, compression, name, op, prescale_factor,
-                                               postscale_factor))
+    if op is Adasum or _horovod_style(compression):
+        return synchronize(_allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor,
+                                            compression, process_set))
     _cl.allreduce_(as_array(tensor, name, "allreduce"), op=op, name=name, prescale_factor=prescale_factor,
-                   postscale_factor=postscale_factor, compression=compression)
+                   postscale_factor=postscale_factor, compression=compression, **set_kwargs(process_set))
     return tensor
 
 
 def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
-                  compression=Compression.none):
-    """Reduce ``tensor`` over all ranks into a new tensor, synchronously (``tensor`` is unchanged)."""
-    if _horovod_style(compression):
-        return synchronize(_horovod_compressed(tensor, False, compression, name, op, prescale_factor,
-                                               postscale_factor))
+                  compression=Compression.none, process_set=None):
+    """Reduce ``tensor`` over the ranks into a new tensor, synchronously (``tensor`` is unchanged)."""
+    if op is Adasum or _horovod_style(compression):
+        return synchronize(_allreduce_async(tensor, False, name, op, prescale_factor, postscale_factor,
+                                            compression, process_set))
     result = _cl.allreduce(as_array(tensor, name, "allreduce"), op=op, name=name,
                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                           compression=compression)
+                           compression=compression, **set_kwargs(process_set))
     return as_tensor(result)
 
 
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, compression=Compression.none) -> Handle:
-    """Start reducing a list of tensors as one operation (one negotiation, fused); inputs unchanged."""
-    op = resolve_op(op, average)
+def _grouped_allreduce(tensors, inplace, name, op, prescale_factor, postscale_factor, compression,
+                       process_set) -> Handle:
     tensors = list(tensors)
-    if _horovod_style(compression):
-        return _grouped_horovod(tensors, False, compression, name, op, prescale_factor, postscale_factor)
+    if not tensors:
+        raise ValueError("grouped_allreduce takes a non-empty list of tensors")
+    if op is Adasum or _horovod_style(compression):
+        parts = [_allreduce_async(t, inplace, None if name is None else f"{name}.{i}", op, prescale_factor,
+                                  postscale_factor, compression, process_set) for i, t in enumerate(tensors)]
+        return Handle(None, lambda _none: [p.wait() for p in parts], tensors, parts=parts)
     arrays = [as_array(t, name, f"grouped_allreduce (tensor {i})") for i, t in enumerate(tensors)]
-    inner = _cl.grouped_allreduce_async(arrays, op=op, name=name, prescale_factor=prescale_factor,
-                                        postscale_factor=postscale_factor, compression=compression)
+    submit = _cl.grouped_allreduce_async_ if inplace else _cl.grouped_allreduce_async
+    inner = submit(arrays, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                   compression=compression, **set_kwargs(process_set))
+    if inplace:
+        return Handle(inner, lambda _results: tensors, tensors)
     return Handle(inner, lambda results: [as_tensor(r) for r in results], tensors)
 
 
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=None, compression=Compression.none) -> Handle:
+    """Start reducing a list of tensors as one operation (one negotiation, fused); inputs unchanged."""
+    return _grouped_allreduce(tensors, False, name, resolve_op(op, average), prescale_factor,
+                              postscale_factor, compression, process_set)
+
+
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, compression=Compression.none) -> Handle:
+                             postscale_factor=1.0, process_set=None, compression=Compression.none) -> Handle:
     """Start reducing a list of tensors in place as one operation; ``synchronize`` returns the list."""
-    op = resolve_op(op, average)
-    tensors = list(tensors)
-    if _horovod_style(compression):
-        return _grouped_horovod(tensors, True, compression, name, op, prescale_factor, postscale_factor)
-    arrays = [as_array(t, name, f"grouped_allreduce (tensor {i})") for i, t in enumerate(tensors)]
-    inner = _cl.grouped_allreduce_async_(arrays, op=op, name=name, prescale_factor=prescale_factor,
-                                         postscale_factor=postscale_factor, compression=compression)
-    return Handle(inner, lambda _results: tensors, tensors)
-
-
-def _grouped_horovod(tensors, inplace, compression, name, op, prescale_factor, postscale_factor) -> Handle:
-    """A grouped allreduce with a Horovod-style compressor: each tensor compressed, the group reduced as
-    one operation, each result decompressed."""
-    for i, t in enumerate(tensors):
-        check_tensor(t, name, f"grouped_allreduce (tensor {i})")
-    pairs = [compression.compress(t) for t in tensors]
-    arrays = [as_array(c.contiguous(), name, f"grouped_allreduce (tensor {i})") for i, (c, _) in enumerate(pairs)]
-    inner = _cl.grouped_allreduce_async(arrays, op=op, name=name, prescale_factor=prescale_factor,
-                                        postscale_factor=postscale_factor)
-
-    def finish(results):
-        outs = [compression.decompress(as_tensor(r), ctx) for r, (_, ctx) in zip(results, pairs)]
-        return [t.copy_(o) for t, o in zip(tensors, outs)] if inplace else outs
-
-    return Handle(inner, finish, (tensors, pairs))
+    return _grouped_allreduce(tensors, True, name, resolve_op(op, average), prescale_factor,
+                              postscale_factor, compression, process_set)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                       compression=Compression.none):
+                       process_set=None, compression=Compression.none):
     """Reduce a list of tensors in place as one operation and return the list."""
-    op = resolve_op(op, average)
-    return synchronize(grouped_allreduce_async_(tensors, name=name, op=op, prescale_factor=prescale_factor,
-                                                postscale_factor=postscale_factor, compression=compression))
+    return synchronize(_grouped_allreduce(tensors, True, name, resolve_op(op, average), prescale_factor,
+                                          postscale_factor, compression, process_set))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=None):
+    """Horovod's sparse allreduce: allgather every rank's (index, value) pairs. Returns a function that
+    waits and returns the sparse result (duplicate indices are summed when it is coalesced or applied),
+    divided by the set's size for ``Average``."""
+    op = resolve_op(op)
+    if op not in (Sum, Average):
+        raise ValueError(f"sparse_allreduce_async of tensor {name!r}: sparse tensors are reduced with Sum or "
+                         f"Average, not {op.name}")
+    if not tensor.is_sparse:
+        raise TypeError(f"sparse_allreduce_async of tensor {name!r}: expected a sparse COO tensor; use "
+                        "allreduce_async for dense tensors")
+    source = tensor.coalesce()
+    indices = allgather_async(source.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    values = allgather_async(source.values().contiguous(), name=f"{name}.values", process_set=process_set)
+    divisor = set_size(process_set) if op is Average else 1
+
+    def wait():
+        gathered_values = synchronize(values)
+        gathered_indices = synchronize(indices)
+        if divisor != 1:
+            gathered_values = gathered_values / divisor
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, source.shape,
+                                       check_invariants=False)
+
+    return wait
 
 
 # --- allgather, broadcast -------------------------------------------------------------------------------
@@ -237,70 +308,104 @@ def _allgather_array(tensor, name) -> np.ndarray:
     return array
 
 
-def allgather_async(tensor, name=None) -> Handle:
+def allgather_async(tensor, name=None, process_set=None) -> Handle:
     """Start concatenating every rank's ``tensor`` along the first dimension (which may differ by rank)."""
-    return Handle(_cl.allgather_async(_allgather_array(tensor, name), name=name), _new, tensor)
+    return Handle(_cl.allgather_async(_allgather_array(tensor, name), name=name, **set_kwargs(process_set)),
+                  _new, tensor)
 
 
-def allgather_now(tensor, name=None):
+def allgather_now(tensor, name=None, process_set=None):
     """Concatenate every rank's ``tensor`` along the first dimension, synchronously; a new tensor."""
-    return as_tensor(_cl.allgather(_allgather_array(tensor, name), name=name))
+    return as_tensor(_cl.allgather(_allgather_array(tensor, name), name=name, **set_kwargs(process_set)))
 
 
-def broadcast_async(tensor, root_rank, name=None) -> Handle:
-    """Start copying ``root_rank``'s ``tensor`` into a new tensor on every rank; ``tensor`` is unchanged."""
+def grouped_allgather_async(tensors, name=None, process_set=None) -> Handle:
+    """Start allgathering a list of tensors as one call; ``synchronize`` returns the list of results."""
+    tensors = list(tensors)
+    arrays = [_allgather_array(t, name) for t in tensors]
+    inner = _cl.grouped_allgather_async(arrays, name=name, **set_kwargs(process_set))
+    return Handle(inner, lambda results: [as_tensor(r) for r in results], tensors)
+
+
+def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
+    """Start copying ``root_rank``'s ``tensor`` into a new tensor on every rank; ``tensor`` is unchanged.
+    ``root_rank`` is a world rank, also with ``process_set`` (as in Horovod)."""
     array = as_array(tensor, name, "broadcast")
-    return Handle(_cl.broadcast_async(array, root_rank, name=name), _new, tensor)
+    return Handle(_cl.broadcast_async(array, root_rank, name=name, **set_kwargs(process_set)), _new, tensor)
 
 
-def broadcast_async_(tensor, root_rank, name=None) -> Handle:
+def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     """Start overwriting ``tensor`` with ``root_rank``'s on every rank; ``synchronize`` returns ``tensor``."""
     array = as_array(tensor, name, "broadcast")
-    return Handle(_cl.broadcast_async_(array, root_rank, name=name), _same(tensor), tensor)
+    return Handle(_cl.broadcast_async_(array, root_rank, name=name, **set_kwargs(process_set)), _same(tensor),
+                  tensor)
 
 
-def broadcast_(tensor, root_rank, name=None):
+def broadcast_(tensor, root_rank, name=None, process_set=None):
     """Overwrite ``tensor`` with ``root_rank``'s on every rank and return it."""
-    _cl.broadcast_(as_array(tensor, name, "broadcast"), root_rank, name=name)
+    _cl.broadcast_(as_array(tensor, name, "broadcast"), root_rank, name=name, **set_kwargs(process_set))
     return tensor
 
 
-def broadcast_now(tensor, root_rank, name=None):
+def broadcast_now(tensor, root_rank, name=None, process_set=None):
     """``root_rank``'s ``tensor`` on every rank, synchronously, as a new tensor (``tensor`` unchanged)."""
-    return as_tensor(_cl.broadcast(as_array(tensor, name, "broadcast"), root_rank, name=name))
+    return as_tensor(_cl.broadcast(as_array(tensor, name, "broadcast"), root_rank, name=name,
+                                   **set_kwargs(process_set)))
 
 
 # --- reducescatter, alltoall ----------------------------------------------------------------------------
 
-def reducescatter_async(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
-                        postscale_factor=1.0) -> Handle:
-    """Start reducing ``tensor`` over all ranks and keep this rank's block of the first dimension.
+class _Scatter:
+    """One tensor's reducescatter, prepared as Horovod does it: refuse Adasum, apply the compressor's
+    cast (commlib's scaling, integer Average included, follows Horovod's arithmetic in the numpy API)."""
 
-    ``compression`` casts float32 to the codec's half type for the collective and back (as Horovod's
-    compressors do); ``prescale_factor`` multiplies a copy of the input, ``postscale_factor`` the output.
-    """
-    op = as_op(op)
-    check_tensor(tensor, name, "reducescatter")
-    if tensor.dim() == 0:
-        raise ValueError(f"reducescatter of tensor {name!r}: it splits the first dimension, but the tensor is "
-                         "a scalar; pass tensor.reshape(1)")
-    sent = tensor
-    if isinstance(compression, WireCodec) and tensor.dtype is torch.float32:
-        sent = tensor.to(_torch_dtype(compression.wire_dtype))
-    if prescale_factor != 1.0:
-        sent = sent * prescale_factor
-    original_dtype = tensor.dtype
+    def __init__(self, tensor, name, compression, op):
+        if op is Adasum:
+            raise CommlibError(f"reducescatter of tensor {name!r}: Adasum is not supported for reducescatter; "
+                               "use op=Sum or op=Average")
+        self.op = as_op(op)
+        check_tensor(tensor, name, "reducescatter")
+        if tensor.dim() == 0:
+            raise ValueError(f"reducescatter of tensor {name!r}: it splits the first dimension, but the tensor "
+                             "is a scalar; pass tensor.reshape(1)")
+        self.compression = compression
+        self.original_dtype = tensor.dtype
+        sent, self.context = compress(compression, tensor)
+        if isinstance(compression, WireCodec) and tensor.dtype is torch.float32:
+            sent = tensor.to(_torch_dtype(compression.wire_dtype))
+        self.sent = sent
+        self.array = as_array(sent, name, "reducescatter")
 
-    def finish(result):
-        out = as_tensor(result)
-        if out.dtype is not original_dtype:
-            out = out.to(original_dtype)
-        if postscale_factor != 1.0:
-            out.mul_(postscale_factor)
+    def finish(self, result):
+        out = decompress(self.compression, as_tensor(result), self.context)
+        if out.dtype is not self.original_dtype:
+            out = out.to(self.original_dtype)
         return out
 
-    return Handle(_cl.reducescatter_async(as_array(sent, name, "reducescatter"), op=op, name=name), finish,
-                  (tensor, sent))
+
+def reducescatter_async(tensor, name=None, compression=Compression.none, op=Average, prescale_factor=1.0,
+                        postscale_factor=1.0, process_set=None) -> Handle:
+    """Start reducing ``tensor`` over the ranks and keep this rank's block of the first dimension.
+
+    As Horovod: ``compression`` casts the tensor for the collective and back; ``prescale_factor``
+    multiplies each rank's input and ``postscale_factor`` the output (integers in float64, truncated).
+    """
+    job = _Scatter(tensor, name, compression, op)
+    inner = _cl.reducescatter_async(job.array, op=job.op, name=name, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, **set_kwargs(process_set))
+    return Handle(inner, job.finish, (tensor, job.sent))
+
+
+def grouped_reducescatter_async(tensors, name=None, compression=Compression.none, op=Average,
+                                prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> Handle:
+    """Start reducescattering a list of tensors as one call; ``synchronize`` returns the list of blocks."""
+    tensors = list(tensors)
+    jobs = [_Scatter(t, name, compression, op) for t in tensors]
+    inner = _cl.grouped_reducescatter_async([job.array for job in jobs], name=name, op=jobs[0].op if jobs else op,
+                                            prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                            **set_kwargs(process_set))
+    return Handle(inner, lambda results: [job.finish(r) for job, r in zip(jobs, results)],
+                  (tensors, [job.sent for job in jobs]))
 
 
 def _torch_dtype(numpy_dtype) -> torch.dtype:
@@ -310,8 +415,8 @@ def _torch_dtype(numpy_dtype) -> torch.dtype:
     raise TypeError(f"no torch dtype for {numpy_dtype}")
 
 
-def alltoall_async(tensor, splits=None, name=None) -> Handle:
-    """Start sending block ``i`` of ``tensor``'s first dimension to rank ``i``.
+def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
+    """Start sending block ``i`` of ``tensor``'s first dimension to rank ``i`` (of the set).
 
     ``splits`` (list, numpy array or int tensor, one entry per rank) gives the block sizes; by default
     the first dimension is split evenly. ``synchronize`` returns ``(output, received_splits)`` where
@@ -329,19 +434,20 @@ def alltoall_async(tensor, splits=None, name=None) -> Handle:
         output, received = result
         return as_tensor(output), torch.from_numpy(np.ascontiguousarray(received, dtype=np.int32))
 
-    return Handle(_cl.alltoall_async(array, splits=splits, name=name), finish, tensor)
+    return Handle(_cl.alltoall_async(array, splits=splits, name=name, **set_kwargs(process_set)), finish, tensor)
 
 
 # --- synchronization points -----------------------------------------------------------------------------
 
-def barrier() -> None:
-    """Block until every rank reached this call."""
-    _cl.barrier()
+def barrier(process_set=None) -> None:
+    """Block until every rank (of ``process_set``) reached this call."""
+    _cl.barrier(**set_kwargs(process_set))
 
 
 def join(device=-1) -> int:
     """Tell the other ranks this rank has no more data; block until all joined. Returns the last rank to
-    join. ``device`` is accepted for Horovod compatibility and must be -1 (CPU)."""
-    if device != -1:
-        raise ValueError(f"join(device={device}): commlib.torch has no GPU backend; use the default device=-1")
+    join. ``device`` (Horovod: the GPU for the zeros a joined rank contributes) is accepted and unused:
+    commlib.torch communicates CPU tensors only."""
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"join(device={device!r}): device is an integer (-1 for the CPU)")
     return int(_cl.join())

@@ -7,19 +7,20 @@ import torch
 import commlib as _cl
 
 from . import collectives as C
+from .collectives import set_kwargs
 
 
-def broadcast_object(obj=None, root_rank=0, name=None):
+def broadcast_object(obj=None, root_rank=0, name=None, process_set=None):
     """Return ``root_rank``'s picklable ``obj`` on every rank (other ranks' ``obj`` is ignored)."""
-    return _cl.broadcast_object(obj, root_rank=root_rank, name=name)
+    return _cl.broadcast_object(obj, root_rank=root_rank, name=name, **set_kwargs(process_set))
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=None):
     """Return the list of every rank's picklable ``obj``, in rank order."""
-    return _cl.allgather_object(obj, name=name)
+    return _cl.allgather_object(obj, name=name, **set_kwargs(process_set))
 
 
-def broadcast_parameters(params, root_rank):
+def broadcast_parameters(params, root_rank, process_set=None):
     """Overwrite parameters on every rank with ``root_rank``'s, in place.
 
     ``params`` is ``model.state_dict()`` (a dict, broadcast in sorted key order, so buffers such as
@@ -39,22 +40,29 @@ def broadcast_parameters(params, root_rank):
             raise TypeError(f"broadcast_parameters: {name or 'an entry'} is a {type(tensor).__name__}, "
                             "not a tensor; pass model.state_dict(), model.named_parameters() or a list of tensors")
         handles.append(C.broadcast_async_(tensor, root_rank,
-                                          name=None if name is None else f"broadcast_parameters.{name}"))
+                                          name=None if name is None else f"broadcast_parameters.{name}",
+                                          process_set=process_set))
     for handle in handles:
         C.synchronize(handle)
 
 
-def broadcast_optimizer_state(optimizer, root_rank):
+def broadcast_optimizer_state(optimizer, root_rank, process_set=None):
     """Give every rank ``root_rank``'s optimizer state and hyperparameters (learning rate, betas, ...).
 
     Works for state that does not exist yet (Adam before its first step: every rank ends with no state,
     and all create it identically on their first step) and for state that exists only on the root
     (resumed from a checkpoint there). Tensors travel by broadcast; the structure and any non-tensor
     values (scalars, tuples, nested lists) travel pickled with :func:`broadcast_object`. Unlike Horovod
-    it never runs a step with zero gradients to create the state, so parameters are never touched.
+    it never runs a step with zero gradients to create the state, so parameters are never touched; like
+    Horovod (which needs them for that step), it leaves a zero gradient on every parameter that requires
+    one and has none, so code written for Horovod finds ``p.grad`` set.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):  # a DistributedOptimizer is one too
         raise TypeError(f"broadcast_optimizer_state takes a torch optimizer, not {type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     state_dict = optimizer.state_dict()
     layout = None
     if _cl.rank() == root_rank:
@@ -64,7 +72,7 @@ def broadcast_optimizer_state(optimizer, root_rank):
                             for key, v in entries.items()}
                       for pid, entries in state_dict["state"].items()},
         }
-    layout = broadcast_object(layout, root_rank, name="broadcast_optimizer_state.layout")
+    layout = broadcast_object(layout, root_rank, name="broadcast_optimizer_state.layout", process_set=process_set)
 
     tensors = {}
     for pid, entries in layout["state"].items():
@@ -76,7 +84,8 @@ def broadcast_optimizer_state(optimizer, root_rank):
             else:
                 shape, dtype = spec
                 tensors[pid, key] = torch.empty(shape, dtype=dtype)
-    handles = [C.broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{pid}.{key}")
+    handles = [C.broadcast_async_(t, root_rank, name=f"broadcast_optimizer_state.{pid}.{key}",
+                                  process_set=process_set)
                for (pid, key), t in tensors.items()]
     for handle in handles:
         C.synchronize(handle)

@@ -29,8 +29,7 @@ import torch
 import commlib as _cl
 
 from . import collectives as C
-from .collectives import Average, Compression, Sum
-from ..ops import as_op
+from .collectives import Average, Compression, Sum, resolve_op, set_kwargs, set_size
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -43,12 +42,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
             from the position in ``param_groups``.
         compression: ``Compression.none``, ``.fp16`` or ``.bf16`` (half precision on the wire only).
         backward_passes_per_step: backward passes accumulated locally before gradients are communicated.
-        op: ``Average`` (default) or ``Sum`` (or Min/Max/Product).
+        op: ``Average`` (default) or ``Sum`` (or Min/Max/Product, or ``Adasum``: the gradients are combined
+            with Adasum, see :mod:`commlib.adasum`; Horovod's Adasum optimizer combines parameter deltas
+            after a local step instead, which this does not do).
         gradient_predivide_factor: with ``Average``, gradients are scaled by ``1/f`` before the sum and by
             ``f/size`` after it (helps against float16 overflow in the sum).
         groups: ``None``; an int n: parameters are split into n groups, each reduced as one grouped
             allreduce once all its gradients are ready; or a list of lists of parameters (the rest are
             reduced alone).
+        process_set: reduce among the ranks of this registered process set only (default: all ranks);
+            a rank outside it steps with its own gradients, as in Horovod.
         sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified for the
             allreduce and made sparse again; without it they are reduced as Horovod does, by an
             allgather of every rank's indices and values.
@@ -76,13 +79,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # to the wrapped optimizer and are exposed through the properties below.
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False):
+                 sparse_as_dense=False, process_set=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
         self._optimizer = optimizer
-        op = as_op(op)
+        op = resolve_op(op)
         if gradient_predivide_factor != 1.0 and op is not Average:
             raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average "
                              f"(got op={op.name}); it splits the averaging before and after the sum")
@@ -93,6 +96,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
+        self.process_set = process_set
 
         self._named = _named_parameters(optimizer, named_parameters)
         self._names = {}           # parameter -> allreduce name
@@ -108,7 +112,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
         for p in params:
             self._names[p] = self._named[p]
-        units = _form_units(params, self._names, groups)
+        # As Horovod: a rank outside the process set registers no hooks and steps with its own gradients.
+        self._included = process_set is None or bool(process_set.included())
+        units = _form_units(params, self._names, groups, process_set) if self._included else []
         # The hooks hold this object weakly and are removed when it is collected, so wrapping the same
         # parameters again later (a new optimizer after a checkpoint load) leaves no stale hooks behind.
         weakref.finalize(self, _remove_hooks, self._hooks)
@@ -159,6 +165,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __repr__(self):
         return f"DistributedOptimizer({self._optimizer!r})"
 
+    @property
+    def _parameter_names(self):
+        """parameter -> the name its gradient is reduced under (Horovod's attribute of the same name)."""
+        return self._names
+
     def state_dict(self):
         return self._optimizer.state_dict()
 
@@ -173,7 +184,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._optimizer.add_param_group(param_group)
         index = len(self.param_groups) - 1
         for j, p in enumerate(self.param_groups[-1]["params"]):
-            if p.requires_grad and p not in self._unit_of:
+            if p.requires_grad and p not in self._unit_of and self._included:
                 self._names[p] = self._named.get(p, f"allreduce.noname.{index}.{j}")
                 self._add_unit((p,))
 
@@ -227,7 +238,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         else:
             prescale = postscale = 1.0
         kwargs = dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale,
-                      compression=self.compression)
+                      compression=self.compression, process_set=self.process_set)
         if len(unit) == 1:
             handle = C.allreduce_async_(grads[0], name=self._names[unit[0]], **kwargs)
         else:
@@ -249,9 +260,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                       f"reduced with Sum or Average, not {self.op.name}")
         grad = p.grad.coalesce()
         name = self._names[p]
-        indices = C.allgather_async(grad.indices().t().contiguous(), name=name + ".indices")
-        values = C.allgather_async(grad.values().contiguous(), name=name + ".values")
-        divisor = _cl.size() if self.op is Average else 1
+        indices = C.allgather_async(grad.indices().t().contiguous(), name=name + ".indices",
+                                    process_set=self.process_set)
+        values = C.allgather_async(grad.values().contiguous(), name=name + ".values", process_set=self.process_set)
+        divisor = set_size(self.process_set) if self.op is Average else 1
 
         def wait():
             gathered_values = C.synchronize(values)
@@ -264,6 +276,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Wait until every gradient is averaged over ranks (starting the ones backward did not produce)."""
+        if not self._included:
+            self._synchronized = True
+            return
         error = None
         try:
             for unit in self._units:
@@ -382,7 +397,7 @@ def _named_parameters(optimizer, named_parameters):
     return names
 
 
-def _form_units(params, names, groups):
+def _form_units(params, names, groups, process_set):
     """The communication units: one per parameter, or Horovod's ``groups``."""
     if groups is None:
         return [(p,) for p in params]
@@ -403,7 +418,9 @@ def _form_units(params, names, groups):
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups should be a positive integer or a list of lists of parameters, got {groups!r}")
     # Use rank 0's parameter order so every rank forms the same groups.
-    order = _cl.broadcast_object([names[p] for p in params], root_rank=0, name="DistributedOptimizer.groups")
+    root = 0 if process_set is None else process_set.ranks[0]
+    order = _cl.broadcast_object([names[p] for p in params], root_rank=root, name="DistributedOptimizer.groups",
+                                 **set_kwargs(process_set))
     position = {name: i for i, name in enumerate(order)}
     ordered = sorted(params, key=lambda p: position.get(names[p], len(position)))
     base, extra = divmod(len(ordered), groups)

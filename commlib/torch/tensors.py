@@ -10,20 +10,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..dtypes import BFLOAT16
+from ..device import INSTALL_HINT, cuda_built
+from ..dtypes import BFLOAT16, TABLE
 from ..errors import CommlibError
 
-#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate.
-NUMPY_DTYPES = {
-    torch.float16: np.dtype(np.float16),
-    torch.bfloat16: BFLOAT16,
-    torch.float32: np.dtype(np.float32),
-    torch.float64: np.dtype(np.float64),
-    torch.int8: np.dtype(np.int8),
-    torch.uint8: np.dtype(np.uint8),
-    torch.int32: np.dtype(np.int32),
-    torch.int64: np.dtype(np.int64),
-}
+#: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate (commlib/dtypes.py),
+#: except bool, which Horovod's torch binding refuses too.
+NUMPY_DTYPES = {getattr(torch, row.torch): row.numpy for row in TABLE if row.kind != "bool"}
 
 
 class DeviceNotSupportedError(CommlibError, ValueError):
@@ -35,11 +28,12 @@ def check_tensor(tensor, name: str | None, what: str) -> None:
     label = f"{what} of tensor {name!r}" if name else what
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{label}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
+    # CUDA tensors go through commlib's API, which stages them through pinned host memory (docs/gpu.md)
+    if tensor.device.type != "cpu" and not (tensor.device.type == "cuda" and cuda_built()):
         if tensor.device.type == "cuda":
             raise DeviceNotSupportedError(
-                f"{label}: the tensor is on {tensor.device}, but commlib.torch is built without a CUDA backend "
-                "(cuda_built() is False); move it to the CPU with tensor.cpu() before communicating it")
+                f"{label}: the tensor is on {tensor.device}, but commlib cannot reach CUDA here (cuda_built() is "
+                f"False: no CuPy or no visible GPU); {INSTALL_HINT}, or move it to the CPU with tensor.cpu()")
         raise DeviceNotSupportedError(
             f"{label}: the tensor is on device {tensor.device}; commlib.torch only communicates CPU tensors")
     if tensor.is_sparse:
@@ -57,6 +51,8 @@ def as_array(tensor: torch.Tensor, name: str | None = None, what: str = "collect
     """The numpy array sharing ``tensor``'s memory, after :func:`check_tensor`."""
     check_tensor(tensor, name, what)
     data = tensor.detach()
+    if data.is_cuda:  # commlib's API takes device tensors as they are
+        return data
     if data.dtype is torch.bfloat16:
         return data.view(torch.int16).numpy().view(BFLOAT16)
     return data.numpy()
@@ -64,6 +60,8 @@ def as_array(tensor: torch.Tensor, name: str | None = None, what: str = "collect
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """The torch tensor sharing ``array``'s memory (the inverse of :func:`as_array`)."""
+    if isinstance(array, torch.Tensor):  # a CUDA result comes back as a tensor already
+        return array
     if array.dtype == BFLOAT16:
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)

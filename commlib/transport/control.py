@@ -1,15 +1,38 @@
 """The coordinator's control channel: small pickled messages between ranks, never blocking.
 
 Kept apart from the data communicators so that negotiation traffic can never match a collective's
-messages."""
+messages. Besides round messages it carries two kinds of its own, on the same tag so that MPI keeps them
+in order with everything else a rank sent (messages from one sender on one tag never overtake each
+other): a notice (a stall verdict, read outside the rounds) and a goodbye (a rank's very last message:
+once every peer's goodbye has arrived, nothing of theirs is still in flight, and the communicator can be
+freed without a stray message reaching a later communicator that reuses its context).
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from mpi4py import MPI
 
 _TAG = 7
+
+
+class _Notice:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __reduce__(self):
+        return (_Notice, (self.text,))
+
+
+class _Goodbye:
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (_Goodbye, ())
 
 
 class ControlChannel:
@@ -21,6 +44,8 @@ class ControlChannel:
         self.size = comm.Get_size()
         self._sends: list[MPI.Request] = []
         self._status = MPI.Status()
+        self.notices: list[tuple[int, str]] = []  # read by receive_all, not yet taken
+        self.farewells: set[int] = set()   # ranks whose goodbye has arrived
 
     def post(self, dest: int, message: Any) -> None:
         """Send ``message`` to ``dest`` without waiting for it to be received."""
@@ -28,19 +53,37 @@ class ControlChannel:
         if len(self._sends) > 64:
             self._reap()
 
+    def post_notice(self, dest: int, text: str) -> None:
+        """Send ``text`` outside the rounds: :meth:`receive_all` never returns it; :meth:`receive_notices`
+        does."""
+        self.post(dest, _Notice(text))
+
+    def post_goodbye(self, dest: int) -> None:
+        """This rank's last message to ``dest``."""
+        self.post(dest, _Goodbye())
+
     def receive_all(self) -> list[tuple[int, Any]]:
-        """Every message that has arrived, as (source, message), in arrival order per source."""
+        """Every round message that has arrived, as (source, message), in arrival order per source
+        (notices and goodbyes are kept aside)."""
         received = []
         status = self._status
         while True:
             msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=_TAG, status=status)
             if msg is None:
                 return received
-            received.append((status.Get_source(), msg.recv()))
+            source, message = status.Get_source(), msg.recv()
+            kind = type(message)
+            if kind is _Notice:
+                self.notices.append((source, message.text))
+            elif kind is _Goodbye:
+                self.farewells.add(source)
+            else:
+                received.append((source, message))
 
-    def ibarrier(self) -> "MPI.Request":
-        """A non-blocking barrier over the channel's ranks."""
-        return self._comm.Ibarrier()
+    def receive_notices(self) -> list[tuple[int, str]]:
+        """The notices :meth:`receive_all` has read since the last call, as (source, text)."""
+        notices, self.notices = self.notices, []
+        return notices
 
     def _reap(self) -> None:
         self._sends = [r for r in self._sends if not r.Test()]
@@ -50,6 +93,17 @@ class ControlChannel:
         if self._sends:
             MPI.Request.Waitall(self._sends)
             self._sends = []
+
+    def flush_for(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for every posted message to be delivered; True if all were."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._reap()
+            if not self._sends:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
 
     def close(self) -> None:
         self._reap()

@@ -2,8 +2,8 @@
 
 Data movement ignores element types: a buffer travels as unsigned integers of its item size (float16 and
 bfloat16 as MPI_UINT16_T), or as bytes for other item sizes. Only ``allreduce_native_`` needs the real
-type: the standard MPI types for float32/float64/int8/uint8/int32/int64, and for float16/bfloat16 (which
-MPI has no standard reduction for) user-defined MPI ops that call ``commlib.kernels.reduce_``. Those ops
+type: the MPI type of the dtype's row in :mod:`commlib.dtypes`, and for float16, bfloat16 and bool (which
+MPI has no standard sum for) user-defined MPI ops that call ``commlib.kernels.reduce_``. Those ops
 are created on first use, kept by this transport and freed by :meth:`MPITransport.free`.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernels
-from ..dtypes import BFLOAT16, FLOAT16
+from ..dtypes import BY_NUMPY
 from ..errors import CommlibError
 from ..ops import ReduceOp
 from .base import Transport
@@ -26,16 +26,6 @@ _MOVE = {
     2: (np.dtype(np.uint16), MPI.UINT16_T),
     4: (np.dtype(np.uint32), MPI.UINT32_T),
     8: (np.dtype(np.uint64), MPI.UINT64_T),
-}
-
-# Reduction: the MPI type whose arithmetic matches the numpy dtype.
-_REDUCE_TYPES = {
-    np.dtype(np.float32): MPI.FLOAT,
-    np.dtype(np.float64): MPI.DOUBLE,
-    np.dtype(np.int8): MPI.INT8_T,
-    np.dtype(np.uint8): MPI.UINT8_T,
-    np.dtype(np.int32): MPI.INT32_T,
-    np.dtype(np.int64): MPI.INT64_T,
 }
 
 _MPI_OPS = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD}
@@ -135,15 +125,17 @@ class MPITransport(Transport):
         if run is not None:
             return run
         allreduce, in_place = self._comm.Allreduce, MPI.IN_PLACE
-        if dtype in (FLOAT16, BFLOAT16):  # reduced by commlib's C kernels, registered as an MPI op
-            half_op = self._half_ops[key] = _half_op(dtype, op)
+        row = BY_NUMPY.get(dtype)
+        if row is None:
+            raise CommlibError(f"native allreduce cannot reduce dtype {dtype}")
+        if row.mpi is None:  # reduced by commlib's C kernels, registered as an MPI op
+            kernel_op = self._half_ops[key] = _half_op(dtype, op)
+            move_dtype, move_type = _MOVE[dtype.itemsize]
 
             def run(buf):
-                allreduce(in_place, [buf.view(np.uint16), MPI.UINT16_T], half_op)
+                allreduce(in_place, [buf.view(move_dtype), move_type], kernel_op)
         else:
-            mpitype = _REDUCE_TYPES.get(dtype)
-            if mpitype is None:
-                raise CommlibError(f"native allreduce cannot reduce dtype {dtype}")
+            mpitype = getattr(MPI, row.mpi)
             mpi_op = _MPI_OPS[op]
 
             def run(buf):

@@ -12,12 +12,15 @@ import commlib as cl
 
 cl.init()
 rank, size = cl.rank(), cl.size()
-DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.uint8, np.int32, np.int64]
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8, np.uint8, np.int16, np.int32, np.int64,
+          np.bool_]
 OPS = {cl.Sum: np.add, cl.Min: np.minimum, cl.Max: np.maximum, cl.Product: np.multiply}
 
 
 def inputs(seed, count, dtype, r):
     rng = np.random.default_rng(seed * 1000 + r)
+    if np.dtype(dtype).kind == "b":
+        return rng.random(count) < 0.5
     if np.dtype(dtype).kind in "iu":
         return rng.integers(0, 3, count).astype(dtype)  # small: products and sums stay exact
     return rng.uniform(-2, 2, count).astype(dtype)
@@ -25,6 +28,10 @@ def inputs(seed, count, dtype, r):
 
 def reference(seed, count, dtype, op):
     parts = [inputs(seed, count, dtype, r).astype(np.float64) for r in range(size)]
+    if np.dtype(dtype).kind == "b":  # Sum and Max: or; Product and Min: and
+        return (np.any if op in (cl.Sum, cl.Max) else np.all)(np.array(parts, bool), axis=0).astype(np.float64)
+    if op is cl.Average and np.dtype(dtype).kind in "iu":  # as Horovod: the sum times 1/size, truncated
+        return np.trunc(np.sum(parts, axis=0) * (1.0 / size))
     if op is cl.Average:
         return np.sum(parts, axis=0) / size
     out = parts[0]
@@ -39,7 +46,7 @@ def check(name, got, want, dtype):
     if dtype == np.dtype(ml_dtypes.bfloat16):
         tol = 4e-2 * size
     got64 = np.asarray(got).astype(np.float64)
-    if dtype.kind in "iu":
+    if dtype.kind in "iub":
         want = want.astype(dtype).astype(np.float64)  # wraps like the dtype
     if not np.allclose(got64, want, rtol=tol, atol=tol, equal_nan=True):
         bad = np.flatnonzero(~np.isclose(got64.ravel(), want.ravel(), rtol=tol, atol=tol))
@@ -52,7 +59,7 @@ seed = 0
 # allreduce: every op x dtype x size, sync out-of-place and in-place
 for dtype in DTYPES:
     for op in [cl.Sum, cl.Average, cl.Min, cl.Max, cl.Product]:
-        if op is cl.Average and np.dtype(dtype).kind in "iu":
+        if op is cl.Average and np.dtype(dtype).kind == "b":
             continue
         for count in sizes:
             seed += 1
@@ -71,13 +78,13 @@ order = np.random.default_rng(rank).permutation(len(names))
 handles = {}
 for i in order:
     dtype = DTYPES[i % len(DTYPES)]
-    if np.dtype(dtype).kind in "iu":
+    if np.dtype(dtype).kind in "iub":
         handles[i] = cl.allreduce_async(inputs(5000 + i, 1 + i % 50, dtype, rank), op=cl.Sum, name=names[i])
     else:
         handles[i] = cl.allreduce_async(inputs(5000 + i, 1 + i % 50, dtype, rank), op=cl.Average, name=names[i])
 for i in range(len(names)):
     dtype = DTYPES[i % len(DTYPES)]
-    op = cl.Sum if np.dtype(dtype).kind in "iu" else cl.Average
+    op = cl.Sum if np.dtype(dtype).kind in "iub" else cl.Average
     check(names[i], cl.synchronize(handles[i]), reference(5000 + i, 1 + i % 50, dtype, op), dtype)
 
 # thousands of small tensors, twice (the second time through the cache)
@@ -138,6 +145,19 @@ full = np.stack([reference(30 + r, 4, np.float32, cl.Sum) for r in range(rows)])
 counts = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
 start = sum(counts[:rank])
 check("reducescatter", got, full[start:start + counts[rank]], np.float32)
+
+# reducescatter of integers with Average and scale factors, as Horovod on the CPU: each rank's input times
+# the prescale, truncated; the sum times postscale / size (Average), truncated
+for dtype in (np.int32, np.int64, np.int16):
+    x = (np.stack([inputs(40 + r, 3, dtype, rank) for r in range(rows)]).astype(np.int64) * 7 - 5).astype(dtype)
+    every = [(np.stack([inputs(40 + r, 3, dtype, q) for r in range(rows)]).astype(np.int64) * 7 - 5) for q in range(size)]
+    pre = [np.trunc(e * 0.6) for e in every]
+    want = np.trunc(np.sum(pre, axis=0) * (1.5 / size))
+    got = cl.reducescatter(x, op=cl.Average, prescale_factor=0.6, postscale_factor=1.5, name=f"rs.int.{dtype.__name__}")
+    assert got.dtype == np.dtype(dtype)
+    check(f"reducescatter {dtype.__name__} average scaled", got, want[start:start + counts[rank]], dtype)
+    got = cl.allreduce(x, op=cl.Average, prescale_factor=0.6, postscale_factor=1.5, name=f"ar.int.{dtype.__name__}")
+    check(f"allreduce {dtype.__name__} average scaled", got, want, dtype)
 
 # alltoall with uneven splits: rank r sends (r + d) % 3 rows to rank d
 splits = [(rank + d) % 3 for d in range(size)]

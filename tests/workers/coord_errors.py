@@ -51,8 +51,8 @@ elif case == "noncontiguous":
 elif case == "unsupported_dtype":
     dt = np.complex64 if rank == 0 else np.float32
     expect_error(lambda: cl.allreduce(np.zeros(3, dt), name="w"), "'w'", "complex64")
-elif case == "average_int":
-    expect_error(lambda: cl.allreduce(np.zeros(3, np.int32), op=cl.Average, name="w"), "'w'", "Average")
+elif case == "average_bool":
+    expect_error(lambda: cl.allreduce(np.zeros(3, np.bool_), op=cl.Average, name="w"), "'w'", "Average", "bool")
 elif case == "bad_algorithm":
     expect_error(lambda: cl.allreduce(np.zeros(3), algorithm="fastest", name="w"), "fastest", "ring")
 elif case == "readonly":
@@ -62,6 +62,12 @@ elif case == "readonly":
 elif case == "reuse":
     h = cl.allreduce_async(np.zeros(3), name="w")
     expect_error(lambda: cl.allreduce_async(np.zeros(3), name="w"), "'w'", "already in flight")
+    try:  # a ValueError too, as Horovod raises
+        cl.allreduce_async(np.zeros(3), name="w")
+    except ValueError as exc:
+        assert isinstance(exc, cl.CommlibError) and "already in flight" in str(exc)
+    else:
+        raise AssertionError("no ValueError")
     cl.synchronize(h)
 elif case == "stall":
     # rank 0 never submits 'w': the others must fail after COMMLIB_STALL_SHUTDOWN_TIME

@@ -24,7 +24,23 @@ from commlib.transport.mpi import MPITransport
 from worker import expect_error, run
 
 REL = {FLOAT16: 2.0 ** -9, BFLOAT16: 2.0 ** -6, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
-MOVABLE = list(REDUCIBLE) + [np.dtype(np.bool_), np.dtype(np.complex128), np.dtype(np.int16)]
+MOVABLE = list(REDUCIBLE) + [np.dtype(np.complex128)]
+
+
+def expected(inputs, op, dtype, p, postscale=1.0):
+    """The reduction as documented: bool by logic, integers exactly (an Average or a factor as Horovod:
+    float64 product, truncated), floating types in float64."""
+    stack = np.stack(inputs)
+    if dtype.kind == "b":
+        return (np.any if op in (ReduceOp.SUM, ReduceOp.MAX) else np.all)(stack, axis=0)
+    if dtype.kind in "iu":
+        total = {ReduceOp.SUM: stack.sum(0), ReduceOp.AVERAGE: stack.sum(0), ReduceOp.MIN: stack.min(0),
+                 ReduceOp.MAX: stack.max(0), ReduceOp.PRODUCT: stack.prod(0)}[op].astype(dtype)
+        factor = postscale / p if op is ReduceOp.AVERAGE and p > 1 else postscale
+        return total if factor == 1.0 else np.trunc(total.astype(np.float64) * factor).astype(dtype)
+    wide = stack.astype(np.float64)
+    return {ReduceOp.SUM: wide.sum(0), ReduceOp.AVERAGE: wide.sum(0) / p, ReduceOp.MIN: wide.min(0),
+            ReduceOp.MAX: wide.max(0), ReduceOp.PRODUCT: wide.prod(0)}[op] * postscale
 
 
 def data(rank: int, shape, dtype, salt: int = 0) -> np.ndarray:
@@ -66,16 +82,14 @@ def main() -> None:
     for algorithm in (None, "ring", "rabenseifner", "hierarchical", "native"):
         for dtype in REDUCIBLE:
             for op in ops:
-                if op is ReduceOp.AVERAGE and dtype.kind in "iu":
+                if op is ReduceOp.AVERAGE and dtype.kind == "b":
                     continue
                 for shape in shapes:
                     inputs = [data(r, shape, dtype, int(op)) for r in range(p)]
                     buf = inputs[rank].copy()
                     out = engine.allreduce_(buf, op, algorithm=algorithm, name="t")
                     assert out is buf
-                    stack = np.stack(inputs).astype(np.float64 if dtype.kind not in "iu" else dtype)
-                    want = {ReduceOp.SUM: stack.sum(0), ReduceOp.AVERAGE: stack.sum(0) / p, ReduceOp.MIN: stack.min(0),
-                            ReduceOp.MAX: stack.max(0), ReduceOp.PRODUCT: stack.prod(0)}[op]
+                    want = expected(inputs, op, dtype, p)
                     close(buf, want, dtype, f"allreduce_ {algorithm} {dtype} {op.name} {shape}", p)
                     checks += 1
     # prescale / postscale, with Average and codecs.
@@ -90,6 +104,23 @@ def main() -> None:
                 want = np.stack(inputs).astype(np.float64).sum(0) * 1.5 / (p if op is ReduceOp.AVERAGE else 1)
                 close(buf, want, dtype, f"scaled {dtype} {op.name} {codec}", p, codec and codec.wire_dtype)
                 checks += 1
+    # integers with scale factors and Average, as Horovod on the CPU: each product in float64, truncated
+    # toward zero (prescale on every rank's input, postscale and Average's 1/p in one pass on the result).
+    for algorithm in (None, "ring", "native"):
+        for dtype in map(np.dtype, (np.uint8, np.int8, np.int16, np.int32, np.int64)):
+            for op in (ReduceOp.SUM, ReduceOp.AVERAGE):
+                shift = 0 if dtype.kind == "u" else 2
+                inputs = [(data(r, (7, 3), dtype, 9).astype(np.int64) * 3 - shift).astype(dtype) for r in range(p)]
+                buf = inputs[rank].copy()
+                engine.allreduce_(buf, op, algorithm=algorithm, prescale=0.7, postscale=1.9)
+                pre = [np.trunc(x.astype(np.float64) * 0.7).astype(dtype) for x in inputs]
+                close(buf, expected(pre, op, dtype, p, postscale=1.9), dtype,
+                      f"scaled {algorithm} {dtype} {op.name}", p)
+                got = engine.reducescatter(inputs[rank], op, prescale=0.7, postscale=1.9)
+                rows = partition.offsets(7, p)
+                close(got, expected(pre, op, dtype, p, postscale=1.9)[rows[rank]:rows[rank + 1]], dtype,
+                      f"scaled reducescatter {dtype} {op.name}", p)
+                checks += 2
     # fp16 codec: values up to 65504 * p stay finite (divided by p on the wire); beyond that, inf + warning.
     big = np.full(5, 60000.0, np.float32)
     with warnings.catch_warnings():
@@ -133,13 +164,12 @@ def main() -> None:
     # reducescatter: earlier ranks take the extra rows; Average divides by the size.
     for dtype in REDUCIBLE:
         for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX):
-            if op is ReduceOp.AVERAGE and dtype.kind in "iu":
+            if op is ReduceOp.AVERAGE and dtype.kind == "b":
                 continue
             for shape in ((0,), (1,), (max(p - 1, 1), 2), (7, 3), (2 * p + 1,)):
                 inputs = [data(r, shape, dtype, 17) for r in range(p)]
                 got = engine.reducescatter(inputs[rank], op)
-                stack = np.stack(inputs).astype(np.float64 if dtype.kind not in "iu" else dtype)
-                full = stack.max(0) if op is ReduceOp.MAX else stack.sum(0) / (p if op is ReduceOp.AVERAGE else 1)
+                full = expected(inputs, op, dtype, p)
                 rows = partition.offsets(shape[0], p)
                 close(got, full[rows[rank]:rows[rank + 1]], dtype, f"reducescatter {dtype} {op.name} {shape}", p)
                 checks += 1
@@ -170,8 +200,8 @@ def main() -> None:
     expect_error(ConfigError, "unknown algorithm", lambda: engine.allreduce_(f32, "sum", algorithm="fastest"), "bad algorithm")
     expect_error(ConfigError, "native", lambda: engine.allreduce_(f32, "sum", algorithm="native", codec=Compression.fp16),
                  "native with codec")
-    expect_error(UnsupportedDtypeError, "Average", lambda: engine.allreduce_(np.ones(3, np.int32), "average"), "int average")
-    expect_error(TypeError, "prescale", lambda: engine.allreduce_(np.ones(3, np.int8), "sum", prescale=2.0), "int prescale")
+    expect_error(UnsupportedDtypeError, "Average", lambda: engine.allreduce_(np.ones(3, np.bool_), "average"), "bool average")
+    expect_error(TypeError, "prescale", lambda: engine.allreduce_(np.ones(3, np.bool_), "sum", prescale=2.0), "bool prescale")
     expect_error(TypeError, "float32", lambda: engine.allreduce_(np.ones(3), "sum", codec=Compression.bf16), "codec on float64")
     expect_error(CommlibError, "root", lambda: engine.broadcast_(f32, p), "bad root")
     if p > 1:

@@ -13,8 +13,8 @@ import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close, expect_error
 from worker import run
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32,
-          torch.int64]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
+          torch.int32, torch.int64]
 
 
 def data(r, shape, dtype=torch.float32):
@@ -34,12 +34,13 @@ def reference(shape, dtype, op, n):
 def check_queries():
     assert hvd.mpi_built() is True and hvd.mpi_enabled() is True
     assert hvd.nccl_built() == 0 and type(hvd.nccl_built()) is int
-    for query in (hvd.gloo_built, hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built, hvd.cuda_built, hvd.rocm_built):
+    for query in (hvd.gloo_built, hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built, hvd.rocm_built):
         assert query() is False, query.__name__
     assert isinstance(hvd.mpi_threads_supported(), bool)
     assert hvd.is_initialized()
     assert 0 <= hvd.local_rank() < hvd.local_size() and 0 <= hvd.cross_rank() < hvd.cross_size()
     import commlib
+    assert hvd.cuda_built() is commlib.cuda_built()   # CuPy and a GPU (docs/gpu.md)
 
     assert hvd.HorovodInternalError is commlib.CollectiveError
     assert hvd.Compression is commlib.Compression
@@ -208,14 +209,14 @@ def check_autograd(r, n):
     (hvd.broadcast(x, root) * w(r, (4,))).sum().backward()
     expected = torch.stack([w(k, (4,)) for k in range(n)]).mean(0) if r == root else torch.zeros(4)
     close(x.grad, expected, "broadcast grad")
-    # reducescatter: allgather of the gradient times the forward's scale
+    # reducescatter: allgather of the gradient times the scale factors, and times size for Sum (Horovod)
     rows = 2 * n + 1
     sizes = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
     for op in (hvd.Sum, hvd.Average):
         x = data(r, (rows, 2)).requires_grad_()
         (hvd.reducescatter(x, op=op, prescale_factor=2.0) * w(r, (sizes[r], 2))).sum().backward()
         gathered = torch.cat([w(k, (sizes[k], 2)) for k in range(n)]) * 2.0
-        close(x.grad, gathered / n if op is hvd.Average else gathered, f"reducescatter grad {op.name}")
+        close(x.grad, gathered * n if op is hvd.Sum else gathered, f"reducescatter grad {op.name}")
     # alltoall: the reverse alltoall; rank r sends k + 1 rows to rank k
     splits = [k + 1 for k in range(n)]
     x = data(r, (sum(splits), 2)).requires_grad_()
@@ -239,12 +240,13 @@ def check_misuse(r, n):
     expect_error(ValueError, lambda: hvd.allreduce(x.t()[:, :2], name="nc"), "not contiguous", "contiguous()")
     expect_error(ValueError, lambda: hvd.allreduce_(x[:, 1]), "not contiguous")
     expect_error(TypeError, lambda: hvd.allreduce(torch.zeros(3, dtype=torch.bool)), "dtype torch.bool")
-    expect_error(TypeError, lambda: hvd.broadcast_(torch.zeros(3, dtype=torch.int16), 0), "torch.int16")
+    expect_error(TypeError, lambda: hvd.allreduce(torch.zeros(3, dtype=torch.complex64)), "dtype torch.complex64")
+    expect_error(TypeError, lambda: hvd.broadcast_(torch.zeros(3, dtype=torch.uint16), 0), "torch.uint16")
     expect_error(hvd.DeviceNotSupportedError, lambda: hvd.allreduce(torch.zeros(3, device="meta")),
                  "device meta", "CPU")
-    if torch.cuda.is_available():  # no CUDA on the test machine; the message is checked when there is one
+    if torch.cuda.is_available() and not hvd.cuda_built():  # CUDA without CuPy: says what to install
         expect_error(hvd.DeviceNotSupportedError, lambda: hvd.allreduce(torch.zeros(3, device="cuda")),
-                     "without a CUDA backend")
+                     "cuda_built() is False", "commlib[cuda12]")
     expect_error(ValueError, lambda: hvd.allreduce(torch.zeros(2), op=hvd.Sum, average=True), "either op")
     expect_error(NotImplementedError, lambda: hvd.start_timeline("/tmp/x.json", mark_cycles=True), "mark_cycles")
     if n > 1:

@@ -1,0 +1,244 @@
+"""``commlib-bench --calibrate``: fit the cost model's parameters on the user's own job and write the profile.
+
+What is measured (every rank takes part; figures are combined so that every rank fits the same model):
+
+- each link class through commlib's own transport (what the schedules use): rank 0 and the next rank of
+  its node (within a node), rank 0 and the first rank of the next node (between nodes); ``alpha`` = half
+  the round trip of 8 bytes (ping-pong), ``beta`` = the extra time per byte of a large message when both
+  send at once (``sendrecv``, as every step of a schedule does); the other ranks wait;
+- the local kernels on every rank at once (as during an allreduce): reduce, copy, and each codec's encode
+  and decode over 16 MiB of float32 (the slowest rank counts);
+- MPI's own allreduce (``native``) at 8 bytes and at 1 and 16 MiB: its latency per log2(p) step, and its
+  bandwidth as a multiple of a ring's transfer time (least squares on the large sizes);
+- the fixed Python cost of a schedule: recursive doubling on 8 bytes, less what the links predict;
+- the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import statistics
+import time
+
+import numpy as np
+
+from .. import kernels
+from ..algorithms import cost, select
+from ..compression import Compression
+from ..ops import ReduceOp
+
+_SMALL = 8
+_KERNEL_BYTES = 16 << 20
+_NATIVE_SIZES = (1 << 20, 16 << 20)
+
+
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _ping_pong(transport, comm, peer: int | None, nbytes: int, reps: int) -> float:
+    """Median round trip of ``nbytes`` between rank 0 and ``peer`` (seconds; 0 on the other ranks)."""
+    rank = transport.rank
+    buf = np.zeros(max(nbytes, 1), np.uint8)
+    comm.Barrier()
+    if peer is None or rank not in (0, peer):
+        comm.Barrier()
+        return 0.0
+    other = peer if rank == 0 else 0
+    times = []
+    for i in range(reps + 2):
+        start = time.perf_counter()
+        if rank == 0:
+            transport.send(buf, other)
+            transport.recv(buf, other)
+        else:
+            transport.recv(buf, other)
+            transport.send(buf, other)
+        if i >= 2:  # the first exchanges set up the connection
+            times.append(time.perf_counter() - start)
+    comm.Barrier()
+    return statistics.median(times)
+
+
+def _message_cost(transport, comm, peer: int | None, nbytes: int = 4 << 20, pieces: int = 32) -> float:
+    """The extra cost of one more message in a pipelined step: ``nbytes`` sent from rank 0 to ``peer`` as
+    ``pieces`` posted messages against one (median of 5), per extra message."""
+    if peer is None:
+        return 0.0
+    rank = transport.rank
+    buf = np.zeros(nbytes, np.uint8)
+
+    def once(parts: int) -> None:
+        size = nbytes // parts
+        if rank == 0:
+            transport.waitall([transport.isend(buf[i * size:(i + 1) * size], peer) for i in range(parts)])
+            transport.recv(buf[:1], peer)
+        else:
+            transport.waitall([transport.irecv(buf[i * size:(i + 1) * size], 0) for i in range(parts)])
+            transport.send(buf[:1], 0)
+
+    comm.Barrier()
+    extra = 0.0
+    if rank in (0, peer):
+        for parts in (1, pieces):
+            once(parts)  # warm up
+        whole = _median_time(lambda: once(1), 5)
+        cut = _median_time(lambda: once(pieces), 5)
+        extra = max(cut - whole, 0.0) / (pieces - 1)
+    comm.Barrier()
+    return comm.bcast(extra, root=0)
+
+
+def _swap(transport, comm, peer: int | None, nbytes: int, reps: int) -> float:
+    """Median time of rank 0 and ``peer`` sending each other ``nbytes`` at once (``sendrecv``), as every
+    step of a schedule does: within a node both copies compete for memory, so this, not a ping-pong,
+    is the bandwidth a schedule sees."""
+    rank = transport.rank
+    out, into = np.zeros(nbytes, np.uint8), np.zeros(nbytes, np.uint8)
+    comm.Barrier()
+    t = 0.0
+    if peer is not None and rank in (0, peer):
+        other = peer if rank == 0 else 0
+        transport.sendrecv(out, other, into, other)  # warm up
+        t = _median_time(lambda: transport.sendrecv(out, other, into, other), reps)
+    comm.Barrier()
+    return t
+
+
+def _link(transport, comm, peer: int | None, large: int, reps_large: int) -> tuple[cost.Link | None, dict]:
+    """Fit one link class between rank 0 and ``peer`` (None on every rank: no such pair): ``alpha`` from an
+    8-byte ping-pong, ``beta`` from simultaneous exchanges of 8 bytes and ``large`` bytes."""
+    if peer is None:
+        return None, {}
+    small = _ping_pong(transport, comm, peer, _SMALL, 200)
+    swap_small = _swap(transport, comm, peer, _SMALL, 50)
+    swap_big = _swap(transport, comm, peer, large, reps_large)
+    small, swap_small, swap_big = comm.bcast((small, swap_small, swap_big), root=0)
+    alpha = small / 2
+    beta = max(swap_big - swap_small, 1e-12) / (large - _SMALL)
+    return cost.Link(alpha, beta), {"peer": peer, "round_trip_8B_s": small, "exchange_8B_s": swap_small,
+                                    f"exchange_{large}B_s": swap_big}
+
+
+def _kernels(comm) -> dict:
+    """Seconds per float32 byte of each local kernel, on every rank at once; the slowest rank's."""
+    n = _KERNEL_BYTES // 4
+    a = np.ones(n, np.float32)
+    b = np.ones(n, np.float32)
+    rates = {}
+    comm.Barrier()
+    rates["reduce_s_per_byte"] = _median_time(lambda: kernels.reduce_(a, b, ReduceOp.SUM), 5) / a.nbytes
+    rates["copy_s_per_byte"] = _median_time(lambda: np.copyto(a, b), 5) / a.nbytes
+    for name in ("fp16", "bf16"):
+        codec = getattr(Compression, name)
+        wire = np.empty(n, codec.wire_dtype)
+        enc = _median_time(lambda: codec.encode(b, wire), 5)
+        dec = _median_time(lambda: codec.decode(wire, a), 5)
+        rates[f"codec_{name}"] = (enc + dec) / 2 / a.nbytes
+    keys = sorted(rates)
+    slowest = np.array([rates[k] for k in keys])
+    comm.Allreduce(_in_place(), slowest, op=_max_op())
+    return dict(zip(keys, slowest.tolist()))
+
+
+def _in_place():
+    from mpi4py import MPI
+
+    return MPI.IN_PLACE
+
+
+def _max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX
+
+
+def _native(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float, float, dict]:
+    """MPI's allreduce: (latency per log2 step, bandwidth factor, the raw times)."""
+    p = shape.ranks
+    raw = {}
+    for nbytes, reps in ((_SMALL, 200),) + tuple((s, 5) for s in _NATIVE_SIZES):
+        buf = np.ones(nbytes // 4 or 1, np.float32)
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm="native")  # warm up
+        comm.Barrier()
+        raw[nbytes] = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm="native"), reps)
+    raw = comm.bcast({k: comm.allreduce(v, op=_max_op()) for k, v in raw.items()}, root=0)
+    steps = max(1, math.ceil(math.log2(p)))
+    alpha = raw[_SMALL] / steps
+    unit = dataclasses.replace(model, native_alpha_s=0.0, native_beta_factor=1.0)
+    xs = [cost.native(unit, n, shape) for n in _NATIVE_SIZES]
+    ys = [raw[n] - alpha * steps for n in _NATIVE_SIZES]
+    factor = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs) if any(xs) else 1.0
+    return alpha, max(factor, 0.0), {str(k): v for k, v in raw.items()}
+
+
+def _call_overhead(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float, float]:
+    """The fixed Python cost per call, from recursive doubling on 8 bytes (and that time)."""
+    buf = np.ones(2, np.float32)
+    for _ in range(20):
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm="recursive_doubling")
+    comm.Barrier()
+    t = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm="recursive_doubling"), 300)
+    t = comm.allreduce(t, op=_max_op())
+    predicted = cost.recursive_doubling(dataclasses.replace(model, call_s=0.0), buf.nbytes, shape)
+    return max(t - predicted, 1e-6), t
+
+
+def calibrate(engine, comm) -> tuple[cost.CostModel, dict]:
+    """Collective: measure, fit, and return (the model, the raw measurements); every rank returns the same."""
+    topo = engine.topology
+    shape = select.shape_of(engine.context)
+    transport = engine.transport
+    same_node = [r for r in range(topo.size) if r and topo.node_of_rank[r] == topo.node_of_rank[0]]
+    other_node = [r for r in range(topo.size) if topo.node_of_rank[r] != topo.node_of_rank[0]]
+    measured: dict = {}
+    intra, measured["intra"] = _link(transport, comm, same_node[0] if same_node else None, 16 << 20, 10)
+    inter, measured["inter"] = _link(transport, comm, other_node[0] if other_node else None, 4 << 20, 5)
+    rates = _kernels(comm)
+    measured["kernels"] = rates
+    defaults = cost.DEFAULTS
+    model = dataclasses.replace(
+        defaults,
+        intra=intra or defaults.intra,
+        inter=inter or defaults.inter,
+        reduce_s_per_byte=rates["reduce_s_per_byte"],
+        copy_s_per_byte=rates["copy_s_per_byte"],
+        codec_s_per_byte={"fp16": rates["codec_fp16"], "bf16": rates["codec_bf16"]},
+        message_s=_message_cost(transport, comm, (same_node or other_node or [None])[0]),
+        source="calibration")
+    if topo.size > 1:
+        alpha, factor, measured["native"] = _native(engine, comm, model, shape)
+        model = dataclasses.replace(model, native_alpha_s=alpha, native_beta_factor=factor)
+        call, measured["rd_8B_s"] = _call_overhead(engine, comm, model, shape)
+        model = dataclasses.replace(model, call_s=call)
+    measured["defaults_used_for"] = [name for name, link in (("intra", intra), ("inter", inter)) if link is None]
+    return model, measured
+
+
+def document(model: cost.CostModel, shape: cost.Shape, measured: dict, command: str) -> dict:
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return cost.profile_document(model, shape, command, date, measured)
+
+
+def describe(model: cost.CostModel) -> list[str]:
+    """``#`` lines with the model's parameters in readable units."""
+    def link(name, l):
+        return (f"# {name:<6} alpha {l.alpha_s * 1e6:8.1f} us   beta {1 / l.beta_s_per_byte / 1e9:8.3f} GB/s"
+                if l.beta_s_per_byte else f"# {name:<6} alpha {l.alpha_s * 1e6:8.1f} us")
+
+    def rate(s):
+        return f"{1 / s / 1e9:.2f} GB/s" if s else "inf"
+    codecs = ", ".join(f"{k} {rate(v)}" for k, v in model.codec_s_per_byte.items())
+    return [f"# cost model ({model.source}):",
+            link("intra", model.intra), link("inter", model.inter),
+            f"# reduce {rate(model.reduce_s_per_byte)}, copy {rate(model.copy_s_per_byte)}, codecs: {codecs}",
+            f"# per call {model.call_s * 1e6:.1f} us, per extra segment {model.message_s * 1e6:.1f} us; "
+            f"native: {model.native_alpha_s * 1e6:.1f} us per log2(p) step, "
+            f"{model.native_beta_factor:.2f} x a ring's transfer time"]

@@ -1,0 +1,1 @@
+"""The background coordinator: negotiation in rounds, fusion, execution lanes (docs/coordinator.md)."""

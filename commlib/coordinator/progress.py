@@ -1,0 +1,115 @@
+"""Who drives the coordinator's cycle, and how a driver waits: polling, yielding, sleeping.
+
+A thread waiting in ``synchronize`` (or a synchronous call) runs the cycle itself, because a thread
+hand-off costs ~50 us on this machine. The background thread runs it when nobody waits (asynchronous
+submissions, rank 0's stall check) and otherwise sleeps, reading messages every ``IDLE_POLL_S``. How
+long a driver waits between cycles that made no progress is :mod:`.backoff`'s policy, in one place.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .backoff import Backoff
+
+REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
+IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
+
+
+class Progress:
+    """Runs ``coordinator.cycle()`` from waiting user threads and from one background thread.
+
+    The coordinator provides ``cycle() -> bool`` (True if it made progress), ``has_work()``,
+    ``undecided()`` (requests announced and not yet decided), ``fail(exc)``, ``check_usable()``, and
+    ``lanes_threaded``."""
+
+    def __init__(self, coordinator, cycle_s: float, name: str = "commlib-coordinator"):
+        self._coordinator = coordinator
+        self._cycle_s = cycle_s
+        self._backoff = Backoff(cycle_s)
+        self.lock = threading.Lock()            # held by the thread running a cycle
+        self._wakeup = threading.Condition()
+        self._waiters: list = []                # an item per user thread inside wait() (append/pop: atomic)
+        self._stopped = False
+        self._thread = threading.Thread(target=self._background, name=name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Tell the background thread there is something to drive."""
+        with self._wakeup:
+            self._wakeup.notify()
+
+    def wait(self, handle, before=None) -> None:
+        """Drive the cycle in this thread until ``handle`` is done; ``before`` runs first, once this
+        thread is registered as a waiter (so that the background thread leaves the cycle to it)."""
+        self._waiters.append(None)
+        try:
+            if before is not None:
+                before()
+            self._drive(handle)
+        finally:
+            self._waiters.pop()
+
+    def _drive(self, handle) -> None:
+        coordinator = self._coordinator
+        cycle_s = self._cycle_s
+        timeout = max(cycle_s, 1e-3)
+        lock = self.lock
+        idle_since = None
+        while not handle.done():
+            coordinator.check_usable()
+            if not lock.acquire(timeout=timeout):
+                continue
+            try:
+                busy = coordinator.cycle()
+            except Exception as exc:  # the user sees a CollectiveError, as every other rank's waiter will
+                coordinator.fail(exc)
+                coordinator.check_usable()
+                raise
+            finally:
+                lock.release()
+            if busy:
+                idle_since = None
+                continue
+            now = time.perf_counter()
+            if idle_since is None:
+                idle_since = now
+            if coordinator.lanes_threaded and not coordinator.undecided():
+                handle.wait_briefly(cycle_s)  # decided and queued on a lane: its thread completes it
+            else:
+                self._backoff.pause(now - idle_since)
+
+    def _background(self) -> None:
+        coordinator = self._coordinator
+        idle_since = None
+        while not self._stopped:
+            with self._wakeup:
+                if self._waiters or not coordinator.has_work():
+                    self._wakeup.wait(IDLE_POLL_S)
+                    idle_since = None
+                    if self._waiters or self._stopped:
+                        continue
+            if not self.lock.acquire(timeout=IDLE_POLL_S):
+                continue
+            try:
+                busy = coordinator.cycle()
+            except BaseException as exc:  # reaches the user through the handles and the next call
+                coordinator.fail(exc)
+                return
+            finally:
+                self.lock.release()
+            if busy:
+                idle_since = None
+            elif coordinator.has_work():
+                now = time.perf_counter()
+                idle_since = now if idle_since is None else idle_since
+                self._backoff.pause(now - idle_since)
+
+    def stop(self) -> None:
+        """Stop the background thread (bounded wait)."""
+        self._stopped = True
+        with self._wakeup:
+            self._wakeup.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)

@@ -1,0 +1,143 @@
+"""Every check of a request's arguments, in one place.
+
+Each rule is a function that returns the message every rank will raise ('' when the argument is fine),
+so that the API can send a local failure in the request instead of raising alone (the other ranks would
+wait for it); ``check_*`` raise the same messages, for the engine and the kernels, which run after the
+request was agreed or outside the coordinator. What a dtype may take comes from :mod:`commlib.dtypes`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import BY_NUMPY, FLOAT32, supported_names
+from .errors import CommlibError, UnsupportedDtypeError
+from .ops import ReduceOp
+
+
+# ---- rules: '' or the message -------------------------------------------------------------------------
+
+def reduction(dtype: np.dtype, op: ReduceOp, name: str) -> str:
+    """Whether ``dtype`` can be reduced with ``op``."""
+    row = BY_NUMPY.get(dtype)
+    if row is None:
+        return f"{name}: dtype {dtype} cannot be reduced; supported dtypes: {supported_names()}"
+    if op is ReduceOp.AVERAGE and row.kind == "bool":
+        return (f"{name}: op Average cannot take dtype bool (the mean of booleans is not a boolean); use "
+                "op=Sum (a logical or) or Min (a logical and), or convert to a numeric type")
+    return ""
+
+
+def scaling(dtype: np.dtype, prescale: float, postscale: float, name: str) -> str:
+    """Scale factors: floating and integer dtypes (integers as Horovod: float64 product, truncated)."""
+    if prescale == 1.0 and postscale == 1.0:
+        return ""
+    row = BY_NUMPY.get(dtype)
+    if row is not None and row.kind == "bool":
+        return f"{name}: prescale_factor/postscale_factor need a numeric dtype, not bool"
+    return ""
+
+
+def compression(codec, dtype: np.dtype, name: str) -> str:
+    """A wire codec compresses float32 (half types already travel as they are); what a codec is, is
+    :func:`commlib.compression.codec_for`'s to say."""
+    from .compression import codec_for
+
+    try:
+        codec_for(codec, dtype, name)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return ""
+
+
+def algorithm(value: str | None) -> str:
+    """A forced algorithm must be one commlib has."""
+    if value is None:
+        return ""
+    from .config import algorithm_names
+
+    if str(value).strip().lower() not in algorithm_names():
+        return f"unknown algorithm {value!r}; use one of: {', '.join(algorithm_names())}"
+    return ""
+
+
+def contiguous(array: np.ndarray, name: str) -> str:
+    """commlib never copies behind the user's back: buffers are C-contiguous."""
+    if array.flags.c_contiguous:
+        return ""
+    return (f"{name}: buffer is not contiguous (shape: {array.shape}, strides: {array.strides}); "
+            "pass np.ascontiguousarray(x) or tensor.contiguous()")
+
+
+def writable(array: np.ndarray, name: str) -> str:
+    """An in-place call writes its result into the array."""
+    if array.flags.writeable:
+        return ""
+    return (f"{name}: array is read-only; in-place operations write their result into it "
+            "(pass a writable array, or use the out-of-place call)")
+
+
+def first_dimension(array: np.ndarray, operation: str, name: str) -> str:
+    """allgather, reducescatter and alltoall work on the first dimension."""
+    if array.ndim:
+        return ""
+    return f"{name}: {operation} needs at least one dimension, got a scalar"
+
+
+def root_rank(root: int, ranks: list[int], set_id: int, name: str) -> str:
+    """A broadcast's root is a (world) rank of the set."""
+    if root in ranks:
+        return ""
+    if set_id == 0:
+        return f"{name}: root_rank {root} is not a rank (0..{len(ranks) - 1})"
+    return f"{name}: root_rank {root} is not in process set {set_id} (ranks {ranks})"
+
+
+def splits(values, rows: int | None, size: int, name: str) -> str:
+    """alltoall splits: one non-negative row count per rank, adding up to the first dimension; without
+    splits, the first dimension must divide by the ranks."""
+    if values is None:
+        if rows is not None and rows % size:
+            return (f"{name}: alltoall without splits needs the first dimension ({rows}) to be divisible by "
+                    f"the number of ranks ({size}); pass splits=")
+        return ""
+    if values.size != size or (values < 0).any() or (rows is not None and values.sum() != rows):
+        return (f"{name}: splits {values.tolist()} must have one non-negative entry per rank ({size}) "
+                f"summing to the first dimension {(rows,) if rows is not None else ()}")
+    return ""
+
+
+def joined(*messages: str) -> str:
+    """The messages that are not empty, as one."""
+    return "; ".join(m for m in messages if m)
+
+
+# ---- the same rules, raising ---------------------------------------------------------------------------
+
+def check_reducible(array: np.ndarray, op: ReduceOp, name: str = "tensor") -> None:
+    """Raise :class:`UnsupportedDtypeError` (a TypeError) if ``array`` cannot be reduced with ``op``."""
+    message = reduction(array.dtype, op, name)
+    if message:
+        raise UnsupportedDtypeError(message)
+
+
+def check_contiguous(array: np.ndarray, name: str = "tensor") -> None:
+    message = contiguous(array, name)
+    if message:
+        raise CommlibError(message)
+
+
+def check_writable(array: np.ndarray, name: str = "tensor") -> None:
+    message = writable(array, name)
+    if message:
+        raise CommlibError(message)
+
+
+def check_options(dtype: np.dtype, codec, prescale: float, postscale: float, name: str) -> None:
+    """A codec only on float32 (what the engine is handed has passed ``compression`` already, so a half
+    dtype here has no codec), scale factors only on numeric dtypes."""
+    if codec is not None and dtype != FLOAT32:
+        raise TypeError(f"{name}: {codec!r} compresses float32 tensors, not {dtype}; pass codec=None")
+    message = scaling(dtype, prescale, postscale, name)
+    if message:
+        raise UnsupportedDtypeError(message)

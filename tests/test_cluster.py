@@ -1,0 +1,86 @@
+"""commlib across emulated hosts (commlib.testing.cluster): every allreduce algorithm, the other
+collectives, the coordinator and the torch plug-in on 2 hosts x 2 ranks, 3 hosts x 1 rank and 2 + 1 ranks.
+
+Links are unshaped here (correctness does not need a rate); the shaping itself is checked once, by timing
+a transfer between hosts against the link rate. Each job first checks, in workers/on_cluster.py, that
+commlib's node layout from MPI matches the hosts (COMMLIB_LOCAL_SIZE is never set).
+"""
+
+import os
+
+import pytest
+
+from mpirun import REPO, run_on_cluster
+
+SHAPES = [pytest.param([2, 2], id="2x2"), pytest.param([1, 1, 1], id="3x1"), pytest.param([2, 1], id="2+1")]
+TORCH_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"}
+
+
+@pytest.fixture(scope="module", params=SHAPES)
+def cluster(request, make_cluster):
+    made = make_cluster(request.param)
+    yield made
+    made.down()  # as soon as this shape's tests are done; make_cluster checks at the end that all is gone
+
+
+def test_allreduce_algorithms(cluster):
+    """native, ring, recursive_doubling, rabenseifner, hierarchical, torus2d and auto, with and without
+    fp16 on the wire, against numpy; cma must refuse to run across hosts (workers/cluster_check.py)."""
+    out = run_on_cluster(cluster, "cluster_check.py", "allreduce", timeout=300)
+    assert "cluster allreduce ok" in out and f"node sizes {cluster.ranks_per_host}" in out, out[-2000:]
+
+
+def test_coordinator_collectives(cluster):
+    """allreduce, allgather, broadcast, reducescatter, alltoall through the coordinator, tensors submitted
+    in a different order on every rank (workers/coord_collectives.py)."""
+    out = run_on_cluster(cluster, "coord_collectives.py", timeout=300)
+    assert out.count("collectives OK") == cluster.size, out[-2000:]
+
+
+@pytest.mark.parametrize("case", ["shape"])
+def test_mismatch_errors_name_the_tensor(cluster, case):
+    out = run_on_cluster(cluster, "coord_errors.py", case, timeout=120)
+    assert out.count("raised as expected") == cluster.size and out.count(f"case {case} OK") == cluster.size, out
+
+
+def test_init_after_shutdown_hears_nothing_of_the_last_session(cluster):
+    """Across hosts a session's last control messages could still be in flight when its communicator was
+    freed, and reached the next session (MPI reuses context ids): "rank 2 shut down" in a later session.
+    The coordinator's goodbyes at shutdown prevent it (docs/coordinator.md)."""
+    out = run_on_cluster(cluster, "cluster_check.py", "reinit", "15", timeout=180)
+    assert out.count("cluster reinit OK") == cluster.size, out[-2000:]
+
+
+def test_torch_optimizer_matches_single_process(cluster):
+    out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300, env=TORCH_PATH)
+    assert out.count("cluster torch OK") == cluster.size, out[-2000:]
+
+
+def test_shaped_link_limits_transfers(make_cluster):
+    """64 MiB from host 0 to host 1 over 1 Gbit/s links: never faster than the link (the bytes crossed
+    the shaped veths, not shared memory), and not far slower (the shaping is the bottleneck)."""
+    cluster = make_cluster([1, 1], rate="1gbit")
+    report = cluster.probe(nbytes=64 << 20)  # raises if faster than the link
+    assert report["mbit_s"] > 600, report
+
+
+def test_missing_prerequisites_are_named(monkeypatch, tmp_path):
+    """Without root and without the tools, up() says what is missing (nothing is created)."""
+    from commlib.testing.cluster import Cluster, ClusterUnavailable
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no ip, tc or unshare
+    with pytest.raises(ClusterUnavailable) as error:
+        Cluster([1, 1], rate="1gbit").up()
+    for what in ("root", "`ip`", "`tc`", "`unshare`"):
+        assert what in str(error.value), str(error.value)
+
+
+def test_only_hydra_is_accepted(tmp_path):
+    from commlib.testing.cluster import ClusterUnavailable, check_hydra
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (OpenRTE) 4.1.4'\n")
+    fake.chmod(0o755)
+    with pytest.raises(ClusterUnavailable, match="not MPICH's hydra"):
+        check_hydra(str(fake))

@@ -1,0 +1,41 @@
+"""What commlib.torch added for Horovod compatibility (tests/workers/torch_horovod.py on 1-4 ranks), and
+Adasum's combination rule checked by hand (no MPI)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpirun import REPO, run_mpi  # noqa: E402
+
+from commlib import adasum  # noqa: E402
+
+WORKER_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_grouped_adasum_sparse_sync_batch_norm_and_horovod_semantics(nprocs):
+    out = run_mpi(nprocs, "torch_horovod.py", timeout=300, env=WORKER_PATH)
+    assert out.count("torch_horovod OK") == nprocs, out
+
+
+def test_adasum_pair_follows_horovods_formula():
+    a, b = np.array([1.0, 2.0, 0.0]), np.array([3.0, -1.0, 2.0])
+    dot = 1.0  # 3 - 2 + 0
+    expected = (1 - dot / (2 * 5.0)) * a + (1 - dot / (2 * 14.0)) * b
+    assert np.allclose(adasum.combine(a, b), expected)
+    assert np.allclose(adasum.combine(a, np.zeros(3)), a)  # a zero vector keeps coefficient 1 and adds nothing
+    assert np.allclose(adasum.combine(a, a), a)  # identical vectors average
+    assert np.allclose(adasum.combine(np.array([1.0, 0]), np.array([0, 2.0])), [1.0, 2.0])  # orthogonal: sum
+
+
+def test_adasum_order_powers_of_two_and_the_others():
+    g = [np.random.default_rng(i).standard_normal(6) for i in range(7)]
+    c = adasum.combine
+    assert np.array_equal(adasum.reduce(g[:1]), g[0])
+    assert np.allclose(adasum.reduce(g[:2]), c(g[0], g[1]))
+    assert np.allclose(adasum.reduce(g[:3]), c(c(g[0], g[2]), g[1]))
+    assert np.allclose(adasum.reduce(g[:4]), c(c(g[0], g[1]), c(g[2], g[3])))
+    assert np.allclose(adasum.reduce(g[:7]),
+                       c(c(c(g[0], g[4]), c(g[1], g[5])), c(c(g[2], g[6]), g[3])))
+    assert adasum.reduce([x.astype(np.float32) for x in g[:3]]).dtype == np.float32
