@@ -19,12 +19,19 @@ peer_memory = Extension(
     extra_compile_args=["-O3", "-std=gnu11", "-fno-strict-aliasing"],
 )
 
+# Top-k selection and scatter-add for the sparse compressors (commlib/compression/).
+compression = Extension(
+    "commlib._compression",
+    sources=["csrc/compression.c"],
+    extra_compile_args=["-O3", "-std=c11", "-fno-strict-aliasing"],
+)
+
 setup(
     name="commlib",
     version="0.1.0",
     description="Communication layer for data-parallel training: coordinator, fusion, topology-aware allreduce",
     packages=find_packages(include=["commlib", "commlib.*"]),
-    ext_modules=[kernels, peer_memory],
+    ext_modules=[kernels, peer_memory, compression],
     python_requires=">=3.9",
     install_requires=["numpy", "mpi4py>=3.1", "ml_dtypes"],
     extras_require={

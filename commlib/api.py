@@ -16,6 +16,7 @@ import numpy as np
 
 from . import device
 from .compression import Compression, WireCodec
+from .compression import collective as _compressed
 from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
 from .dtypes import BY_NUMPY, dtype_name
@@ -217,18 +218,30 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     else:
         array = np.asarray(tensor)
         output = np.array(array, copy=True, order="C")
+    if compression is Compression.none:
+        compression = None
     if compression is None and algorithm is None and staged is None:
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
         if meta is not None:
             return _submit(member, meta, array, output, wait=wait)
     op, error = _op(op)
     dtype = output.dtype
+    special = _compressed.is_special(compression)  # lossy or Horovod-style: commlib/compression/collective.py
     errors = validation.joined(error, validation.contiguous(output, name), validation.writable(output, name),
                                validation.reduction(dtype, op, name),
-                               validation.compression(compression, dtype, name),
+                               (_compressed.check(compression, output, op, algorithm, name) if special
+                                else validation.compression(compression, dtype, name)),
                                validation.algorithm(algorithm),
                                validation.scaling(dtype, prescale_factor, postscale_factor, name),
                                staged.error if staged else "")
+    if special:
+        if not errors and staged is None:
+            handle = _compressed.allreduce(compression, member.size, member.rank, array, output, inplace, op,
+                                           name, prescale_factor, postscale_factor, process_set)
+            if wait:
+                handle.wait()
+            return handle
+        compression = None  # the error travels under ``name``, where the other ranks' first collective is
     if compression is not None and not isinstance(compression, WireCodec):
         compression = None
     meta = Meta(name, Kind.ALLREDUCE, dtype_name(output.dtype), tuple(output.shape), int(op),
@@ -248,7 +261,9 @@ def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor
 
     ``op``: Sum, Average (default), Min, Max, Product. ``prescale_factor``/``postscale_factor`` multiply
     before/after the reduction. ``algorithm`` forces one (see docs/algorithms.md). ``compression``
-    (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32.
+    (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32; a lossy
+    compressor (Compression.topk(0.01), .dgc(), .powersgd(), ...; Sum/Average only, state kept per
+    ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes.
     ``process_set``: reduce among that set's ranks only (default: every rank)."""
     return _allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor, algorithm,
                              compression, wait=False, process_set=process_set)

@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 import ml_dtypes
 import numpy as np
 
-from ..compression import Compression, CompressionOverflowWarning
+from ..compression import Compression, CompressionOverflowWarning, WireCodec
 from ..errors import ConfigError
 from ..ops import ReduceOp
 from .collective import Collective, Layout, exact_limit
@@ -52,7 +52,8 @@ class SizeResult:
 
 def codec_of(options: Options):
     """The WireCodec of ``--compression`` (None for none)."""
-    return getattr(Compression, options.compression)
+    codec = getattr(Compression, options.compression)
+    return codec if isinstance(codec, WireCodec) else None
 
 
 def check_limit(options: Options) -> int:

@@ -4,6 +4,8 @@ Collectives on CPU torch tensors (no copies: tensors share memory with the array
 their autograd, ``DistributedOptimizer``, and the broadcast helpers. See docs/torch.md.
 """
 
+from .averagers import (HierarchicalModelAverager, LocalSGDOptimizer, ModelAverager,
+                        PeriodicModelAverager)
 from .autograd import (
     allgather, allreduce, alltoall, broadcast, grouped_allgather, grouped_allreduce, grouped_reducescatter,
     reducescatter,

@@ -21,7 +21,7 @@ import torch
 import commlib as _cl
 
 from .. import adasum as _adasum
-from ..compression import WireCodec
+from ..compression import NoCompression, WireCodec
 from ..errors import CommlibError
 from ..ops import ReduceOp, as_op
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
@@ -128,7 +128,7 @@ def synchronize(handle: Handle):
 def _horovod_style(compression) -> bool:
     """A Horovod-style compressor: an object with torch ``compress``/``decompress`` (commlib's wire codecs
     and anything else go to commlib's collective as ``compression=``)."""
-    return (compression is not None and not isinstance(compression, WireCodec)
+    return (compression is not None and not isinstance(compression, (WireCodec, NoCompression))
             and callable(getattr(compression, "compress", None))
             and callable(getattr(compression, "decompress", None)))
 

@@ -19,9 +19,9 @@ import warnings
 
 import numpy as np
 
-from . import kernels
-from .dtypes import BFLOAT16, FLOAT16
-from .ops import ReduceOp
+from .. import kernels
+from ..dtypes import BFLOAT16, FLOAT16
+from ..ops import ReduceOp
 
 FLOAT32 = np.dtype(np.float32)
 
@@ -61,16 +61,59 @@ class WireCodec:
         a chunk's last reduction step, its encoding for the allgather, and the value its owner keeps."""
         return kernels.reduce_round_trip_(dst, src, wire, op, dst_scale=dst_scale, postscale=postscale)
 
+    # Horovod's Compressor interface, for code that calls it directly. commlib's own collectives do not
+    # use it for fp16/bf16: they keep float32 accumulation and only encode what travels.
+    def compress(self, tensor):
+        """Horovod's ``compress``: ``(tensor cast to the wire type, its original dtype)``; floating tensors
+        only are cast (numpy arrays, or torch tensors in commlib.torch)."""
+        return _cast(tensor, self.wire_dtype)
+
+    def decompress(self, tensor, ctx):
+        """Horovod's ``decompress``: ``tensor`` cast back to the dtype ``compress`` recorded."""
+        return _restore(tensor, ctx)
+
     def __repr__(self) -> str:
         return f"Compression.{self.name}"
 
 
-class Compression:
-    """Compression choices for ``allreduce(..., compression=)``, named as in horovod.torch."""
+class NoCompression:
+    """``Compression.none``: tensors travel as they are. ``compress``/``decompress`` are Horovod's
+    identity functions; commlib's collectives treat this object like ``None``."""
 
-    none = None
-    fp16 = WireCodec("fp16", FLOAT16)
-    bf16 = WireCodec("bf16", BFLOAT16)
+    name = "none"
+
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+    def __repr__(self) -> str:
+        return "Compression.none"
+
+
+NONE = NoCompression()
+
+
+def _cast(tensor, wire_dtype: np.dtype):
+    if isinstance(tensor, np.ndarray):
+        if tensor.dtype.kind != "f" or tensor.dtype == wire_dtype:
+            return tensor, None
+        return tensor.astype(wire_dtype), tensor.dtype
+    import torch  # a torch tensor (commlib.torch)
+
+    if not tensor.is_floating_point():
+        return tensor, None
+    target = torch.float16 if wire_dtype == FLOAT16 else torch.bfloat16
+    return (tensor, None) if tensor.dtype == target else (tensor.to(target), tensor.dtype)
+
+
+def _restore(tensor, ctx):
+    if ctx is None:
+        return tensor
+    return tensor.astype(ctx) if isinstance(tensor, np.ndarray) else tensor.to(ctx)
 
 
 def codec_for(compression, dtype: np.dtype, name: str) -> WireCodec | None:
@@ -78,7 +121,7 @@ def codec_for(compression, dtype: np.dtype, name: str) -> WireCodec | None:
 
     A half-precision buffer already is on the wire in half precision, so compression changes nothing for
     it; other non-float32 dtypes cannot be compressed and raise."""
-    if compression is None:
+    if compression is None or isinstance(compression, NoCompression):
         return None
     if not isinstance(compression, WireCodec):
         raise TypeError(f"{name}: compression must be Compression.none, .fp16 or .bf16, not {compression!r}")
