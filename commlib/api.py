@@ -165,7 +165,7 @@ def _submit(member: "Member", meta: Meta, array, output, splits=None, wait: bool
 def _member_and_name(process_set, name, operation: str) -> tuple["Runtime", "Member", str]:
     runtime = _rt()
     member = runtime.sets.member(process_set, name or operation)
-    return runtime, member, name or runtime.auto_name(operation, member.process_set_id)
+    return runtime, member, name or member.auto_name(operation)
 
 
 def _op(op) -> tuple[ReduceOp, str]:

@@ -15,8 +15,10 @@ smallest ids not in use, the same on every rank because every rank adds and remo
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Sequence
 
+from .coordinator.requests import AUTO_NAME_MARK
 from .errors import CommlibError, ProcessSetError
 
 
@@ -106,6 +108,15 @@ class Member:
         self.rank = ranks.index(world_rank)
         self.size = len(ranks)
         self.comm, self.topology, self.coordinator = parts
+        self._unnamed: dict[str, itertools.count] = {}
+
+    def auto_name(self, operation: str) -> str:
+        """A name for an unnamed tensor, the same on every rank of the set as long as they call in the
+        same order; counted per set member (ranks of different sets call different numbers of collectives,
+        and a removed set's id may come back with other ranks)."""
+        counter = self._unnamed.setdefault(operation, itertools.count())
+        suffix = f"{self.process_set_id}." if self.process_set_id else ""
+        return f"{operation}{AUTO_NAME_MARK}{suffix}{next(counter)}"
 
     def close(self, leaving: bool = False) -> None:
         self.coordinator.close(leaving=leaving)

@@ -11,15 +11,12 @@ MPI uninitialized (``mpi4py.rc`` can still be set).
 
 from __future__ import annotations
 
-import itertools
-
 from mpi4py import MPI
 
 from .cache import BoundedCache
 from .config import Config
 from .coordinator.controller import Coordinator
 from .coordinator.execution import Lane
-from .coordinator.requests import AUTO_NAME_MARK
 from .engine import Engine
 from .errors import ConfigError, ProcessSetError
 from .process_sets import ProcessSetTable
@@ -60,7 +57,6 @@ class Runtime:
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,
                                     self._build_member(world, list(range(self.size)), ""))
-        self._unnamed: dict = {}
         self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
 
     def _build_member(self, comm, ranks: list[int], label: str) -> tuple:
@@ -84,13 +80,6 @@ class Runtime:
             raise ProcessSetError("process sets need MPI_THREAD_MULTIPLE (each set's coordinator calls MPI "
                                   "from its own thread); do not lower mpi4py.rc.thread_level")
         return self.sets.add(process_set)
-
-    def auto_name(self, operation: str, set_id: int = 0) -> str:
-        """Names for unnamed tensors, the same on every rank of a set as long as they call in the same
-        order (counted per set: ranks of different sets call different numbers of collectives)."""
-        counter = self._unnamed.setdefault((operation, set_id), itertools.count())
-        suffix = f"{set_id}." if set_id else ""
-        return f"{operation}{AUTO_NAME_MARK}{suffix}{next(counter)}"
 
     def start_timeline(self, path: str) -> None:
         self.stop_timeline()
