@@ -7,6 +7,8 @@ gradients. Every rank's input is a known function of its rank, so references are
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -174,6 +176,12 @@ def check_optimizer_and_state(r, n):
     names = optimizer._parameter_names
     assert len(names) == 4 and len(set(names.values())) == 4
     assert hvd.allgather_object(sorted(names.values())) == [sorted(names.values())] * n
+    model[0](torch.ones(1, 3)).sum().backward()
+    optimizer.synchronize()
+    with warnings.catch_warnings(record=True) as caught:  # Horovod's warning; no second reduction here
+        warnings.simplefilter("always")
+        optimizer.step()
+    assert any("skip_synchronize" in str(w.message) for w in caught), [str(w.message) for w in caught]
     frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
     live = torch.nn.Parameter(torch.ones(3))
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD([frozen, live], lr=0.1, momentum=0.9))
