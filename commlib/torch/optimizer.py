@@ -21,6 +21,7 @@ is therefore False; use ``opt.optimizer`` for the wrapped object.
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections import Counter
 
@@ -338,6 +339,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 return loss
 
             return self._optimizer.step(synchronized_closure)
+        if self._should_synchronize and self._synchronized and self._included:
+            # Horovod's warning (it would reduce the gradients a second time; commlib does not)
+            warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                          "optimizer.synchronize(); the gradients are not reduced again. Use "
+                          "`with optimizer.skip_synchronize(): optimizer.step()`", UserWarning, stacklevel=2)
         if self._should_synchronize and not self._synchronized:
             self.synchronize()
         self._synchronized = False
