@@ -51,6 +51,13 @@ def test_init_after_shutdown_hears_nothing_of_the_last_session(cluster):
     assert out.count("cluster reinit OK") == cluster.size, out[-2000:]
 
 
+def test_compressors_across_hosts(cluster):
+    """top-k, random-k, one-bit, DGC and PowerSGD with their invariants (error feedback, every rank decoding
+    the same bits, dense equivalence) across hosts (workers/compression_check.py)."""
+    out = run_on_cluster(cluster, "compression_check.py", timeout=300)
+    assert out.count("compression_check OK") == cluster.size, out[-2000:]
+
+
 def test_torch_optimizer_matches_single_process(cluster):
     out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300, env=TORCH_PATH)
     assert out.count("cluster torch OK") == cluster.size, out[-2000:]
