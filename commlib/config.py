@@ -80,6 +80,11 @@ def _algorithm(text: str) -> str:
     return str(text).strip().lower()
 
 
+def _size_or_auto(text: str) -> int | None:
+    """A byte count, or ``auto`` (None): the cost model decides."""
+    return None if str(text).strip().lower() == "auto" else parse_size(text)
+
+
 def _optional_path(text: str) -> str | None:
     return str(text) or None
 
@@ -104,7 +109,7 @@ class Config:
     cma_segment_bytes: int = 256 << 10
     cycle_time_ms: float = 1.0
     fusion_threshold_bytes: int = 64 << 20
-    fusion_inplace_bytes: int = 64 << 10
+    fusion_inplace_bytes: int | None = None  # None: auto (the cost model's limit)
     num_streams: int = 1
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
@@ -203,9 +208,10 @@ FIELDS: dict[str, _Field] = {
                             "longest sleep of the background coordinator between polls, ms (default 1)"),
     "fusion_threshold_bytes": _Field("COMMLIB_FUSION_THRESHOLD", parse_size,
                                      "largest fused buffer, bytes; 0 disables fusion (default 64M)"),
-    "fusion_inplace_bytes": _Field("COMMLIB_FUSION_INPLACE", parse_size,
+    "fusion_inplace_bytes": _Field("COMMLIB_FUSION_INPLACE", _size_or_auto,
                                    "tensors at least this large are reduced in place, never copied into "
-                                   "a fusion buffer (default 64K)"),
+                                   "a fusion buffer; auto: the largest size whose copy the cost model "
+                                   "predicts to cost less than the call it saves (default auto)"),
     "num_streams": _Field("COMMLIB_NUM_STREAMS", _positive_int,
                           "execution lanes, each with its own communicator (default 1)"),
     "stall_check_time_s": _Field("COMMLIB_STALL_CHECK_TIME", _non_negative_float,

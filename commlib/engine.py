@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import kernels
-from .algorithms import AlgorithmContext, execute, partition, prepare, ring, spec
+from .algorithms import AlgorithmContext, execute, partition, prepare, ring, select, spec
 from .compression import WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16
@@ -58,6 +58,13 @@ class Engine:
         self.topology = topology
         self.config = config
         self.context = AlgorithmContext.create(transport, topology, config)
+
+    @property
+    def fusion_inplace_bytes(self) -> int:
+        """Tensors at least this large are reduced in place, never packed: COMMLIB_FUSION_INPLACE, or by
+        default the limit the cost model predicts (:func:`.algorithms.select.inplace_limit`)."""
+        configured = self.config.fusion_inplace_bytes
+        return configured if configured is not None else select.inplace_limit(self.context)
 
     @property
     def rank(self) -> int:

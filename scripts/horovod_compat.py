@@ -129,13 +129,17 @@ def first_error(log: str) -> str:
 
 
 def hung_at(logs) -> str:
-    """Where a hung test waited, from faulthandler's dump: the innermost frame of the thread running the
-    test (the one whose stack passes through test_torch.py)."""
+    """Where a hung test waited, from faulthandler's dump of the thread running the test (the one whose
+    stack passes through test_torch.py): its innermost frame, the innermost commlib frame, and the test's
+    line (an innermost frame inside importlib alone cannot tell which import, or whose C code, blocked)."""
     for r, log in enumerate(logs):
         for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", log):
             frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
             if frames and any("test_torch.py" in f for f in frames):
-                return f"; rank {r} waiting in {frames[0]}"
+                where = [frames[0]]
+                where += [f for f in frames[1:] if "commlib" in f][:1]
+                where += [f for f in frames if "test_torch.py" in f][:1]
+                return f"; rank {r} waiting in " + " <- ".join(dict.fromkeys(where))
     return ""
 
 

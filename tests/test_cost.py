@@ -107,3 +107,21 @@ def test_profile_location(tmp_path, monkeypatch):
     assert cost.profile_path(None) == tmp_path / "commlib" / "tuning.json"
     assert cost.profile_path("none") is None
     assert cost.profile_path(str(tmp_path / "x.json")) == tmp_path / "x.json"
+
+
+def test_auto_fusion_limit_follows_the_per_call_cost():
+    """The copy-or-call decision: a dearer call (between nodes, or a larger alpha) packs larger tensors;
+    free copies pack everything up to the limit's ceiling, dear ones next to nothing."""
+    one_node = cost.Shape((0, 0), cma=True, torus=(2, 1))
+    two_by_two = cost.Shape.blocks(2, 2)
+    model = cost.DEFAULTS
+
+    def limit(m, shape):
+        return select.packing_limit(m, shape, [s for s in spec.SPECS if s.name != "cma" or shape.cma], MiB)
+
+    here, across = limit(model, one_node), limit(model, two_by_two)
+    assert 4096 <= here < across <= 64 * MiB, (here, across)
+    slower_calls = dataclasses.replace(model, inter=cost.Link(1e-3, model.inter.beta_s_per_byte))
+    assert limit(slower_calls, two_by_two) > across
+    assert limit(dataclasses.replace(model, copy_s_per_byte=1e-6), one_node) <= 1024
+    assert limit(dataclasses.replace(model, copy_s_per_byte=0.0), one_node) == 128 * MiB

@@ -82,3 +82,35 @@ def choose(ctx, nbytes: int, codec=None) -> Choice:
     if not ranked or ranked[0].predicted_s == INF:
         raise RuntimeError(f"no allreduce algorithm can run here for {nbytes} bytes")  # ring always can
     return cache.put(key, ranked[0])
+
+
+#: Sizes ``auto`` considers as the fusion limit: powers of two from 256 B to 64 MiB.
+_PACK_SIZES = tuple(1 << k for k in range(8, 27))
+#: The group a packed tensor joins, in tensors of its size, when its marginal cost is predicted.
+_GROUP = 8
+
+
+def packing_limit(model, shape: Shape, specs, configured_segment: int) -> int:
+    """``auto``'s fusion decision: tensors of at least this many bytes are reduced in place, smaller ones
+    are copied into the fusion buffer. A tensor of m bytes is worth packing when its own call is predicted
+    to cost more than copying it in and out plus what its bytes add to a fused call,
+    ``T(m) > 2 m copy + T(8 m) - T(7 m)`` (T: the fastest algorithm's predicted time); the limit is the
+    first power of two where that fails."""
+    def best(nbytes: int) -> float:
+        return rank_all(model, nbytes, shape, specs, None, configured_segment)[0].predicted_s
+
+    copy = model.copy_s_per_byte
+    for m in _PACK_SIZES:
+        if best(m) <= 2 * m * copy + best(_GROUP * m) - best((_GROUP - 1) * m):
+            return m
+    return 2 * _PACK_SIZES[-1]
+
+
+def inplace_limit(ctx) -> int:
+    """:func:`packing_limit` for ``ctx`` (float32, the algorithms that can run there), remembered on the
+    context; equal on every rank (the same model and shape)."""
+    limit = ctx.tuning.get("select.inplace_limit")
+    if limit is None:
+        limit = ctx.tuning["select.inplace_limit"] = packing_limit(
+            ctx.cost_model, shape_of(ctx), candidates(ctx, None), ctx.config.ring_segment_bytes)
+    return limit

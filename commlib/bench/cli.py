@@ -172,7 +172,10 @@ def _run_info(options: Options, collective, comm, lane, refused: dict[str, str],
         torus="x".join(map(str, config.torus_shape)) if config.torus_shape else None,
         algorithms=options.algorithms, skipped=refused, load_average=_load_average(), command=command,
         link_rate=options.link_rate, explain=options.explain,
-        model=calibration.describe(lane.engine.context.cost_model) if options.explain else [])
+        model=(calibration.describe(lane.engine.context.cost_model)
+               + [f"# fusion: tensors under {lane.engine.fusion_inplace_bytes} B are packed "
+                  "(COMMLIB_FUSION_INPLACE)"]
+               if options.explain else []))
 
 
 def _write_outputs(options: Options, results, info: report.RunInfo) -> None:

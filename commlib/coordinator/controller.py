@@ -80,6 +80,7 @@ class Coordinator(Lifecycle):
         self._world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
         self._label = label
         self._lanes = LaneSet(lanes, self._finish)
+        self._inplace_bytes = lanes[0].engine.fusion_inplace_bytes  # every lane's engine agrees: one model
         self._table = ReadyTable(self.size, config.cache_capacity, self._world_ranks)
         relayed = self.size > config.direct_max_ranks
         self._rounds = make_rounds(channel, relay=relayed)
@@ -239,7 +240,7 @@ class Coordinator(Lifecycle):
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
             responses = table.fail_stalled(*stalled, describe=self.describe_ranks) + responses
         if len(responses) > 1:
-            responses = fuse(responses, self._config.fusion_threshold_bytes, self._config.fusion_inplace_bytes)
+            responses = fuse(responses, self._config.fusion_threshold_bytes, self._inplace_bytes)
         if responses:
             self._execute(responses)
 

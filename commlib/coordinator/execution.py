@@ -87,7 +87,7 @@ class Lane:
         outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
                    for e, m in zip(entries, response.metas)]
         names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
-        inplace_bytes = self.engine.config.fusion_inplace_bytes
+        inplace_bytes = self.engine.fusion_inplace_bytes
         small = [o for o in outputs if o.nbytes < inplace_bytes]
         buffers = [o.reshape(-1) for o in outputs if o.nbytes >= inplace_bytes]
         if len(small) > 1:
