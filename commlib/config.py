@@ -110,6 +110,7 @@ class Config:
     cycle_time_ms: float = 1.0
     fusion_threshold_bytes: int = 64 << 20
     fusion_inplace_bytes: int | None = None  # None: auto (the cost model's limit)
+    eager_bytes: int = 64 << 10
     num_streams: int = 1
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
@@ -154,8 +155,8 @@ class Config:
         return config
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
-    AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks")
+    AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
+              "direct_max_ranks", "algorithm")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -212,6 +213,10 @@ FIELDS: dict[str, _Field] = {
                                    "tensors at least this large are reduced in place, never copied into "
                                    "a fusion buffer; auto: the largest size whose copy the cost model "
                                    "predicts to cost less than the call it saves (default auto)"),
+    "eager_bytes": _Field("COMMLIB_EAGER_BYTES", parse_size,
+                          "an allreduce whose bytes times (ranks - 1) are at most this travels inside the "
+                          "negotiation round, and every rank reduces it itself: one latency instead of two "
+                          "(auto only, no compression); 0 disables (default 64K)"),
     "num_streams": _Field("COMMLIB_NUM_STREAMS", _positive_int,
                           "execution lanes, each with its own communicator (default 1)"),
     "stall_check_time_s": _Field("COMMLIB_STALL_CHECK_TIME", _non_negative_float,

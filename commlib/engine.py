@@ -121,6 +121,28 @@ class Engine:
                 warn_overflow(name, overflow, codec)
         return run
 
+    def reduce_gathered_(self, out: np.ndarray, contributions: Sequence[np.ndarray], op=ReduceOp.SUM,
+                         prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
+        """The allreduce of contributions that already reached this rank (every rank's buffer, in rank
+        order; see :mod:`.coordinator.eager`), written into the 1-D ``out``: each contribution scaled by
+        ``prescale`` as its rank would scale it, reduced in rank order, then ``postscale`` (and an
+        Average's division) applied. Every rank that computes it from the same contributions gets the
+        same bits."""
+        op = as_op(op)
+        pre, post = _scale_factors(op, None, prescale, postscale, self.size)
+        kernel_op = op.kernel_op
+        out[...] = contributions[0]
+        if pre != 1.0:
+            kernels.scale_(out, pre)
+        for contribution in contributions[1:]:
+            if pre != 1.0:
+                contribution = contribution.copy()
+                kernels.scale_(contribution, pre)
+            kernels.reduce_(out, contribution, kernel_op)
+        if post != 1.0:
+            kernels.scale_(out, post)
+        return out
+
     def allreduce_many_(self, bufs: Sequence[np.ndarray], op=ReduceOp.SUM, algorithm: str | None = None,
                         prescale: float = 1.0, postscale: float = 1.0, codec: WireCodec | None = None,
                         name: str = "tensors") -> None:

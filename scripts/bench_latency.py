@@ -1,5 +1,6 @@
 """Small-message latency: a named in-place allreduce through commlib (negotiation included) against MPI's own
-Allreduce called directly, interleaved in one job. Run under mpiexec (or on the emulated cluster:
+Allreduce called directly, interleaved in one job; also commlib with algorithm="native" (negotiation, then MPI's
+allreduce: never eager, see commlib/coordinator/eager.py). Run under mpiexec (or on the emulated cluster:
 ``python -m commlib.testing.cluster run --hosts 2,2 --rate 1gbit -- python scripts/bench_latency.py``).
 
 Each round times ``--iters`` consecutive calls of each, after a barrier; the figure is the median over
@@ -36,7 +37,10 @@ def main() -> None:
     def commlib():
         cl.allreduce_(buf, op=cl.Sum, name="latency")
 
-    peers = {"mpi": mpi, "commlib": commlib}
+    def commlib_native():  # a named algorithm: negotiation, then MPI's allreduce (never eager)
+        cl.allreduce_(buf, op=cl.Sum, name="latency.native", algorithm="native")
+
+    peers = {"mpi": mpi, "commlib": commlib, "commlib_native": commlib_native}
     for fn in peers.values():  # warm-up: connections, the negotiation cache
         for _ in range(50):
             fn()
@@ -55,9 +59,10 @@ def main() -> None:
     print(f"# {comm.Get_size()} ranks, {MPI.Get_library_version().splitlines()[0].strip()}; "
           f"{buf.nbytes} B float32 Sum, {args.rounds} rounds x {args.iters} calls, medians of the slowest rank")
     for key, values in times.items():
-        print(f"{key:>8}: {med[key] * 1e6:9.1f} us per call  (rounds: "
+        print(f"{key:>14}: {med[key] * 1e6:9.1f} us per call  (rounds: "
               + ", ".join(f"{v * 1e6:.1f}" for v in values) + ")")
-    print(f"commlib / mpi: {med['commlib'] / med['mpi']:.2f}x")
+    print(f"commlib / mpi: {med['commlib'] / med['mpi']:.2f}x   "
+          f"(commlib_native / mpi: {med['commlib_native'] / med['mpi']:.2f}x)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"ranks": comm.Get_size(), "nbytes": buf.nbytes, "median_s": med, "rounds_s": times}, f,

@@ -18,11 +18,20 @@ def test_collectives_match_numpy(nprocs):
 @pytest.mark.parametrize("env", [{"COMMLIB_NUM_STREAMS": "3"}, {"COMMLIB_FUSION_THRESHOLD": "0"},
                                  {"COMMLIB_LOCAL_SIZE": "2", "COMMLIB_ALGORITHM": "hierarchical"},
                                  {"COMMLIB_CYCLE_TIME": "5", "COMMLIB_FUSION_THRESHOLD": "4K",
-                                  "COMMLIB_FUSION_INPLACE": "1K"}],
-                         ids=["lanes3", "nofusion", "hierarchical2x2", "tinyfusion"])
+                                  "COMMLIB_FUSION_INPLACE": "1K"},
+                                 {"COMMLIB_LOCAL_SIZE": "1"}],
+                         ids=["lanes3", "nofusion", "hierarchical2x2", "tinyfusion", "eager4nodes"])
 def test_collectives_under_settings(env):
     out = run_mpi(4 if "COMMLIB_LOCAL_SIZE" in env else 2, "coord_collectives.py", env=env, timeout=240)
     assert "collectives OK" in out
+
+
+@pytest.mark.parametrize("nprocs,local_size", [(2, "1"), (3, "1"), (4, "2")])
+def test_eager_small_allreduces_across_nodes(nprocs, local_size):
+    """Small allreduces whose data rides in the negotiation round: numpy's results, the same bits on every
+    rank, in any submission order, with process sets and join; larger ones take the collective."""
+    out = run_mpi(nprocs, "coord_eager.py", env={"COMMLIB_LOCAL_SIZE": local_size}, timeout=180)
+    assert out.count("eager OK") == nprocs
 
 
 def test_idle_job_does_not_spin():

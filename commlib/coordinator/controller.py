@@ -52,6 +52,7 @@ import threading
 import time
 
 from ..errors import CollectiveError, InFlightError
+from .eager import EagerStore
 from .execution import LaneSet
 from .lifecycle import Lifecycle, StallShutdown
 from .fusion import fuse
@@ -85,6 +86,9 @@ class Coordinator(Lifecycle):
         relayed = self.size > config.direct_max_ranks
         self._rounds = make_rounds(channel, relay=relayed)
         self._stalls = StallInspector(self.rank, config, self.describe_ranks, relayed=relayed)
+        self._engine = lanes[0].engine  # reduces eager tensors (kernels only: safe beside a lane's thread)
+        self._eager = EagerStore(self.rank, self.size, config.eager_bytes, config.algorithm,
+                                 self._engine.topology.cross_size, relayed)
         self._incoming: collections.deque[Entry] = collections.deque()
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
@@ -177,7 +181,12 @@ class Coordinator(Lifecycle):
             busy = True
         if self._channel.notices:  # a peer gave up on the rounds: decide nothing more from them
             self._read_notices()
-        while rounds.owed():  # a peer started a round this rank has not joined: answer it
+        # A peer started a round this rank has not joined: answer it, but not while a round this rank
+        # contributed to is still incomplete. That round completes without this rank's help, and its
+        # caller usually submits again at once: answering now with an empty message would push every
+        # caller that is a little behind into one more round per call (peers drift apart when no
+        # collective realigns them, as with eager tensors).
+        while rounds.owed() and rounds.completed == rounds.sent:
             busy = True
             self._contribute()
         while busy:  # without news, no round can have completed
@@ -193,8 +202,9 @@ class Coordinator(Lifecycle):
     def _contribute(self, last: bool = False) -> None:
         """This rank's message for the next round: what was submitted since the last one (possibly
         nothing), as cache bits where possible, plus any join, gone or fail notice."""
-        full, hits = [], 0
+        full, hits, payloads = [], 0, []
         cache_id = self._table.cache_id
+        eager = self._eager
         while self._incoming:
             entry = self._incoming.popleft()
             meta = entry.meta
@@ -202,14 +212,18 @@ class Coordinator(Lifecycle):
                 self._extra["join"] = True
                 continue
             self._undecided.add(meta.name)
+            if eager.applies(meta):
+                payloads.append(eager.outgoing(entry))
             hit = cache_id(meta)
             if hit >= 0:
                 hits |= 1 << hit
             else:
                 full.append(meta)
-        if full or self._extra:
-            message = (full, hits, self._extra)
-            self._extra = {}
+        if full or self._extra or payloads:
+            extra, self._extra = self._extra, {}
+            if payloads:
+                extra["data"] = payloads
+            message = (full, hits, extra)
         else:
             message = hits  # the common message: a bare int pickles in a few bytes
         self._rounds.contribute(message, last)
@@ -229,6 +243,8 @@ class Coordinator(Lifecycle):
                 table.add_full(source, meta, now)
             table.add_cached(source, hits, now)
             if extra:
+                if "data" in extra and source != self.rank:
+                    self._eager.receive(source, extra["data"])
                 if extra.get("join"):
                     table.join(source)
                 if "fail" in extra:
@@ -240,7 +256,8 @@ class Coordinator(Lifecycle):
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
             responses = table.fail_stalled(*stalled, describe=self.describe_ranks) + responses
         if len(responses) > 1:
-            responses = fuse(responses, self._config.fusion_threshold_bytes, self._inplace_bytes)
+            responses = fuse(responses, self._config.fusion_threshold_bytes, self._inplace_bytes,
+                             apart=self._eager.applies)
         if responses:
             self._execute(responses)
 
@@ -273,13 +290,29 @@ class Coordinator(Lifecycle):
                     if entry is not None:
                         self._timeline.span("negotiate", entry.submitted, now, 0, tensor=entry.meta.name)
             if response.error:
+                for meta in metas:
+                    self._eager.discard(meta.name)
                 self._finish(response, entries, CollectiveError(response.error))
+            elif len(metas) == 1 and self._eager.applies(metas[0]):
+                self._run_eager(response, entries)
             elif None in entries and self.rank not in response.joined:
                 raise CollectiveError(
                     f"rank {self.rank} decided a collective on tensor(s) it never submitted: "
                     f"{[m.name for m, e in zip(response.metas, entries) if e is None]}")
             else:
                 self._lanes.run(response, entries)
+
+    def _run_eager(self, response: Response, entries: list) -> None:
+        """A tensor whose every contribution came with the rounds (:mod:`.eager`): reduce it here."""
+        entry = entries[0]
+        try:
+            output = self._eager.run(self._engine, response, entry)
+        except Exception as exc:  # noqa: BLE001 - as a lane reports it: the tensor fails, commlib goes on
+            self._finish(response, entries, exc)
+            return
+        self._finish(response, entries, None)
+        if entry is not None:
+            entry.handle.set_result(output)
 
     def _finish(self, response: Response, entries: list, error: BaseException | None) -> None:
         """Called when a response ran (or failed): release the names and complete failed handles."""

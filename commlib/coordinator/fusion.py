@@ -14,22 +14,26 @@ ready at once, run as one group (20.6 ms on 2 ranks) rather than two of at most 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
-from .requests import Kind, Response
+from .requests import Kind, Meta, Response
 
 
-def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int) -> list[Response]:
+def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int,
+         apart: Callable[[Meta], bool] = lambda meta: False) -> list[Response]:
     """Merge compatible allreduce responses into groups whose packed tensors (those under
-    ``inplace_bytes``) hold at most ``threshold_bytes``; keep everything else as it is, in order.
-    A threshold of 0 turns fusion off."""
+    ``inplace_bytes``) hold at most ``threshold_bytes``; keep everything else as it is, in order, and
+    so the tensors ``apart`` names (eager ones: their data has arrived already). A threshold of 0 turns
+    fusion off."""
     if len(responses) < 2:
         return responses
     out: list[Response] = []
     open_groups: dict[tuple, list] = {}   # key -> [group's response, packed bytes, its index in out]
     for response in responses:
-        if response.kind is not Kind.ALLREDUCE or response.error or len(response.metas) != 1:
+        if (response.kind is not Kind.ALLREDUCE or response.error or len(response.metas) != 1
+                or apart(response.metas[0])):
             out.append(response)
             continue
         meta = response.metas[0]

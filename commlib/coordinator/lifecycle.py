@@ -71,6 +71,7 @@ class Lifecycle:
             self._in_flight.clear()
         self._incoming.clear()
         self._undecided.clear()
+        self._eager.clear()
         for entry in entries:
             entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
 
