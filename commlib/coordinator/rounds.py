@@ -60,8 +60,8 @@ class Rounds:
 
     def contribute(self, message: Any, last: bool = False) -> None:
         """This rank's message for round ``sent``; ``last``: it takes no further part."""
-        for peer in self._peers:
-            self._channel.post(peer, message)
+        if self._peers:
+            self._channel.post_all(self._peers, message)
         self._inbox[self.rank].append(message)
         self.sent += 1
         if last:

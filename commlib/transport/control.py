@@ -16,6 +16,7 @@ from typing import Any
 from mpi4py import MPI
 
 _TAG = 7
+_PICKLE = MPI.pickle  # mpi4py's own pickler: what lowercase receives unpickle with
 
 
 class _Notice:
@@ -43,6 +44,7 @@ class ControlChannel:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._sends: list[MPI.Request] = []
+        self._held: list = []   # per send: the pickled bytes it reads from (post_all), or None
         self._status = MPI.Status()
         self.notices: list[tuple[int, str]] = []  # read by receive_all, not yet taken
         self.farewells: set[int] = set()   # ranks whose goodbye has arrived
@@ -50,6 +52,18 @@ class ControlChannel:
     def post(self, dest: int, message: Any) -> None:
         """Send ``message`` to ``dest`` without waiting for it to be received."""
         self._sends.append(self._comm.isend(message, dest, _TAG))
+        self._held.append(None)  # isend keeps its own buffer
+        if len(self._sends) > 64:
+            self._reap()
+
+    def post_all(self, dests, message: Any) -> None:
+        """Send ``message`` to every rank of ``dests``, pickled once (what ``isend`` does per destination;
+        ``receive_all`` unpickles either alike)."""
+        data = _PICKLE.dumps(message)
+        send, spec = self._comm.Isend, [data, MPI.BYTE]
+        for dest in dests:
+            self._sends.append(send(spec, dest, _TAG))
+            self._held.append(data)  # the buffer must outlive the send
         if len(self._sends) > 64:
             self._reap()
 
@@ -86,13 +100,15 @@ class ControlChannel:
         return notices
 
     def _reap(self) -> None:
-        self._sends = [r for r in self._sends if not r.Test()]
+        pending = [i for i, r in enumerate(self._sends) if not r.Test()]
+        self._sends = [self._sends[i] for i in pending]
+        self._held = [self._held[i] for i in pending]
 
     def flush(self) -> None:
         """Wait until every posted message has been delivered (used at shutdown)."""
         if self._sends:
             MPI.Request.Waitall(self._sends)
-            self._sends = []
+            self._sends, self._held = [], []
 
     def flush_for(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for every posted message to be delivered; True if all were."""
@@ -112,5 +128,5 @@ class ControlChannel:
                 request.Cancel()
             except MPI.Exception:
                 pass
-        self._sends = []
+        self._sends, self._held = [], []
         self._comm.Free()
