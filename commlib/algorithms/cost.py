@@ -291,8 +291,9 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
         cross = _rd_groups(model, shape, shards, shard_bytes, codec)
     else:
         cross = _ring(model, shape, shards, shard_bytes, codec, seg)
-    return (model.call_s + _ring_half(model, shape, nodes, nbytes, codec, seg, True) + cross
-            + _ring_half(model, shape, nodes, nbytes, codec, seg, False))
+    inside = codec if len(nodes) == 1 else None  # a codec applies to what crosses nodes
+    return (model.call_s + _ring_half(model, shape, nodes, nbytes, inside, seg, True) + cross
+            + _ring_half(model, shape, nodes, nbytes, inside, seg, False))
 
 
 def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=None,
@@ -306,8 +307,9 @@ def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=
     shards = [[g[j] for g in nodes if j < len(g)] for j in range(width)]
     block = min(nbytes, 8 * seg)
     count = math.ceil(nbytes / block)
-    inside = (_ring_half(model, shape, nodes, block, codec, seg, True)
-              + _ring_half(model, shape, nodes, block, codec, seg, False))
+    codec_inside = codec if len(nodes) == 1 else None  # a codec applies to what crosses nodes
+    inside = (_ring_half(model, shape, nodes, block, codec_inside, seg, True)
+              + _ring_half(model, shape, nodes, block, codec_inside, seg, False))
     cross = _ring(model, shape, shards, block / width, codec, 0)
     return model.call_s + count * max(inside, cross) + min(inside, cross)
 

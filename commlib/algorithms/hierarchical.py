@@ -9,7 +9,13 @@ Nodes may have different numbers of ranks. The buffer is cut into L shards, L = 
 ``partition.offsets(L, k)[r:r+2]``, so the intra-node reduce-scatter is a ring over uneven chunks. Shard j
 is then allreduced by the group of ranks holding it, one per node (``AlgorithmContext.shard_groups``); a
 rank holding several shards handles them in increasing j, which every group agrees on, so no cycle of
-waits can form. With a codec every phase carries the wire format (see ring.py).
+waits can form.
+
+A codec applies to what crosses nodes (:func:`intra_codec`): the phases inside a node move float32 over
+shared memory, where encoding would cost time and precision and save nothing that matters. The
+cross-node allreduce leaves the ranks of each shard group with identical wire-exact values (ring.py),
+which the intra-node allgather copies: every rank ends with the same values. On a single node, where
+nothing crosses, the phases inside it carry the codec, as every algorithm there rounds as the wire would.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ import numpy as np
 from ..compression import WireCodec
 from ..ops import ReduceOp
 from . import partition, recursive_doubling, ring
+
+
+def intra_codec(ctx, codec: WireCodec | None) -> WireCodec | None:
+    """The codec of the phases inside a node: none when there are nodes to cross (see the docstring)."""
+    return codec if ctx.topology.cross_size == 1 else None
 
 
 def cross_allreduce(ctx, transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None) -> int:
@@ -40,7 +51,8 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
     chunks = [shard[g] for g in held]  # element boundaries of each local rank's shard group
     intra = ctx.intra()
     groups = ctx.shard_groups()  # collective on first use: every rank creates them here
-    overflow = ring.reduce_scatter_(ctx, intra, buf, op, chunks, codec)
+    inside = intra_codec(ctx, codec)
+    overflow = ring.reduce_scatter_(ctx, intra, buf, op, chunks, inside)
     for j in range(held[topo.local_rank], held[topo.local_rank + 1]):
         overflow += cross_allreduce(ctx, groups[j], buf[shard[j]:shard[j + 1]], op, codec)
-    return overflow + ring.allgather_(ctx, intra, buf, chunks, codec)
+    return overflow + ring.allgather_(ctx, intra, buf, chunks, inside)

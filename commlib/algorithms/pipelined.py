@@ -13,9 +13,9 @@ inside its node; those MPI calls also progress the pending network transfers. Th
 a shard is a ring over its shard group (as hierarchical's, :func:`_cross_ring`), written as a generator
 that yields the requests of each step, so that the driver can do other work before waiting for them.
 
-Same shards, groups and codec rules as :mod:`.hierarchical` (nodes of any size; a rank holding several
-shards runs their rings side by side, each on its own communicator). With a codec every phase carries the
-wire format and every rank ends with identical, wire-exact values.
+Same shards, groups and codec rule as :mod:`.hierarchical` (nodes of any size; a rank holding several
+shards runs their rings side by side, each on its own communicator): a codec applies to what crosses
+nodes, and every rank ends with identical, wire-exact values.
 
 Cost (B blocks): the slower of the intra phases and the cross phase per block, B times, plus one block's
 other phases at the start and end of the pipeline.
@@ -31,7 +31,7 @@ from .. import kernels
 from ..compression import WireCodec
 from ..ops import ReduceOp
 from ..transport.base import Transport
-from . import partition, ring
+from . import hierarchical, partition, ring
 
 #: Blocks are this many ring segments (8 MiB at the default 1 MiB segment).
 BLOCK_SEGMENTS = 8
@@ -117,6 +117,7 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
     if topo.size == 1 or n == 0:
         return 0
     intra = ctx.intra()
+    inside = hierarchical.intra_codec(ctx, codec)
     groups = ctx.shard_groups()  # collective on first use: every rank creates them here
     width = topo.max_local_size
     held = partition.offsets(width, topo.local_size)
@@ -131,17 +132,17 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
         view = buf[a:b]
         shard = partition.offsets(view.size, width)
         chunks = [shard[g] for g in held]
-        overflow += ring.reduce_scatter_(ctx, intra, view, op, chunks, codec)  # progresses `crossing` too
+        overflow += ring.reduce_scatter_(ctx, intra, view, op, chunks, inside)  # progresses `crossing` too
         if crossing is not None:
             overflow += crossing.finish(ctx.transport)
         # block b's shards start across the network before block b-1 is allgathered inside the node
         crossing = _Crossing([_cross_ring(ctx, groups[j], view[shard[j]:shard[j + 1]], op, codec,
                                           f"pipelined.{j}") for j in mine])
         if previous is not None:
-            overflow += ring.allgather_(ctx, intra, *previous, codec)
+            overflow += ring.allgather_(ctx, intra, *previous, inside)
         previous = (view, chunks)
     if crossing is not None:
         overflow += crossing.finish(ctx.transport)
     if previous is not None:
-        overflow += ring.allgather_(ctx, intra, *previous, codec)
+        overflow += ring.allgather_(ctx, intra, *previous, inside)
     return overflow
