@@ -19,11 +19,15 @@ run() {  # run <name> <command...>: the command line, then its output, into $OUT
 
 # One host, 2 ranks: calibrate, then every algorithm with the fitted profile, predicted beside measured.
 run auto_1host_2ranks .venv/bin/mpiexec -n 2 "$BENCH" --calibrate "$OUT/tuning_1host_2ranks.json" --explain \
-    --algo all -b 4K -e 64M -f 4 -n 10 -w 2 --json "$OUT/auto_1host_2ranks.json"
+    --algo all -b 4K -e 64M -f 4 -n 200 -w 5 --rounds 5 --json "$OUT/auto_1host_2ranks.json"
 
-# 2 hosts x 2 ranks at 1 Gbit/s per host: the same.
+# 2 hosts x 2 ranks at 1 Gbit/s per host: the same; the small sizes with more calls per round (a round's
+# time includes the ranks' skew leaving the barrier before it, which a few short calls do not amortise).
 run auto_2x2_1gbit "${CLUSTER[@]}" "$BENCH" --calibrate "$OUT/tuning_2x2_1gbit.json" --explain --algo all \
-    -b 4K -e 64M -f 4 -n 3 -w 1 --rounds 3 --link-rate 1gbit --json "$OUT/auto_2x2_1gbit.json"
+    -b 4M -e 64M -f 4 -n 3 -w 1 --rounds 3 --link-rate 1gbit --json "$OUT/auto_2x2_1gbit.json"
+run auto_2x2_1gbit_small "${CLUSTER[@]}" env COMMLIB_TUNING_FILE="$PWD/$OUT/tuning_2x2_1gbit.json" "$BENCH" \
+    --explain --algo all -b 4K -e 1M -f 4 -n 100 -w 5 --rounds 5 --link-rate 1gbit \
+    --json "$OUT/auto_2x2_1gbit_small.json"
 
 # 64 MiB float32 against MPI's Allreduce and the link bound, then with fp16 on the wire.
 PROFILE=(env COMMLIB_TUNING_FILE="$PWD/$OUT/tuning_2x2_1gbit.json")

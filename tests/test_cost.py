@@ -125,3 +125,33 @@ def test_auto_fusion_limit_follows_the_per_call_cost():
     assert limit(slower_calls, two_by_two) > across
     assert limit(dataclasses.replace(model, copy_s_per_byte=1e-6), one_node) <= 1024
     assert limit(dataclasses.replace(model, copy_s_per_byte=0.0), one_node) == 128 * MiB
+
+
+def test_calibration_corrections_steer_auto_on_their_layout_only(tmp_path):
+    """Measured-over-formula ratios: interpolated log-linearly in the size, clamped beyond the ends,
+    applied on the node layout they were measured on (uncompressed), kept by the profile."""
+    two_by_two = cost.Shape.blocks(2, 2)
+    model = cost.DEFAULTS
+    plain = _best(model, 64 * MiB, two_by_two)
+    slowed = dataclasses.replace(model, corrections={plain.algorithm: {str(MiB): 10.0, str(16 * MiB): 10.0}},
+                                 corrected_for=cost.layout_of(two_by_two))
+    assert cost.layout_of(two_by_two) == "2,2"
+    assert cost.correction(slowed, plain.algorithm, 64 * MiB, two_by_two) == 10.0  # beyond the largest
+    assert cost.correction(slowed, plain.algorithm, 4096, two_by_two) == 10.0      # below the smallest
+    assert cost.correction(slowed, "ring", 64 * MiB, two_by_two) == 1.0 or plain.algorithm == "ring"
+    assert cost.correction(slowed, plain.algorithm, 64 * MiB, cost.Shape.blocks(4, 1)) == 1.0  # other layout
+    assert _best(slowed, 64 * MiB, two_by_two).algorithm != plain.algorithm
+    assert _best(slowed, 64 * MiB, cost.Shape.blocks(2, 2), Compression.fp16).algorithm == \
+        _best(model, 64 * MiB, two_by_two, Compression.fp16).algorithm  # not applied with a codec
+    halfway = dataclasses.replace(model, corrections={"ring": {"4096": 1.0, "65536": 3.0}}, corrected_for="2,2")
+    assert cost.correction(halfway, "ring", 16384, two_by_two) == pytest.approx(2.0)
+    # the profile keeps them; a bad ratio is an error naming it
+    doc = cost.profile_document(slowed, two_by_two, "commlib-bench --calibrate x", "2026-01-01", {})
+    path = tmp_path / "p.json"
+    cost.write_profile(path, doc)
+    loaded = cost.model_from_profile(cost.read_profile(path), str(path))
+    assert loaded.corrections == slowed.corrections and loaded.corrected_for == "2,2"
+    doc["model"]["corrections"] = {"ring": {"4096": -1.0}}
+    cost.write_profile(path, doc)
+    with pytest.raises(ConfigError, match="corrections.ring.4096"):
+        cost.model_from_profile(cost.read_profile(path), str(path))

@@ -12,6 +12,15 @@ Parameters (:class:`CostModel`), all in seconds:
 - ``call_s``: the fixed cost of a Python schedule per call (planning, scratch, the first posts).
 - ``native_alpha_s`` and ``native_beta_factor``: MPI's own allreduce is a black box: ``native_alpha_s`` per
   log2(p) step, plus ``native_beta_factor`` times a ring's transfer time.
+- ``cma_alpha_s`` and ``cma_beta_factor``: what the cma schedule costs beyond its formula (system calls and
+  synchronisation per call; its copies and reductions run on cache-sized segments, faster than the
+  out-of-cache kernel rates): a fixed time, and a factor on its bytes' copy-and-reduce time.
+- ``corrections``: per algorithm, measured time over the formula's at a few sizes (bytes, as strings),
+  found by running each algorithm at calibration; :func:`correction` interpolates them (log-linear in
+  the size, the nearest measured size beyond the ends). They hold for the node layout they were measured
+  on (``corrected_for``, :func:`layout_of`), uncompressed; elsewhere the formulas stand alone. The
+  formulas cannot see what the corrections catch: Python overheads that differ per schedule, cache
+  effects, and how MPI's own allreduce is built.
 
 A step of a schedule is a set of concurrent messages (pairs of ranks); its time is that of its slowest
 message class: over the inter-node link if any pair crosses nodes (with the node sending the most
@@ -65,6 +74,10 @@ class CostModel:
     call_s: float = 5e-6
     native_alpha_s: float = 7e-6
     native_beta_factor: float = 2.5
+    cma_alpha_s: float = 0.0
+    cma_beta_factor: float = 1.0
+    corrections: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+    corrected_for: str = ""
     source: str = "defaults"
 
     def codec_rate(self, codec) -> float:
@@ -75,6 +88,7 @@ class CostModel:
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)
         data["codec_s_per_byte"] = dict(self.codec_s_per_byte)
+        data["corrections"] = {name: dict(by_size) for name, by_size in self.corrections.items()}
         data.pop("source")
         return data
 
@@ -91,6 +105,8 @@ class CostModel:
                 if key in values:
                     values[key] = Link(**values[key])
             values["codec_s_per_byte"] = dict(values.get("codec_s_per_byte", DEFAULTS.codec_s_per_byte))
+            values["corrections"] = {str(name): {str(int(size)): float(ratio) for size, ratio in by_size.items()}
+                                     for name, by_size in values.get("corrections", {}).items()}
             model = cls(**values, source=source)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"tuning profile {source}: {exc}; recreate it with commlib-bench --calibrate") from None
@@ -109,8 +125,12 @@ def _numbers(model: CostModel) -> Iterable[tuple[str, float]]:
             yield f"{field.name}.beta_s_per_byte", value.beta_s_per_byte
         elif isinstance(value, Mapping):
             for key, rate in value.items():
-                yield f"{field.name}.{key}", rate
-        elif field.name != "source":
+                if isinstance(rate, Mapping):  # corrections: algorithm -> size -> ratio
+                    for size, ratio in rate.items():
+                        yield f"{field.name}.{key}.{size}", ratio
+                else:
+                    yield f"{field.name}.{key}", rate
+        elif field.name not in ("source", "corrected_for"):
             yield field.name, value
 
 
@@ -360,7 +380,28 @@ def cma(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 0)
     # each of the p contributions to the share and the result are rounded, on a segment in cache (half the
     # cost of a conversion pass through memory)
     rounding = 0.5 * (p + 1) * nbytes / p * model.codec_rate(codec)
-    return model.call_s + sync + moved * (2 * model.copy_s_per_byte + model.reduce_s_per_byte) + rounding
+    work = moved * (2 * model.copy_s_per_byte + model.reduce_s_per_byte)
+    return model.call_s + sync + model.cma_alpha_s + model.cma_beta_factor * work + rounding
+
+
+def layout_of(shape: Shape) -> str:
+    """The node layout corrections are measured on: ranks per node, in node order (``"2,2"``)."""
+    return ",".join(str(len(group)) for group in shape.node_groups())
+
+
+def correction(model: CostModel, algorithm: str, nbytes: float, shape: Shape) -> float:
+    """The calibration's measured-over-predicted ratio for ``algorithm`` at ``nbytes`` on ``shape``, or 1."""
+    by_size = model.corrections.get(algorithm)
+    if not by_size or nbytes <= 0 or model.corrected_for != layout_of(shape):
+        return 1.0
+    points = sorted((int(size), ratio) for size, ratio in by_size.items())
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    for (a, ra), (b, rb) in zip(points, points[1:]):
+        if nbytes <= b:
+            w = math.log(nbytes / a) / math.log(b / a)
+            return ra + w * (rb - ra)
+    return points[-1][1]
 
 
 def link_bound(nbytes: float, nodes: int, link_bytes_per_s: float, codec=None) -> float:

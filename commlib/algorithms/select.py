@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..cache import BoundedCache
-from . import spec
+from . import cost, spec
 from .cost import INF, Shape
 
 #: Pipeline segments ``auto`` considers for segmented algorithms (bytes of data), besides the configured one.
@@ -55,13 +55,15 @@ def candidates(ctx, codec) -> list[spec.AlgorithmSpec]:
 
 
 def rank_all(model, nbytes: int, shape: Shape, specs, codec, configured_segment: int) -> list[Choice]:
-    """Every (algorithm, segment) with its predicted time, fastest first (stable: registry order)."""
+    """Every (algorithm, segment) with its predicted time, fastest first (stable: registry order): the
+    formula's time, times the calibration's correction for that algorithm and size (uncompressed)."""
     choices = []
     for s in specs:
         segments = dict.fromkeys((configured_segment,) + SEGMENT_CHOICES) if s.segmented else (configured_segment,)
+        factor = cost.correction(model, s.name, nbytes, shape) if codec is None else 1.0
         best = None
         for seg in segments:
-            t = s.cost(model, nbytes, shape, codec, seg)
+            t = s.cost(model, nbytes, shape, codec, seg) * factor
             if best is None or t < best.predicted_s:
                 best = Choice(s.name, seg, t)
         choices.append(best)

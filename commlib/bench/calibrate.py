@@ -11,6 +11,12 @@ What is measured (every rank takes part; figures are combined so that every rank
 - MPI's own allreduce (``native``) at 8 bytes and at 1 and 16 MiB: its latency per log2(p) step, and its
   bandwidth as a multiple of a ring's transfer time (least squares on the large sizes);
 - the fixed Python cost of a schedule: recursive doubling on 8 bytes, less what the links predict;
+- on one node with cross-memory attach, the cma schedule itself at 4 KiB and 16 MiB: its fixed cost and
+  a factor on its formula's bytes (its segments stay in cache, where the kernels outrun the rates above);
+- then every algorithm that can run here, at 4 KiB to 64 MiB (x4): its measured time over the fitted
+  formula's, the correction ``auto`` applies on this node layout (what no formula sees: per-schedule
+  Python overheads, cache effects, how well a pipeline fills, MPI's own algorithms). Each size runs 5 to
+  50 calls (~50 ms where calls are short); the median call of the slowest rank counts;
 - the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one.
 """
 
@@ -191,6 +197,61 @@ def _call_overhead(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tu
     return max(t - predicted, 1e-6), t
 
 
+def _cma(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float, float, dict]:
+    """The cma schedule: (fixed cost beyond its formula, factor on its bytes' time, the raw times)."""
+    raw = {}
+    for nbytes, reps in ((4 << 10, 200), (_KERNEL_BYTES, 5)):
+        buf = np.ones(nbytes // 4, np.float32)
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm="cma")  # warm up
+        comm.Barrier()
+        raw[nbytes] = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm="cma"), reps)
+    raw = comm.bcast({k: comm.allreduce(v, op=_max_op()) for k, v in raw.items()}, root=0)
+    bare = dataclasses.replace(model, cma_alpha_s=0.0, cma_beta_factor=1.0)
+    small, large = (cost.cma(bare, n, shape) for n in raw)
+    alpha = max(raw[4 << 10] - small, 0.0)
+    unit_bytes = large - cost.cma(dataclasses.replace(bare, copy_s_per_byte=0.0, reduce_s_per_byte=0.0),
+                                  _KERNEL_BYTES, shape)
+    factor = (raw[_KERNEL_BYTES] - alpha - (large - unit_bytes)) / unit_bytes if unit_bytes > 0 else 1.0
+    return alpha, max(factor, 0.0), {str(k): v for k, v in raw.items()}
+
+
+#: Sizes at which every algorithm is measured for the corrections (beyond the largest, its ratio holds).
+_CORRECTION_SIZES = tuple((4 << 10) << (2 * k) for k in range(8))  # 4 KiB, 16 KiB, ..., 64 MiB
+_CORRECTION_BUDGET_S = 0.05
+
+
+def _timed_calls(engine, comm, buf, algorithm: str) -> float:
+    """Seconds per call of ``algorithm`` on ``buf`` (in place): the median call of the slowest rank; equal
+    on every rank."""
+    engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)  # warm up
+    comm.Barrier()
+    start = time.perf_counter()
+    engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)
+    once = comm.allreduce(time.perf_counter() - start, op=_max_op())
+    calls = max(5, min(50, int(_CORRECTION_BUDGET_S / max(once, 1e-9))))
+    comm.Barrier()
+    median = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm), calls)
+    return comm.allreduce(median, op=_max_op())
+
+
+def _corrections(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[dict, dict]:
+    """Per algorithm that can run here: {size: measured / predicted}, and the measured times."""
+    ratios: dict = {}
+    times: dict = {}
+    seg = engine.config.ring_segment_bytes
+    for s in select.candidates(engine.context, None):
+        ratios[s.name], times[s.name] = {}, {}
+        for nbytes in _CORRECTION_SIZES:
+            predicted = s.cost(model, nbytes, shape, None, seg)
+            if not 0 < predicted < cost.INF:
+                continue
+            buf = np.ones(nbytes // 4, np.float32)
+            measured = _timed_calls(engine, comm, buf, s.name)
+            ratios[s.name][str(nbytes)] = measured / predicted
+            times[s.name][str(nbytes)] = measured
+    return comm.bcast(ratios, root=0), times
+
+
 def calibrate(engine, comm) -> tuple[cost.CostModel, dict]:
     """Collective: measure, fit, and return (the model, the raw measurements); every rank returns the same."""
     topo = engine.topology
@@ -218,6 +279,12 @@ def calibrate(engine, comm) -> tuple[cost.CostModel, dict]:
         model = dataclasses.replace(model, native_alpha_s=alpha, native_beta_factor=factor)
         call, measured["rd_8B_s"] = _call_overhead(engine, comm, model, shape)
         model = dataclasses.replace(model, call_s=call)
+    if shape.cma:
+        alpha, factor, measured["cma"] = _cma(engine, comm, model, shape)
+        model = dataclasses.replace(model, cma_alpha_s=alpha, cma_beta_factor=factor)
+    if topo.size > 1:
+        corrections, measured["algorithms_s"] = _corrections(engine, comm, model, shape)
+        model = dataclasses.replace(model, corrections=corrections, corrected_for=cost.layout_of(shape))
     measured["defaults_used_for"] = [name for name, link in (("intra", intra), ("inter", inter)) if link is None]
     return model, measured
 
@@ -241,4 +308,21 @@ def describe(model: cost.CostModel) -> list[str]:
             f"# reduce {rate(model.reduce_s_per_byte)}, copy {rate(model.copy_s_per_byte)}, codecs: {codecs}",
             f"# per call {model.call_s * 1e6:.1f} us, per extra segment {model.message_s * 1e6:.1f} us; "
             f"native: {model.native_alpha_s * 1e6:.1f} us per log2(p) step, "
-            f"{model.native_beta_factor:.2f} x a ring's transfer time"]
+            f"{model.native_beta_factor:.2f} x a ring's transfer time; cma: +{model.cma_alpha_s * 1e6:.1f} us, "
+            f"{model.cma_beta_factor:.2f} x its copy-and-reduce time"] + _describe_corrections(model)
+
+
+def _describe_corrections(model: cost.CostModel) -> list[str]:
+    if not model.corrections:
+        return []
+    lines = [f"# corrections (measured / formula) on node layout {model.corrected_for}:"]
+    for name, by_size in model.corrections.items():
+        lines.append(f"#   {name:<24} " + " ".join(f"{_size(int(n))}:{r:.2f}" for n, r in by_size.items()))
+    return lines
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
