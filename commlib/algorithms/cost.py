@@ -298,6 +298,12 @@ def rabenseifner(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
     return t
 
 
+def _codec_inside(nodes, codec):
+    """The hierarchical schedules' intra-node codec: none where there are nodes to cross
+    (``hierarchical.intra_codec``)."""
+    return codec if len(nodes) == 1 else None
+
+
 def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 1 << 20) -> float:
     """Ring reduce-scatter in each node, allreduce of each of the L shards across nodes (L at once over
     each node's link), ring allgather in each node."""
@@ -311,7 +317,7 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
         cross = _rd_groups(model, shape, shards, shard_bytes, codec)
     else:
         cross = _ring(model, shape, shards, shard_bytes, codec, seg)
-    inside = codec if len(nodes) == 1 else None  # a codec applies to what crosses nodes
+    inside = _codec_inside(nodes, codec)
     return (model.call_s + _ring_half(model, shape, nodes, nbytes, inside, seg, True) + cross
             + _ring_half(model, shape, nodes, nbytes, inside, seg, False))
 
@@ -327,7 +333,7 @@ def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=
     shards = [[g[j] for g in nodes if j < len(g)] for j in range(width)]
     block = min(nbytes, 8 * seg)
     count = math.ceil(nbytes / block)
-    codec_inside = codec if len(nodes) == 1 else None  # a codec applies to what crosses nodes
+    codec_inside = _codec_inside(nodes, codec)
     inside = (_ring_half(model, shape, nodes, block, codec_inside, seg, True)
               + _ring_half(model, shape, nodes, block, codec_inside, seg, False))
     cross = _ring(model, shape, shards, block / width, codec, 0)

@@ -108,6 +108,12 @@ def packing_limit(model, shape: Shape, specs, configured_segment: int) -> int:
     return 2 * _PACK_SIZES[-1]
 
 
+def forget_model(ctx) -> None:
+    """``ctx.cost_model`` changed (``--calibrate``): drop what was decided from the old one."""
+    ctx.tuning.pop("select.choices", None)
+    ctx.tuning.pop("select.inplace_limit", None)
+
+
 def inplace_limit(ctx) -> int:
     """:func:`packing_limit` for ``ctx`` (float32, the algorithms that can run there), remembered on the
     context; equal on every rank (the same model and shape)."""

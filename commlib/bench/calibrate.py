@@ -34,6 +34,7 @@ from .. import kernels
 from ..algorithms import cost, select
 from ..compression import Compression
 from ..ops import ReduceOp
+from .report import human_size
 
 _SMALL = 8
 _KERNEL_BYTES = 16 << 20
@@ -166,16 +167,28 @@ def _max_op():
     return MPI.MAX
 
 
+def _slowest_median(engine, comm, buf, algorithm: str, calls: int) -> float:
+    """The median of ``calls`` in-place allreduces of ``buf`` by ``algorithm``, on the slowest rank (equal on
+    every rank)."""
+    comm.Barrier()
+    median = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm), calls)
+    return comm.allreduce(median, op=_max_op())
+
+
+def _times(engine, comm, algorithm: str, plan) -> dict[int, float]:
+    """``{nbytes: _slowest_median}`` for each ``(nbytes, calls)`` of ``plan``, after a warm-up call each."""
+    times = {}
+    for nbytes, calls in plan:
+        buf = np.ones(nbytes // 4 or 1, np.float32)
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)
+        times[nbytes] = _slowest_median(engine, comm, buf, algorithm, calls)
+    return times
+
+
 def _native(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float, float, dict]:
     """MPI's allreduce: (latency per log2 step, bandwidth factor, the raw times)."""
     p = shape.ranks
-    raw = {}
-    for nbytes, reps in ((_SMALL, 200),) + tuple((s, 5) for s in _NATIVE_SIZES):
-        buf = np.ones(nbytes // 4 or 1, np.float32)
-        engine.allreduce_(buf, ReduceOp.SUM, algorithm="native")  # warm up
-        comm.Barrier()
-        raw[nbytes] = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm="native"), reps)
-    raw = comm.bcast({k: comm.allreduce(v, op=_max_op()) for k, v in raw.items()}, root=0)
+    raw = _times(engine, comm, "native", ((_SMALL, 200),) + tuple((s, 5) for s in _NATIVE_SIZES))
     steps = max(1, math.ceil(math.log2(p)))
     alpha = raw[_SMALL] / steps
     unit = dataclasses.replace(model, native_alpha_s=0.0, native_beta_factor=1.0)
@@ -190,22 +203,14 @@ def _call_overhead(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tu
     buf = np.ones(2, np.float32)
     for _ in range(20):
         engine.allreduce_(buf, ReduceOp.SUM, algorithm="recursive_doubling")
-    comm.Barrier()
-    t = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm="recursive_doubling"), 300)
-    t = comm.allreduce(t, op=_max_op())
+    t = _slowest_median(engine, comm, buf, "recursive_doubling", 300)
     predicted = cost.recursive_doubling(dataclasses.replace(model, call_s=0.0), buf.nbytes, shape)
     return max(t - predicted, 1e-6), t
 
 
 def _cma(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float, float, dict]:
     """The cma schedule: (fixed cost beyond its formula, factor on its bytes' time, the raw times)."""
-    raw = {}
-    for nbytes, reps in ((4 << 10, 200), (_KERNEL_BYTES, 5)):
-        buf = np.ones(nbytes // 4, np.float32)
-        engine.allreduce_(buf, ReduceOp.SUM, algorithm="cma")  # warm up
-        comm.Barrier()
-        raw[nbytes] = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm="cma"), reps)
-    raw = comm.bcast({k: comm.allreduce(v, op=_max_op()) for k, v in raw.items()}, root=0)
+    raw = _times(engine, comm, "cma", ((4 << 10, 200), (_KERNEL_BYTES, 5)))
     bare = dataclasses.replace(model, cma_alpha_s=0.0, cma_beta_factor=1.0)
     small, large = (cost.cma(bare, n, shape) for n in raw)
     alpha = max(raw[4 << 10] - small, 0.0)
@@ -229,9 +234,7 @@ def _timed_calls(engine, comm, buf, algorithm: str) -> float:
     engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)
     once = comm.allreduce(time.perf_counter() - start, op=_max_op())
     calls = max(5, min(50, int(_CORRECTION_BUDGET_S / max(once, 1e-9))))
-    comm.Barrier()
-    median = _median_time(lambda: engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm), calls)
-    return comm.allreduce(median, op=_max_op())
+    return _slowest_median(engine, comm, buf, algorithm, calls)
 
 
 def _corrections(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[dict, dict]:
@@ -317,12 +320,5 @@ def _describe_corrections(model: cost.CostModel) -> list[str]:
         return []
     lines = [f"# corrections (measured / formula) on node layout {model.corrected_for}:"]
     for name, by_size in model.corrections.items():
-        lines.append(f"#   {name:<24} " + " ".join(f"{_size(int(n))}:{r:.2f}" for n, r in by_size.items()))
+        lines.append(f"#   {name:<24} " + " ".join(f"{human_size(int(n))}:{r:.2f}" for n, r in by_size.items()))
     return lines
-
-
-def _size(nbytes: int) -> str:
-    for unit, shift in (("M", 20), ("K", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift}{unit}"
-    return str(nbytes)

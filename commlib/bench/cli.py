@@ -112,7 +112,7 @@ def _calibrate(options: Options, comm, lane, command: str) -> None:
     model, measured = calibration.calibrate(lane.engine, comm)
     ctx = lane.engine.context
     ctx.cost_model = model  # every rank fitted the same numbers
-    ctx.tuning.pop("select.choices", None)
+    select.forget_model(ctx)
     if comm.Get_rank() == 0:
         path = options.calibrate_path or _profile_target(ctx.config.tuning_file)
         cost.write_profile(path, calibration.document(model, select.shape_of(ctx), measured, command))

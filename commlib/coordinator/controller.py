@@ -81,12 +81,11 @@ class Coordinator(Lifecycle):
         self._world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
         self._label = label
         self._lanes = LaneSet(lanes, self._finish)
-        self._inplace_bytes = lanes[0].engine.fusion_inplace_bytes  # every lane's engine agrees: one model
+        self._engine = lanes[0].engine  # reduces eager tensors (kernels only: safe beside a lane's thread)
         self._table = ReadyTable(self.size, config.cache_capacity, self._world_ranks)
         relayed = self.size > config.direct_max_ranks
         self._rounds = make_rounds(channel, relay=relayed)
         self._stalls = StallInspector(self.rank, config, self.describe_ranks, relayed=relayed)
-        self._engine = lanes[0].engine  # reduces eager tensors (kernels only: safe beside a lane's thread)
         self._eager = EagerStore(self.rank, self.size, config.eager_bytes, config.algorithm,
                                  self._engine.topology.cross_size, relayed)
         self._incoming: collections.deque[Entry] = collections.deque()
@@ -256,7 +255,8 @@ class Coordinator(Lifecycle):
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
             responses = table.fail_stalled(*stalled, describe=self.describe_ranks) + responses
         if len(responses) > 1:
-            responses = fuse(responses, self._config.fusion_threshold_bytes, self._inplace_bytes,
+            # the in-place limit is searched on first use (tens of ms on 16 ranks), not at init
+            responses = fuse(responses, self._config.fusion_threshold_bytes, self._engine.fusion_inplace_bytes,
                              apart=self._eager.applies)
         if responses:
             self._execute(responses)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cache import BoundedCache
 from .requests import Entry, Kind, Meta, Response
 
 
@@ -42,10 +43,10 @@ class EagerStore:
     def __init__(self, rank: int, size: int, limit_bytes: int, default_algorithm: str, nodes: int,
                  relayed: bool):
         self._rank = rank
-        self._peers = size - 1
+        self._size = size
         self._rule = (size - 1, limit_bytes, default_algorithm, nodes, relayed)
         self._never = limit_bytes <= 0 or nodes < 2 or relayed
-        self._verdicts: dict[int, tuple[Meta, bool]] = {}  # id(meta) -> (meta, eligible): asked on every call
+        self._verdicts = BoundedCache(4096)  # id(meta) -> (meta, eligible): asked several times per call
         self._received: dict[str, dict[int, bytes]] = {}
         self.runs = 0  # tensors reduced eagerly on this rank (for tests and diagnostics)
 
@@ -55,11 +56,7 @@ class EagerStore:
         known = self._verdicts.get(id(meta))
         if known is not None and known[0] is meta:
             return known[1]
-        if len(self._verdicts) > 4096:
-            self._verdicts.clear()
-        verdict = eligible(meta, *self._rule)
-        self._verdicts[id(meta)] = (meta, verdict)
-        return verdict
+        return self._verdicts.put(id(meta), (meta, eligible(meta, *self._rule)))[1]
 
     def outgoing(self, entry: Entry) -> tuple[str, bytes]:
         """What this rank's message carries for ``entry``: its name and its buffer's bytes."""
@@ -85,7 +82,7 @@ class EagerStore:
         dtype = flat.dtype
         zeros = None
         contributions = []
-        for rank in range(self._peers + 1):
+        for rank in range(self._size):
             if rank == self._rank and entry is not None:
                 contributions.append(flat.copy())
             elif rank in received:
