@@ -256,3 +256,15 @@ def test_compression_tolerance_is_tight():
     tol = tolerance(expected, np.dtype(np.float32), ReduceOp.SUM, 3, Compression.fp16)
     assert np.all(tol < 3.0)
     assert count_wrong(np.array([0.0, 101.0, 1000.5], dtype=np.float32), expected, tol) == 1
+
+
+def test_each_round_starts_with_the_next_algorithm():
+    """Interleaved timing rotates the order, so a slow first block in a round lands on every algorithm."""
+    from commlib.bench.core import turn_order
+
+    assert turn_order(3, 0) == [0, 1, 2]
+    assert turn_order(3, 1) == [1, 2, 0]
+    assert turn_order(3, 5) == [2, 0, 1]
+    firsts = [turn_order(4, r)[0] for r in range(8)]
+    assert sorted(firsts) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(sorted(turn_order(5, r)) == list(range(5)) for r in range(7))

@@ -15,8 +15,9 @@ What is measured (every rank takes part; figures are combined so that every rank
   a factor on its formula's bytes (its segments stay in cache, where the kernels outrun the rates above);
 - then every algorithm that can run here, at 4 KiB to 64 MiB (x4): its measured time over the fitted
   formula's, the correction ``auto`` applies on this node layout (what no formula sees: per-schedule
-  Python overheads, cache effects, how well a pipeline fills, MPI's own algorithms). Each size runs 5 to
-  50 calls (~50 ms where calls are short); the median call of the slowest rank counts;
+  Python overheads, cache effects, how well a pipeline fills, MPI's own algorithms). At each size the
+  algorithms take turns in 3 rounds of 3 to 20 calls (~20 ms where calls are short), as commlib-bench
+  interleaves them; per round the median call of the slowest rank, then the median over the rounds;
 - the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one.
 """
 
@@ -34,6 +35,7 @@ from .. import kernels
 from ..algorithms import cost, select
 from ..compression import Compression
 from ..ops import ReduceOp
+from .core import turn_order
 from .report import human_size
 
 _SMALL = 8
@@ -222,36 +224,44 @@ def _cma(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float,
 
 #: Sizes at which every algorithm is measured for the corrections (beyond the largest, its ratio holds).
 _CORRECTION_SIZES = tuple((4 << 10) << (2 * k) for k in range(8))  # 4 KiB, 16 KiB, ..., 64 MiB
-_CORRECTION_BUDGET_S = 0.05
+#: Rounds in which the algorithms take turns at one size, and each round's time budget per algorithm.
+_CORRECTION_ROUNDS = 3
+_CORRECTION_BUDGET_S = 0.02
 
 
-def _timed_calls(engine, comm, buf, algorithm: str) -> float:
-    """Seconds per call of ``algorithm`` on ``buf`` (in place): the median call of the slowest rank; equal
-    on every rank."""
-    engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)  # warm up
-    comm.Barrier()
-    start = time.perf_counter()
-    engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)
-    once = comm.allreduce(time.perf_counter() - start, op=_max_op())
-    calls = max(5, min(50, int(_CORRECTION_BUDGET_S / max(once, 1e-9))))
-    return _slowest_median(engine, comm, buf, algorithm, calls)
+def _interleaved(engine, comm, nbytes: int, algorithms: list[str]) -> dict[str, float]:
+    """Seconds per call of each of ``algorithms`` on ``nbytes`` (in place), equal on every rank: the
+    algorithms take turns in :data:`_CORRECTION_ROUNDS` rounds, each round starting with the next one (as
+    ``commlib-bench`` times them, so that drift and position in a round land on all alike); per round the
+    median call of the slowest rank, then the median over the rounds."""
+    buf = np.ones(nbytes // 4, np.float32)
+    calls = {}
+    for name in algorithms:
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm=name)  # warm up, and how long one call takes
+        comm.Barrier()
+        start = time.perf_counter()
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm=name)
+        once = comm.allreduce(time.perf_counter() - start, op=_max_op())
+        calls[name] = max(3, min(20, int(_CORRECTION_BUDGET_S / max(once, 1e-9))))
+    rounds: dict[str, list[float]] = {name: [] for name in algorithms}
+    for r in range(_CORRECTION_ROUNDS):
+        for name in (algorithms[a] for a in turn_order(len(algorithms), r)):
+            rounds[name].append(_slowest_median(engine, comm, buf, name, calls[name]))
+    return {name: statistics.median(times) for name, times in rounds.items()}
 
 
 def _corrections(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[dict, dict]:
     """Per algorithm that can run here: {size: measured / predicted}, and the measured times."""
-    ratios: dict = {}
-    times: dict = {}
     seg = engine.config.ring_segment_bytes
-    for s in select.candidates(engine.context, None):
-        ratios[s.name], times[s.name] = {}, {}
-        for nbytes in _CORRECTION_SIZES:
-            predicted = s.cost(model, nbytes, shape, None, seg)
-            if not 0 < predicted < cost.INF:
-                continue
-            buf = np.ones(nbytes // 4, np.float32)
-            measured = _timed_calls(engine, comm, buf, s.name)
-            ratios[s.name][str(nbytes)] = measured / predicted
-            times[s.name][str(nbytes)] = measured
+    specs = select.candidates(engine.context, None)
+    ratios: dict = {s.name: {} for s in specs}
+    times: dict = {s.name: {} for s in specs}
+    for nbytes in _CORRECTION_SIZES:
+        predicted = {s.name: s.cost(model, nbytes, shape, None, seg) for s in specs}
+        runnable = [name for name, t in predicted.items() if 0 < t < cost.INF]
+        for name, measured in _interleaved(engine, comm, nbytes, runnable).items():
+            ratios[name][str(nbytes)] = measured / predicted[name]
+            times[name][str(nbytes)] = measured
     return comm.bcast(ratios, root=0), times
 
 

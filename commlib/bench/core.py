@@ -2,9 +2,11 @@
 
 First every algorithm runs once at the largest size (creating its scratch buffers and sub-groups).
 Then, for each size, every algorithm runs ``warmup_iters`` untimed calls, then one checked call on fresh
-inputs, then ``iters`` timed calls split into ``rounds`` rounds. Within a round the algorithms take turns
-(A, B, C, A, B, C, ...), each timing a block of consecutive calls after a barrier, so machine noise lands
-on every algorithm alike. A block's time per call is the slowest rank's; an algorithm's time is the
+inputs, then ``iters`` timed calls split into ``rounds`` rounds. Within a round the algorithms take turns,
+each timing a block of consecutive calls after a barrier, and each round starts with the next algorithm
+(A, B, C, then B, C, A, ...), so machine noise lands on every algorithm alike, and so does whatever comes
+with a position in the round (on the emulated cluster the round's first block was measured 10-40% slower,
+whichever algorithm ran there). A block's time per call is the slowest rank's; an algorithm's time is the
 median over its rounds.
 """
 
@@ -134,6 +136,12 @@ def refusals(options: Options, collective: Collective, engine) -> dict[str, str]
     return reasons
 
 
+def turn_order(count: int, round_index: int) -> list[int]:
+    """The order in which ``count`` interleaved algorithms take turns in round ``round_index``: each round
+    starts with the next one (0, 1, 2, then 1, 2, 0, ...), so no algorithm always runs first."""
+    return [(round_index + i) % count for i in range(count)]
+
+
 def _block_lengths(iters: int, rounds: int) -> list[int]:
     base, extra = divmod(iters, rounds)
     return [base + (1 if r < extra else 0) for r in range(rounds)]
@@ -184,7 +192,8 @@ class _Sweep:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CompressionOverflowWarning)
             for r, length in enumerate(blocks):
-                for a, algorithm in enumerate(o.algorithms):
+                for a in turn_order(len(o.algorithms), r):
+                    algorithm = o.algorithms[a]
                     np.copyto(work, pristine)
                     self.comm.Barrier()
                     start = time.perf_counter()
