@@ -3,8 +3,9 @@ Allreduce called directly, interleaved in one job; also commlib with algorithm="
 allreduce: never eager, see commlib/coordinator/eager.py). Run under mpiexec (or on the emulated cluster:
 ``python -m commlib.testing.cluster run --hosts 2,2 --rate 1gbit -- python scripts/bench_latency.py``).
 
-Each round times ``--iters`` consecutive calls of each, after a barrier; the figure is the median over
-rounds of the slowest rank's time per call. Rank 0 prints the medians and the ratio; --json writes them.
+Each round times ``--iters`` consecutive calls of each, after a barrier, each round starting with the next
+peer (``commlib.bench.core.turn_order``); the figure is the median over rounds of the slowest rank's time
+per call. Rank 0 prints the medians and the ratio; --json writes them.
 """
 
 import argparse
@@ -16,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 import commlib as cl
+from commlib.bench.core import turn_order
 from commlib.config import parse_size
 
 
@@ -45,8 +47,10 @@ def main() -> None:
         for _ in range(50):
             fn()
     times = {k: [] for k in peers}
-    for _ in range(args.rounds):
-        for key, fn in peers.items():
+    names = list(peers)
+    for r in range(args.rounds):
+        for key in (names[i] for i in turn_order(len(names), r)):
+            fn = peers[key]
             comm.Barrier()
             start = time.perf_counter()
             for _ in range(args.iters):

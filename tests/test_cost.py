@@ -62,6 +62,11 @@ def test_formulas_follow_the_link_classes():
     # fp16 halves what crosses the network
     half = cost.hierarchical_pipelined(slow, 64 * MiB, two_by_two, Compression.fp16)
     assert half < 0.6 * t["hierarchical_pipelined"]
+    # a native factor fitted below 1 on 2 nodes never predicts MPI below the link bound at scale
+    fitted = dataclasses.replace(slow, native_beta_factor=0.5)
+    for nodes in (2, 16, 256):
+        shape = cost.Shape.blocks(nodes, 2)
+        assert cost.native(fitted, 64 * MiB, shape) >= cost.link_bound(64 * MiB, nodes, 0.125e9), nodes
 
 
 def test_auto_picks_by_least_predicted_time():

@@ -241,7 +241,9 @@ def _butterfly(pof2: int, rem: int, mask: int) -> list[tuple[int, int]]:
 
 # -- the formulas, one per algorithm ----------------------------------------------------------------------
 def native(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 0) -> float:
-    """MPI's allreduce: fitted latency per log2(p) step plus a fitted multiple of a ring's transfer time."""
+    """MPI's allreduce: fitted latency per log2(p) step plus a fitted multiple of a ring's transfer time,
+    never below the link bound across nodes (a factor fitted below 1 on a few nodes, where MPI's own
+    schedule keeps part of the ring's traffic inside a node, would otherwise beat the bound at scale)."""
     p = shape.ranks
     if codec is not None:
         return INF
@@ -249,7 +251,9 @@ def native(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int =
         return 0.0
     pairs = [(r, (r + 1) % p) for r in range(p)]
     per_step = _step(model, shape, pairs, nbytes / p) - _step(model, shape, pairs, 0.0)
-    return model.native_alpha_s * math.ceil(math.log2(p)) + model.native_beta_factor * 2 * (p - 1) * per_step
+    fitted = model.native_alpha_s * math.ceil(math.log2(p)) + model.native_beta_factor * 2 * (p - 1) * per_step
+    beta = model.inter.beta_s_per_byte
+    return max(fitted, link_bound(nbytes, shape.nodes, 1 / beta)) if beta > 0 else fitted
 
 
 def ring(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 1 << 20) -> float:
