@@ -30,23 +30,25 @@ class Runtime:
     """Everything ``init()`` creates. Build it with ``Runtime(comm, **settings)``; end it with ``close()``."""
 
     def __init__(self, comm: "MPI.Comm | None" = None, **settings):
-        self.config = Config.load(**settings)
-        thread_level = MPI.Query_thread()
-        if thread_level < MPI.THREAD_SERIALIZED:
-            raise ConfigError(
-                "commlib needs MPI initialized with at least MPI_THREAD_SERIALIZED (it has a background "
-                "thread); do not set mpi4py.rc.thread_level below 'serialized'")
-        if self.config.num_streams > 1 and thread_level < MPI.THREAD_MULTIPLE:
-            raise ConfigError(
-                f"COMMLIB_NUM_STREAMS={self.config.num_streams} needs MPI_THREAD_MULTIPLE, which this MPI "
-                "did not provide; use COMMLIB_NUM_STREAMS=1")
-        self.thread_multiple = thread_level == MPI.THREAD_MULTIPLE
+        try:
+            self.config = Config.load(**settings)
+            self.thread_multiple = self._thread_multiple(self.config)
+            own = None
+        except Exception as exc:  # the other ranks still come to the agreement below, and learn why
+            own = exc
         self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
+        reports = self.comm.allgather(("error", str(own)) if own else ("ok", self.config.agreed_values()))
         try:
-            Config.check_agreement(self.comm.allgather(self.config.agreed_values()))
-        except ConfigError:
+            failed = {r: text for r, (kind, text) in enumerate(reports) if kind == "error"}
+            if own is not None:
+                raise own
+            if failed:
+                listing = "; ".join(f"rank {r}: {text}" for r, text in failed.items())
+                raise ConfigError(f"commlib.init() failed on another rank ({listing}); fix the settings there")
+            Config.check_agreement([values for _, values in reports])
+        except Exception:
             self.comm.Free()
             raise
         self.topology = Topology.detect(self.comm, self.config.local_size)
@@ -58,6 +60,20 @@ class Runtime:
         self.sets = ProcessSetTable(self.comm, self._build_member,
                                     self._build_member(world, list(range(self.size)), ""))
         self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
+
+    @staticmethod
+    def _thread_multiple(config: Config) -> bool:
+        """Whether MPI provides MPI_THREAD_MULTIPLE; raises if it provides too little for ``config``."""
+        thread_level = MPI.Query_thread()
+        if thread_level < MPI.THREAD_SERIALIZED:
+            raise ConfigError(
+                "commlib needs MPI initialized with at least MPI_THREAD_SERIALIZED (it has a background "
+                "thread); do not set mpi4py.rc.thread_level below 'serialized'")
+        if config.num_streams > 1 and thread_level < MPI.THREAD_MULTIPLE:
+            raise ConfigError(
+                f"COMMLIB_NUM_STREAMS={config.num_streams} needs MPI_THREAD_MULTIPLE, which this MPI "
+                "did not provide; use COMMLIB_NUM_STREAMS=1")
+        return thread_level == MPI.THREAD_MULTIPLE
 
     def _build_member(self, comm, ranks: list[int], label: str) -> tuple:
         """A set's (communicator, node layout, coordinator) on ``comm``, which holds exactly ``ranks``;

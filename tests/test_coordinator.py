@@ -163,9 +163,10 @@ def test_fusion_groups_bound_the_packed_bytes_only():
     assert groups(small()[:2] + large(), 0, 1024) == [["s0"], ["s1"], ["L0"], ["L1"]]
 
 
-def test_settings_that_must_agree_are_checked_at_init():
-    out = run_mpi(2, "config_mismatch.py", timeout=60)
-    assert out.count("mismatch raised, then init worked") == 2, out
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_settings_that_must_agree_are_checked_at_init(nprocs):
+    out = run_mpi(nprocs, "config_mismatch.py", timeout=60)
+    assert out.count("mismatch raised, then init worked") == nprocs, out
 
 
 def _error_times(out: str) -> dict[int, float]:
