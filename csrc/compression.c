@@ -205,6 +205,25 @@ static int get_buffer(PyObject *obj, Py_buffer *view, int writable, const char *
     return 0;
 }
 
+static void release_buffers(Py_buffer *views, int count)
+{
+    while (count-- > 0) PyBuffer_Release(&views[count]);
+}
+
+/* Views of args[0..count) as 4-byte elements, writable where bit i of `writable` is set (`what[i]` names
+ * each in errors); on failure the views already taken are released. */
+static int get_buffers(PyObject *const *args, Py_buffer *views, int count, unsigned writable,
+                       const char *const *what)
+{
+    for (int i = 0; i < count; i++) {
+        if (get_buffer(args[i], &views[i], (int)((writable >> i) & 1u), what[i], 4) < 0) {
+            release_buffers(views, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(topk_doc, "topk(x, k, idx): idx[:k] = positions of the k largest |x| (float32), ascending.");
 
 static PyObject *cc_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -251,25 +270,18 @@ static PyObject *cc_scatter_add(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "scatter_add(dst, idx, val) takes 3 arguments");
         return NULL;
     }
-    Py_buffer dst, idx, val;
-    if (get_buffer(args[0], &dst, 1, "scatter_add dst", 4) < 0) return NULL;
-    if (get_buffer(args[1], &idx, 0, "scatter_add idx", 4) < 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    if (get_buffer(args[2], &val, 0, "scatter_add val", 4) < 0) {
-        PyBuffer_Release(&dst);
-        PyBuffer_Release(&idx);
-        return NULL;
-    }
-    Py_ssize_t n = dst.len / 4, m = idx.len / 4;
+    static const char *const what[] = {"scatter_add dst", "scatter_add idx", "scatter_add val"};
+    Py_buffer views[3];
+    if (get_buffers(args, views, 3, 1u, what) < 0) return NULL;
+    const Py_buffer *dst = &views[0], *idx = &views[1], *val = &views[2];
+    Py_ssize_t n = dst->len / 4, m = idx->len / 4;
     Py_ssize_t bad = -1;
-    if (val.len / 4 != m) {
-        PyErr_Format(PyExc_ValueError, "scatter_add: %zd indices but %zd values", m, val.len / 4);
+    if (val->len / 4 != m) {
+        PyErr_Format(PyExc_ValueError, "scatter_add: %zd indices but %zd values", m, val->len / 4);
     } else {
-        float *d = (float *)dst.buf;
-        const int32_t *ix = (const int32_t *)idx.buf;
-        const float *v = (const float *)val.buf;
+        float *d = (float *)dst->buf;
+        const int32_t *ix = (const int32_t *)idx->buf;
+        const float *v = (const float *)val->buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < m; i++) {
             if (ix[i] < 0 || ix[i] >= n) {
@@ -285,9 +297,7 @@ static PyObject *cc_scatter_add(PyObject *self, PyObject *const *args, Py_ssize_
         }
     }
     int failed = PyErr_Occurred() != NULL;
-    PyBuffer_Release(&dst);
-    PyBuffer_Release(&idx);
-    PyBuffer_Release(&val);
+    release_buffers(views, 3);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
@@ -305,24 +315,18 @@ static PyObject *cc_momentum_accumulate(PyObject *self, PyObject *const *args, P
     }
     float m = (float)PyFloat_AsDouble(args[3]);
     if (m == -1.0f && PyErr_Occurred()) return NULL;
-    Py_buffer u, v, g;
-    if (get_buffer(args[0], &u, 1, "momentum_accumulate u", 4) < 0) return NULL;
-    if (get_buffer(args[1], &v, 1, "momentum_accumulate v", 4) < 0) {
-        PyBuffer_Release(&u);
-        return NULL;
-    }
-    if (get_buffer(args[2], &g, 0, "momentum_accumulate g", 4) < 0) {
-        PyBuffer_Release(&u);
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    if (u.len != v.len || u.len != g.len) {
+    static const char *const what[] = {"momentum_accumulate u", "momentum_accumulate v",
+                                       "momentum_accumulate g"};
+    Py_buffer views[3];
+    if (get_buffers(args, views, 3, 3u, what) < 0) return NULL;
+    const Py_buffer *u = &views[0], *v = &views[1], *g = &views[2];
+    if (u->len != v->len || u->len != g->len) {
         PyErr_Format(PyExc_ValueError, "momentum_accumulate: sizes differ (u %zd, v %zd, g %zd elements)",
-                     u.len / 4, v.len / 4, g.len / 4);
+                     u->len / 4, v->len / 4, g->len / 4);
     } else {
-        float *pu = (float *)u.buf, *pv = (float *)v.buf;
-        const float *pg = (const float *)g.buf;
-        Py_ssize_t n = u.len / 4;
+        float *pu = (float *)u->buf, *pv = (float *)v->buf;
+        const float *pg = (const float *)g->buf;
+        Py_ssize_t n = u->len / 4;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             float next = m * pu[i] + pg[i];
@@ -332,9 +336,7 @@ static PyObject *cc_momentum_accumulate(PyObject *self, PyObject *const *args, P
         Py_END_ALLOW_THREADS
     }
     int failed = PyErr_Occurred() != NULL;
-    PyBuffer_Release(&u);
-    PyBuffer_Release(&v);
-    PyBuffer_Release(&g);
+    release_buffers(views, 3);
     if (failed) return NULL;
     Py_RETURN_NONE;
 }
