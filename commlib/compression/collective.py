@@ -24,6 +24,12 @@ def is_special(compression) -> bool:
     return compression is not None and not isinstance(compression, (WireCodec, NoCompression))
 
 
+def horovod_style(compression) -> bool:
+    """An object with Horovod's ``compress``/``decompress`` that is not one of commlib's own codecs."""
+    return (is_special(compression) and callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None)))
+
+
 class DeferredHandle(Handle):
     """A handle over the collectives a compressor submitted; its result is computed once, on demand."""
 
@@ -55,7 +61,7 @@ def check(compression, output: np.ndarray, op: ReduceOp, algorithm, name: str) -
         if algorithm is not None:
             return f"{name}: algorithm= cannot be combined with {compression!r} (it chooses its own collectives)"
         return ""
-    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+    if not horovod_style(compression):
         return (f"{name}: compression must be Compression.none/.fp16/.bf16, a commlib compressor "
                 f"(Compression.topk(...), ...), or an object with compress() and decompress(), not {compression!r}")
     return ""

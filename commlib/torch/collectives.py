@@ -21,7 +21,8 @@ import torch
 import commlib as _cl
 
 from .. import adasum as _adasum
-from ..compression import NoCompression, WireCodec
+from ..compression import WireCodec
+from ..compression import collective as _compressed
 from ..errors import CommlibError
 from ..ops import ReduceOp, as_op
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
@@ -126,11 +127,9 @@ def synchronize(handle: Handle):
 # --- compression ----------------------------------------------------------------------------------------
 
 def _horovod_style(compression) -> bool:
-    """A Horovod-style compressor: an object with torch ``compress``/``decompress`` (commlib's wire codecs
+    """A Horovod-style compressor, whose torch ``compress``/``decompress`` run here (commlib's wire codecs
     and anything else go to commlib's collective as ``compression=``)."""
-    return (compression is not None and not isinstance(compression, (WireCodec, NoCompression))
-            and callable(getattr(compression, "compress", None))
-            and callable(getattr(compression, "decompress", None)))
+    return _compressed.horovod_style(compression)
 
 
 def compress(compression, tensor):
