@@ -88,7 +88,7 @@ SPECS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec("hierarchical", _passes(hierarchical.allreduce), None, False, _anywhere, cost.hierarchical,
                   "reduce-scatter in each node, allreduce of the shards across nodes, allgather in each node",
                   segmented=True),
-    AlgorithmSpec("hierarchical_pipelined", _passes(pipelined.allreduce), None, False, _anywhere,
+    AlgorithmSpec("hierarchical_pipelined", pipelined.allreduce, None, True, _anywhere,
                   cost.hierarchical_pipelined,
                   "hierarchical on blocks: one block crosses the network while the next is reduced in the node",
                   segmented=True),

@@ -102,7 +102,7 @@ def main() -> None:
         if name == "native" or (name == "cma" and engine.context.peer_memory is None):
             continue  # cma: only where the kernel allows it (algo_check checks the probe's verdict)
         for codec in (None, Compression.fp16, Compression.bf16):
-            for n in (7, 257 * p - (p - 1), 5000) + ((600011,) if codec is None else ()):
+            for n in (7, 257 * p - (p - 1), 5000, 20011) + ((600011,) if codec is None else ()):
                 x = (np.random.default_rng([rank, n, 7]).standard_normal(n) * 100).astype(F32)
                 for op, user_pre, user_post in ((ReduceOp.SUM, 1.0, 1.0), (ReduceOp.AVERAGE, 2.0, 1.0),
                                                 (ReduceOp.MAX, 0.5, 3.0)):
