@@ -224,16 +224,29 @@ def _cma(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[float,
 
 #: Sizes at which every algorithm is measured for the corrections (beyond the largest, its ratio holds).
 _CORRECTION_SIZES = tuple((4 << 10) << (2 * k) for k in range(8))  # 4 KiB, 16 KiB, ..., 64 MiB
-#: Rounds in which the algorithms take turns at one size, and each round's time budget per algorithm.
-_CORRECTION_ROUNDS = 3
-_CORRECTION_BUDGET_S = 0.02
+#: Rounds in which the algorithms take turns at one size, each round's time budget per algorithm, and the
+#: most calls in one round.
+_CORRECTION_ROUNDS = 5
+_CORRECTION_BUDGET_S = 0.05
+_CORRECTION_MAX_CALLS = 200
+
+
+def _slowest_mean(engine, comm, buf, algorithm: str, calls: int) -> float:
+    """Seconds per call over ``calls`` consecutive in-place allreduces of ``buf`` by ``algorithm`` after a
+    barrier, on the slowest rank (equal on every rank): what ``commlib-bench`` times, and what a job pays,
+    stalls included (a median call leaves out the occasional slow call that a mean keeps)."""
+    comm.Barrier()
+    start = time.perf_counter()
+    for _ in range(calls):
+        engine.allreduce_(buf, ReduceOp.SUM, algorithm=algorithm)
+    return comm.allreduce((time.perf_counter() - start) / calls, op=_max_op())
 
 
 def _interleaved(engine, comm, nbytes: int, algorithms: list[str]) -> dict[str, float]:
-    """Seconds per call of each of ``algorithms`` on ``nbytes`` (in place), equal on every rank: the
-    algorithms take turns in :data:`_CORRECTION_ROUNDS` rounds, each round starting with the next one (as
-    ``commlib-bench`` times them, so that drift and position in a round land on all alike); per round the
-    median call of the slowest rank, then the median over the rounds."""
+    """Seconds per call of each of ``algorithms`` on ``nbytes`` (in place), equal on every rank, timed as
+    ``commlib-bench`` times them: the algorithms take turns in :data:`_CORRECTION_ROUNDS` rounds, each
+    round starting with the next one (so that drift and position in a round land on all alike); per round
+    the slowest rank's time per call, then the median over the rounds."""
     buf = np.ones(nbytes // 4, np.float32)
     calls = {}
     for name in algorithms:
@@ -242,11 +255,11 @@ def _interleaved(engine, comm, nbytes: int, algorithms: list[str]) -> dict[str, 
         start = time.perf_counter()
         engine.allreduce_(buf, ReduceOp.SUM, algorithm=name)
         once = comm.allreduce(time.perf_counter() - start, op=_max_op())
-        calls[name] = max(3, min(20, int(_CORRECTION_BUDGET_S / max(once, 1e-9))))
+        calls[name] = max(1, min(_CORRECTION_MAX_CALLS, int(_CORRECTION_BUDGET_S / max(once, 1e-9))))
     rounds: dict[str, list[float]] = {name: [] for name in algorithms}
     for r in range(_CORRECTION_ROUNDS):
         for name in (algorithms[a] for a in turn_order(len(algorithms), r)):
-            rounds[name].append(_slowest_median(engine, comm, buf, name, calls[name]))
+            rounds[name].append(_slowest_mean(engine, comm, buf, name, calls[name]))
     return {name: statistics.median(times) for name, times in rounds.items()}
 
 
