@@ -19,7 +19,7 @@ run() {  # run <name> <command...>: the command line, then its output, into $OUT
 
 # One host, 2 ranks: calibrate, then every algorithm with the fitted profile, predicted beside measured.
 run auto_1host_2ranks .venv/bin/mpiexec -n 2 "$BENCH" --calibrate "$OUT/tuning_1host_2ranks.json" --explain \
-    --algo all -b 4K -e 64M -f 4 -n 200 -w 5 --rounds 5 --json "$OUT/auto_1host_2ranks.json"
+    --algo all -b 4K -e 64M -f 4 -n 400 -w 5 --rounds 10 --json "$OUT/auto_1host_2ranks.json"
 
 # 2 hosts x 2 ranks at 1 Gbit/s per host: the same; the small sizes with more calls per round (a round's
 # time includes the ranks' skew leaving the barrier before it, which a few short calls do not amortise).
@@ -39,7 +39,7 @@ run allreduce_64M_2x2_1gbit_fp16 "${CLUSTER[@]}" "${PROFILE[@]}" "$BENCH" \
     --compression fp16 --link-rate 1gbit --json "$OUT/allreduce_64M_2x2_1gbit_fp16.json"
 
 # A named 4 KiB allreduce through commlib against MPI's own, interleaved.
-run latency_4K_2x2_1gbit "${CLUSTER[@]}" "${PROFILE[@]}" "$PY" scripts/bench_latency.py --iters 300 --rounds 7 \
+run latency_4K_2x2_1gbit "${CLUSTER[@]}" "${PROFILE[@]}" "$PY" scripts/bench_latency.py --iters 150 --rounds 21 \
     --json "$OUT/latency_4K_2x2_1gbit.json"
 
 # What the fitted model predicts at 16, 64 and 256 hosts (a prediction, by formula).
