@@ -302,10 +302,11 @@ def rabenseifner(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
     return t
 
 
-def _codec_inside(nodes, codec):
-    """The hierarchical schedules' intra-node codec: none where there are nodes to cross
-    (``hierarchical.intra_codec``)."""
-    return codec if len(nodes) == 1 else None
+def codec_inside_nodes(node_count: int, codec):
+    """The codec of the hierarchical schedules' phases inside a node: none where there are nodes to cross
+    (only what crosses is encoded; see :mod:`.hierarchical`), the codec itself on a single node. The one
+    rule the schedules (``hierarchical.intra_codec``) and their formulas here both read."""
+    return codec if node_count == 1 else None
 
 
 def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 1 << 20) -> float:
@@ -321,7 +322,7 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
         cross = _rd_groups(model, shape, shards, shard_bytes, codec)
     else:
         cross = _ring(model, shape, shards, shard_bytes, codec, seg)
-    inside = _codec_inside(nodes, codec)
+    inside = codec_inside_nodes(len(nodes), codec)
     return (model.call_s + _ring_half(model, shape, nodes, nbytes, inside, seg, True) + cross
             + _ring_half(model, shape, nodes, nbytes, inside, seg, False))
 
@@ -337,7 +338,7 @@ def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=
     shards = [[g[j] for g in nodes if j < len(g)] for j in range(width)]
     block = min(nbytes, 8 * seg)
     count = math.ceil(nbytes / block)
-    codec_inside = _codec_inside(nodes, codec)
+    codec_inside = codec_inside_nodes(len(nodes), codec)
     inside = (_ring_half(model, shape, nodes, block, codec_inside, seg, True)
               + _ring_half(model, shape, nodes, block, codec_inside, seg, False))
     cross = _ring(model, shape, shards, block / width, codec, 0)

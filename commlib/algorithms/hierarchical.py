@@ -24,12 +24,13 @@ import numpy as np
 
 from ..compression import WireCodec
 from ..ops import ReduceOp
-from . import partition, recursive_doubling, ring
+from . import cost, partition, recursive_doubling, ring
 
 
 def intra_codec(ctx, codec: WireCodec | None) -> WireCodec | None:
-    """The codec of the phases inside a node: none when there are nodes to cross (see the docstring)."""
-    return codec if ctx.topology.cross_size == 1 else None
+    """The codec of the phases inside a node: none when there are nodes to cross (see the docstring;
+    the rule is :func:`.cost.codec_inside_nodes`, which the formulas read too)."""
+    return cost.codec_inside_nodes(ctx.topology.cross_size, codec)
 
 
 def cross_allreduce(ctx, transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None) -> int:

@@ -5,7 +5,8 @@ What is measured (every rank takes part; figures are combined so that every rank
 - each link class through commlib's own transport (what the schedules use): rank 0 and the next rank of
   its node (within a node), rank 0 and the first rank of the next node (between nodes); ``alpha`` = half
   the round trip of 8 bytes (ping-pong), ``beta`` = the extra time per byte of a large message when both
-  send at once (``sendrecv``, as every step of a schedule does); the other ranks wait;
+  send at once (``sendrecv``, as every step of a schedule does; the fastest of several, the link's
+  capacity); the other ranks wait;
 - the local kernels on every rank at once (as during an allreduce): reduce, copy, and each codec's encode
   and decode over 16 MiB of float32 (the slowest rank counts);
 - MPI's own allreduce (``native``) at 8 bytes and at 1 and 16 MiB: its latency per log2(p) step, and its
@@ -16,8 +17,9 @@ What is measured (every rank takes part; figures are combined so that every rank
 - then every algorithm that can run here, at 4 KiB to 64 MiB (x4): its measured time over the fitted
   formula's, the correction ``auto`` applies on this node layout (what no formula sees: per-schedule
   Python overheads, cache effects, how well a pipeline fills, MPI's own algorithms). At each size the
-  algorithms take turns in 3 rounds of 3 to 20 calls (~20 ms where calls are short), as commlib-bench
-  interleaves them; per round the median call of the slowest rank, then the median over the rounds;
+  algorithms take turns in 5 rounds of 1 to 200 consecutive calls (~50 ms where calls are short), as
+  commlib-bench interleaves and times them; per round the slowest rank's time per call, then the median
+  over the rounds;
 - the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one.
 """
 
