@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from . import device
-from .compression import Compression, WireCodec
+from .compression import Compression, Exchange, WireCodec, codec_for
 from .compression import collective as _compressed
 from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
@@ -206,6 +206,24 @@ def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op,
     return meta
 
 
+def _codec_error(compression, dtype: np.dtype, name: str) -> str:
+    """Why ``compression`` (None or a wire codec) cannot take ``dtype`` ('' when it can)."""
+    try:
+        codec_for(compression, dtype, name)
+    except TypeError as exc:
+        return str(exc)
+    return ""
+
+
+def _algorithm_error(algorithm) -> str:
+    """'' or why ``algorithm`` is not one commlib has (the names come from the configuration)."""
+    if algorithm is None:
+        return ""
+    from .config import algorithm_names  # the registry of algorithms: loaded on first use, not at import
+
+    return validation.algorithm(algorithm, algorithm_names())
+
+
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
                       compression, wait: bool, process_set=None, staged: device.Staged | None = None) -> Handle:
     runtime, member, name = _member_and_name(process_set, name, "allreduce")
@@ -230,14 +248,17 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     errors = validation.joined(error, validation.contiguous(output, name), validation.writable(output, name),
                                validation.reduction(dtype, op, name),
                                (_compressed.check(compression, output, op, algorithm, name) if special
-                                else validation.compression(compression, dtype, name)),
-                               validation.algorithm(algorithm),
+                                else _codec_error(compression, dtype, name)),
+                               _algorithm_error(algorithm),
                                validation.scaling(dtype, prescale_factor, postscale_factor, name),
                                staged.error if staged else "")
     if special:
         if not errors and staged is None:
-            handle = _compressed.allreduce(compression, member.size, member.rank, array, output, inplace, op,
-                                           name, prescale_factor, postscale_factor, process_set)
+            handle = _compressed.allreduce(
+                compression, _Exchange(member.size, member.rank, process_set), array, output, inplace, op, name,
+                prescale_factor, postscale_factor,
+                lambda a, o, n, pre, post: allreduce_async(a, op=o, name=n, prescale_factor=pre,
+                                                           postscale_factor=post, process_set=process_set))
             if wait:
                 handle.wait()
             return handle
@@ -250,6 +271,28 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
                 algorithm=(algorithm or "").lower() if not errors else "", error=errors,
                 device=staged.kind if staged else device.CPU)
     return _submit(member, meta, array, output, wait=wait)
+
+
+class _Exchange(Exchange):
+    """The collectives a compressor uses (handed to it: compression sits below the API): commlib's own,
+    Sum over the ranks of ``process_set``; remembers the handles it starts (the deferred handle's parts)."""
+
+    def __init__(self, size: int, rank: int, process_set=None):
+        super().__init__(size, rank, process_set)
+        self.handles: list[Handle] = []
+
+    def allreduce(self, array, name):
+        handle = allreduce_async_(array, op=Sum, name=name, process_set=self.process_set)
+        self.handles.append(handle)
+        return handle
+
+    def allgather(self, array, name):
+        handle = allgather_async(array, name=name, process_set=self.process_set)
+        self.handles.append(handle)
+        return handle
+
+    def wait(self, handle):
+        return synchronize(handle)
 
 
 # ---- allreduce -----------------------------------------------------------------------------------------

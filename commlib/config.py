@@ -12,14 +12,14 @@ import os
 import re
 from typing import Any, Callable, Mapping
 
+from .algorithms.spec import names
 from .errors import ConfigError
+from .validation import algorithm as _algorithm_rule
 
 
 def algorithm_names() -> tuple[str, ...]:
     """The names COMMLIB_ALGORITHM accepts: ``auto`` and every algorithm of the registry
-    (:mod:`commlib.algorithms.spec`, imported here on first use: it imports no MPI)."""
-    from .algorithms.spec import names
-
+    (:mod:`commlib.algorithms.spec`; the algorithms sit below the configuration, which they are handed)."""
     return names()
 
 _SIZE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -72,9 +72,7 @@ def _switch(text: str) -> bool:
 
 
 def _algorithm(text: str) -> str:
-    from .validation import algorithm  # the one rule
-
-    message = algorithm(text)
+    message = _algorithm_rule(str(text), algorithm_names())
     if message:
         raise ValueError(message)
     return str(text).strip().lower()

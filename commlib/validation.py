@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import BY_NUMPY, FLOAT32, supported_names
+from .dtypes import BY_NUMPY, FLOAT32, HALF, supported_names
 from .errors import CommlibError, UnsupportedDtypeError
 from .ops import ReduceOp
 
@@ -38,26 +38,24 @@ def scaling(dtype: np.dtype, prescale: float, postscale: float, name: str) -> st
     return ""
 
 
-def compression(codec, dtype: np.dtype, name: str) -> str:
-    """A wire codec compresses float32 (half types already travel as they are); what a codec is, is
-    :func:`commlib.compression.codec_for`'s to say."""
-    from .compression import codec_for
-
-    try:
-        codec_for(codec, dtype, name)
-    except (TypeError, ValueError) as exc:
-        return str(exc)
-    return ""
+def codec_dtype(codec, dtype: np.dtype, name: str) -> str:
+    """A wire codec compresses float32; half types already travel in half precision (the codec then
+    changes nothing); no other dtype can take one."""
+    dtype = np.dtype(dtype)
+    if dtype == FLOAT32 or dtype in HALF:
+        return ""
+    return f"{name}: {codec!r} compresses float32 tensors, not {dtype}; pass compression=None"
 
 
-def algorithm(value: str | None) -> str:
-    """A forced algorithm must be one commlib has."""
+def algorithm(value, known: tuple[str, ...]) -> str:
+    """A forced algorithm must be one commlib has: ``known`` is handed by the caller (the names of
+    :mod:`commlib.algorithms.spec`'s registry)."""
     if value is None:
         return ""
-    from .config import algorithm_names
-
-    if str(value).strip().lower() not in algorithm_names():
-        return f"unknown algorithm {value!r}; use one of: {', '.join(algorithm_names())}"
+    if not isinstance(value, str):
+        return f"algorithm must be a string (one of: {', '.join(known)}), not {type(value).__name__} {value!r}"
+    if value.strip().lower() not in known:
+        return f"unknown algorithm {value!r}; use one of: {', '.join(known)}"
     return ""
 
 

@@ -51,7 +51,9 @@ def test_rules_by_kind():
         else:  # floats, and integers as Horovod (float64 product, truncated)
             assert average == "" and scaled == ""
     assert "complex64" in validation.reduction(np.dtype(np.complex64), ReduceOp.SUM, "t")
-    assert validation.algorithm("RING") == "" and "fastest" in validation.algorithm("fastest")
+    known = ("auto", "ring")
+    assert validation.algorithm("RING", known) == "" and "fastest" in validation.algorithm("fastest", known)
+    assert "must be a string" in validation.algorithm(3, known)
     assert "not contiguous" in validation.contiguous(np.zeros((4, 4))[:, 1], "t")
     with pytest.raises(UnsupportedDtypeError):
         validation.check_reducible(np.zeros(2, np.complex64), ReduceOp.SUM)

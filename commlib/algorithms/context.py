@@ -9,7 +9,6 @@ import json
 import numpy as np
 
 from ..buffers import ScratchPool
-from ..config import Config
 from .cost import DEFAULTS, CostModel, model_from_profile, profile_path, read_profile
 from ..errors import ConfigError
 from ..topology import Topology
@@ -32,11 +31,14 @@ class AlgorithmContext:
 
     :meth:`create` is collective: on one node (and unless COMMLIB_CMA=0) it probes cross-memory attach.
 
+    ``config`` is the settings object (:class:`commlib.config.Config`), handed down by the engine: the
+    configuration sits above the algorithms (it knows their names), so nothing here imports it.
+
     Sub-groups are created by collective ``split`` calls the first time an algorithm needs them. Every
     rank runs the same algorithm on the same call, so every rank reaches those splits together.
     """
 
-    def __init__(self, transport: Transport, topology: Topology, config: Config,
+    def __init__(self, transport: Transport, topology: Topology, config,
                  scratch: ScratchPool | None = None, peer_memory: PeerMemory | None = None,
                  peer_memory_reason: str = "not probed", cost_model: CostModel | None = None):
         self.transport = transport
@@ -57,7 +59,7 @@ class AlgorithmContext:
         self._torus: TorusGrid | None = None
 
     @classmethod
-    def create(cls, transport: Transport, topology: Topology, config: Config) -> "AlgorithmContext":
+    def create(cls, transport: Transport, topology: Topology, config) -> "AlgorithmContext":
         if (topology.rank, topology.size) != (transport.rank, transport.size):
             raise ValueError(
                 f"topology of rank {topology.rank}/{topology.size} does not describe transport rank "
@@ -132,7 +134,7 @@ class AlgorithmContext:
         self.tuning.clear()
 
 
-def torus_layout(topology: Topology, config: Config) -> tuple[tuple[int, int], tuple[int, int]]:
+def torus_layout(topology: Topology, config) -> tuple[tuple[int, int], tuple[int, int]]:
     """``((X, Y), (x, y))``: the torus2d grid and this rank's place in it, without communicating; a
     ConfigError says why there is no grid (a shape that does not fit, nodes of unequal size)."""
     size, rank = topology.size, topology.rank
@@ -156,7 +158,7 @@ _U8 = np.dtype(np.uint8)
 _I64 = np.dtype(np.int64)
 
 
-def shared_cost_model(transport: Transport, config: Config) -> CostModel:
+def shared_cost_model(transport: Transport, config) -> CostModel:
     """Collective: rank 0 loads the tuning profile (``config.tuning_file``, else the default location) and
     broadcasts it, so that every rank's ``auto`` decides from the same numbers. A profile that cannot be
     used is an error on every rank, naming the file."""

@@ -49,8 +49,9 @@ Finish = Callable[[], None]
 
 
 class Exchange:
-    """The collectives a compressor may use: commlib's own, Sum over the ranks of ``process_set`` (all by
-    default; ``size`` and ``rank`` are within it), named per tensor."""
+    """The collectives a compressor may use, handed to it by the caller (the API hands commlib's own: Sum
+    over the ranks of ``process_set``, all by default; ``size`` and ``rank`` are within it), named per
+    tensor. Subclasses provide the three methods; a test may hand a local one."""
 
     def __init__(self, size: int, rank: int, process_set=None):
         self.size = size
@@ -59,21 +60,15 @@ class Exchange:
 
     def allreduce(self, array: np.ndarray, name: str):
         """Start summing ``array`` in place; returns a handle for :meth:`wait`."""
-        from .. import api
-
-        return api.allreduce_async_(array, op=api.Sum, name=name, process_set=self.process_set)
+        raise NotImplementedError
 
     def allgather(self, array: np.ndarray, name: str):
         """Start concatenating every rank's ``array`` (rank order); returns a handle for :meth:`wait`."""
-        from .. import api
+        raise NotImplementedError
 
-        return api.allgather_async(array, name=name, process_set=self.process_set)
-
-    @staticmethod
-    def wait(handle):
-        from .. import api
-
-        return api.synchronize(handle)
+    def wait(self, handle):
+        """The handle's result, once every rank has contributed."""
+        raise NotImplementedError
 
 
 def sparse_pays(k: int, n: int, ranks: int) -> bool:

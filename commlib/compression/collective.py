@@ -67,33 +67,18 @@ def check(compression, output: np.ndarray, op: ReduceOp, algorithm, name: str) -
     return ""
 
 
-class _Capture(Exchange):
-    """An Exchange that remembers the handles it creates (the deferred handle's parts)."""
+def allreduce(compression, exchange: Exchange, array: np.ndarray, output: np.ndarray, inplace: bool,
+              op: ReduceOp, name: str, prescale: float, postscale: float, reduce_async) -> Handle:
+    """Start the request (validated by :func:`check`); the handle's result is ``output``.
 
-    def __init__(self, size, rank, process_set=None):
-        super().__init__(size, rank, process_set)
-        self.handles = []
-
-    def allreduce(self, array, name):
-        handle = super().allreduce(array, name)
-        self.handles.append(handle)
-        return handle
-
-    def allgather(self, array, name):
-        handle = super().allgather(array, name)
-        self.handles.append(handle)
-        return handle
-
-
-def allreduce(compression, size: int, rank: int, array: np.ndarray, output: np.ndarray, inplace: bool,
-              op: ReduceOp, name: str, prescale: float, postscale: float, process_set=None) -> Handle:
-    """Start the request (validated by :func:`check`); the handle's result is ``output``."""
+    The caller hands the collectives: ``exchange`` (with a ``handles`` list that collects what it starts,
+    the deferred handle's parts) for a commlib compressor, and ``reduce_async(array, op, name, prescale,
+    postscale) -> handle`` for a Horovod-style one, whose result ``exchange.wait`` returns."""
     if isinstance(compression, Compressor):
-        exchange = _Capture(size, rank, process_set)
         if prescale != 1.0:
             output *= np.float32(prescale)
         finish = compression.start(name, output, exchange)  # output (the caller's copy or array) is scratch
-        scale = np.float32(postscale / (size if op is Average else 1))
+        scale = np.float32(postscale / (exchange.size if op is Average else 1))
 
         def done():
             finish()
@@ -102,14 +87,11 @@ def allreduce(compression, size: int, rank: int, array: np.ndarray, output: np.n
             return output
 
         return DeferredHandle(name, exchange.handles, done)
-    from .. import api
-
     compressed, ctx = compression.compress(array)
-    handle = api.allreduce_async(np.asarray(compressed), op=op, name=name, prescale_factor=prescale,
-                                 postscale_factor=postscale, process_set=process_set)
+    handle = reduce_async(np.asarray(compressed), op, name, prescale, postscale)
 
     def restore():
-        result = np.asarray(compression.decompress(api.synchronize(handle), ctx))
+        result = np.asarray(compression.decompress(exchange.wait(handle), ctx))
         if inplace:
             output[...] = result
             return output

@@ -22,6 +22,7 @@ import numpy as np
 from .. import kernels
 from ..dtypes import BFLOAT16, FLOAT16
 from ..ops import ReduceOp
+from ..validation import codec_dtype
 
 FLOAT32 = np.dtype(np.float32)
 
@@ -125,12 +126,10 @@ def codec_for(compression, dtype: np.dtype, name: str) -> WireCodec | None:
         return None
     if not isinstance(compression, WireCodec):
         raise TypeError(f"{name}: compression must be Compression.none, .fp16 or .bf16, not {compression!r}")
-    dtype = np.dtype(dtype)
-    if dtype == FLOAT32:
-        return compression
-    if dtype in (FLOAT16, BFLOAT16):
-        return None
-    raise TypeError(f"{name}: {compression!r} compresses float32 tensors, not {dtype}; pass compression=None")
+    message = codec_dtype(compression, dtype, name)
+    if message:
+        raise TypeError(message)
+    return compression if np.dtype(dtype) == FLOAT32 else None
 
 
 def warn_overflow(name: str, count: int, codec: WireCodec) -> None:
