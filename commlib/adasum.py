@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from . import api
+from . import api, validation
 from .errors import CommlibError
 
 _TINY = math.sqrt(sys.float_info.min)  # Horovod's sqrt(DBL_MIN)
@@ -81,8 +81,12 @@ def check_dtype(dtype: np.dtype, name: str) -> None:
         raise CommlibError(f"{name}: Adasum needs a floating dtype (float16, float32, float64), not {dtype}")
 
 
-def prepare(array: np.ndarray, name: str, prescale_factor: float = 1.0) -> np.ndarray:
-    """What a rank contributes to the allgather: its tensor flattened to one row, prescaled."""
+def prepare(array: np.ndarray, name: str, prescale_factor: float = 1.0,
+            postscale_factor: float = 1.0) -> np.ndarray:
+    """What a rank contributes to the allgather: its tensor flattened to one row, prescaled (both factors
+    are checked here, before anything is sent)."""
+    prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", name)
+    validation.check_scale_factor(postscale_factor, "postscale_factor", name)
     check_dtype(array.dtype, name)
     flat = array.reshape(1, -1)
     if prescale_factor != 1.0:
@@ -103,6 +107,6 @@ def allreduce(array, name: str | None = None, prescale_factor: float = 1.0, post
     """Adasum of ``array`` over the ranks (a new array of the same shape and dtype). ``kwargs`` (e.g.
     ``process_set``) go to the allgather underneath."""
     array = np.ascontiguousarray(array)
-    flat = prepare(array, name or "adasum", prescale_factor)
+    flat = prepare(array, validation.check_name(name, "adasum") or "adasum", prescale_factor, postscale_factor)
     gathered = api.allgather(flat, name=None if name is None else f"{name}.adasum", **kwargs)
     return finish(gathered, array, postscale_factor)

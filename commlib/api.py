@@ -163,6 +163,7 @@ def _submit(member: "Member", meta: Meta, array, output, splits=None, wait: bool
 
 
 def _member_and_name(process_set, name, operation: str) -> tuple["Runtime", "Member", str]:
+    name = validation.check_name(name, operation)
     runtime = _rt()
     member = runtime.sets.member(process_set, name or operation)
     return runtime, member, name or member.auto_name(operation)
@@ -226,6 +227,9 @@ def _algorithm_error(algorithm) -> str:
 
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
                       compression, wait: bool, process_set=None, staged: device.Staged | None = None) -> Handle:
+    label = validation.check_name(name, "allreduce") or "allreduce"  # type errors: before any auto name
+    prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", label)
+    postscale_factor = validation.check_scale_factor(postscale_factor, "postscale_factor", label)
     runtime, member, name = _member_and_name(process_set, name, "allreduce")
     if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
         staged = device.Staged(tensor, name)
@@ -344,6 +348,8 @@ def allreduce_(tensor: np.ndarray, op=Average, name: str | None = None, prescale
 
 
 def _grouped(tensors: Sequence, inplace: bool, name, kwargs) -> Handle:
+    tensors = validation.check_tensor_list(tensors, validation.check_name(name, "grouped_allreduce") or
+                                           "grouped_allreduce")
     _, _, base = _member_and_name(kwargs.get("process_set"), name, "grouped_allreduce")
     parts = [_allreduce_handle(t, inplace, name=f"{base}.{i}", wait=False, **kwargs)
              for i, t in enumerate(tensors)]
@@ -381,6 +387,13 @@ def grouped_allreduce_(tensors: Sequence, **kwargs) -> list:
 def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Sum, root=-1,
                   splits=None, wait=False, process_set=None, prescale=1.0, postscale=1.0,
                   staged: device.Staged | None = None) -> Handle:
+    label = validation.check_name(name, operation) or operation  # type errors: before any auto name
+    prescale = validation.check_scale_factor(prescale, "prescale_factor", label)
+    postscale = validation.check_scale_factor(postscale, "postscale_factor", label)
+    if kind is Kind.BROADCAST:
+        root = validation.check_rank_argument(root, "root_rank", label)
+    if kind is Kind.ALLTOALL:
+        splits = validation.check_splits(splits, label)
     runtime, member, name = _member_and_name(process_set, name, operation)
     if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
         staged = device.Staged(tensor, name)
@@ -391,7 +404,7 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
     else:
         array = np.ascontiguousarray(tensor)
         output = np.array(array, copy=True) if kind is Kind.BROADCAST else None
-    errors = [validation.contiguous(array, name)]
+    errors = [validation.contiguous(array, name), validation.movable(array.dtype, name)]
     if inplace:
         errors.append(validation.writable(array, name))
     if kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
@@ -404,8 +417,6 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
         errors.append(validation.root_rank(root, member.ranks, member.process_set_id, name))
         root = member.ranks.index(root) if root in member.ranks else -1
     if kind is Kind.ALLTOALL:
-        if splits is not None:
-            splits = np.asarray(splits, dtype=np.int64).reshape(-1)
         errors.append(validation.splits(splits, array.shape[0] if array.ndim else None, member.size, name))
     if staged is not None:
         errors.append(staged.error)
@@ -428,22 +439,22 @@ def allgather(tensor, name: str | None = None, process_set=None) -> np.ndarray:
 def broadcast_async(tensor, root_rank: int, name: str | None = None, process_set=None) -> Handle:
     """Start copying ``root_rank``'s ``tensor`` to every rank, into a new array. ``root_rank`` is a
     world rank, also with a ``process_set`` (as in Horovod)."""
-    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=int(root_rank), process_set=process_set)
+    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=root_rank, process_set=process_set)
 
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None, process_set=None) -> Handle:
-    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True, root=int(root_rank),
+    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True, root=root_rank,
                          process_set=process_set)
 
 
 def broadcast(tensor, root_rank: int, name: str | None = None, process_set=None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=int(root_rank), wait=True,
+    return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=root_rank, wait=True,
                                      process_set=process_set))
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None, process_set=None) -> np.ndarray:
     return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True,
-                                     root=int(root_rank), wait=True, process_set=process_set))
+                                     root=root_rank, wait=True, process_set=process_set))
 
 
 def reducescatter_async(tensor, op=Average, name: str | None = None, process_set=None,
@@ -465,6 +476,8 @@ def reducescatter(tensor, op=Average, name: str | None = None, process_set=None,
 def grouped_reducescatter_async(tensors: Sequence, op=Average, name: str | None = None, process_set=None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start :func:`reducescatter` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    tensors = validation.check_tensor_list(tensors, validation.check_name(name, "grouped_reducescatter") or
+                                           "grouped_reducescatter")
     _, _, base = _member_and_name(process_set, name, "grouped_reducescatter")
     return Handle(base, parts=[
         _plain_handle(Kind.REDUCESCATTER, "reducescatter", t, f"{base}.{i}", op=op, process_set=process_set,
@@ -477,6 +490,8 @@ def grouped_reducescatter(tensors: Sequence, **kwargs) -> list:
 
 def grouped_allgather_async(tensors: Sequence, name: str | None = None, process_set=None) -> Handle:
     """Start :func:`allgather` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    tensors = validation.check_tensor_list(tensors, validation.check_name(name, "grouped_allgather") or
+                                           "grouped_allgather")
     _, _, base = _member_and_name(process_set, name, "grouped_allgather")
     return Handle(base, parts=[_plain_handle(Kind.ALLGATHER, "allgather", t, f"{base}.{i}", process_set=process_set)
                                for i, t in enumerate(tensors)])
@@ -513,11 +528,12 @@ def join(process_set=None) -> int:
 
 def poll(handle: Handle) -> bool:
     """True when the operation behind ``handle`` has finished (``synchronize`` will not block)."""
-    return handle.done()
+    return validation.check_handle(handle, "poll").done()
 
 
 def synchronize(handle: Handle) -> Any:
     """Wait for ``handle`` and return its result; raises :class:`CollectiveError` if it failed."""
+    validation.check_handle(handle, "synchronize")
     if not handle.done():
         handle.wait()
     return handle.result()
@@ -528,6 +544,8 @@ def synchronize(handle: Handle) -> Any:
 def broadcast_object(obj: Any = None, root_rank: int = 0, name: str | None = None, process_set=None) -> Any:
     """Broadcast a picklable object from ``root_rank`` (a world rank); every rank (of ``process_set``)
     returns it."""
+    root_rank = validation.check_rank_argument(
+        root_rank, "root_rank", validation.check_name(name, "broadcast_object") or "broadcast_object")
     runtime, _, name = _member_and_name(process_set, name, "broadcast_object")
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if runtime.rank == root_rank else None
     length = broadcast_(np.array([0 if payload is None else payload.size], np.int64), root_rank,

@@ -1,5 +1,11 @@
 """Every check of a request's arguments, in one place.
 
+Two kinds of rule. Arguments whose *type* is wrong (a name that is not a string, a scale factor that is
+not a finite number, a root rank that is not an integer, a handle that is not a handle, splits that are
+not integers) cannot even be described in a request: ``check_argument``-style functions raise a
+TypeError or ValueError on the calling rank, before anything reaches the background coordinator. Every
+other rule below is about values the ranks can compare.
+
 Each rule is a function that returns the message every rank will raise ('' when the argument is fine),
 so that the API can send a local failure in the request instead of raising alone (the other ranks would
 wait for it); ``check_*`` raise the same messages, for the engine and the kernels, which run after the
@@ -8,11 +14,92 @@ request was agreed or outside the coordinator. What a dtype may take comes from 
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
+from .coordinator.requests import Handle
 from .dtypes import BY_NUMPY, FLOAT32, HALF, supported_names
 from .errors import CommlibError, UnsupportedDtypeError
 from .ops import ReduceOp
+
+
+# ---- argument types: raise on the calling rank ---------------------------------------------------------
+
+def _described(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_name(name, operation: str):
+    """A tensor's name is a string (or None: commlib names it); it is what every rank matches on."""
+    if name is None or type(name) is str:
+        return name
+    if isinstance(name, str):  # a str subclass: its plain value
+        return str(name)
+    raise TypeError(f"{operation}: name must be a string (or None for an automatic name), not "
+                    f"{_described(name)}")
+
+
+def check_scale_factor(value, argument: str, name: str) -> float:
+    """prescale_factor / postscale_factor: a finite real number."""
+    if type(value) is float or type(value) is int:  # the usual case, without the ABC check
+        number = float(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, np.ndarray):
+        number = float(value)
+    else:
+        raise TypeError(f"{name}: {argument} must be a real number, not {_described(value)}")
+    if not math.isfinite(number):
+        raise ValueError(f"{name}: {argument} must be finite, got {number}; pass a finite factor "
+                         "(1.0 for none)")
+    return number
+
+
+def check_rank_argument(value, argument: str, name: str) -> int:
+    """A rank (root_rank): an integer (numpy integers too; not bool, not a float that happens to be whole)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise TypeError(f"{name}: {argument} must be an integer rank, not {_described(value)}")
+
+
+def check_handle(handle, function: str, kind=Handle):
+    """poll/synchronize take what an ``*_async`` call returned."""
+    if isinstance(handle, kind):
+        return handle
+    raise TypeError(f"{function}() takes a handle returned by an *_async call, not {_described(handle)}")
+
+
+def check_splits(values, name: str) -> np.ndarray | None:
+    """alltoall splits: None, or integers (a list, tuple or integer array), one row count per rank; the
+    counts themselves are checked by :func:`splits`."""
+    if values is None:
+        return None
+    if isinstance(values, (str, bytes, dict, set)) or np.isscalar(values):
+        raise TypeError(f"{name}: splits must be a sequence of integers (one per rank), not {_described(values)}")
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name}: splits must be a sequence of integers (one per rank): {exc}") from None
+    if array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):
+        raise TypeError(f"{name}: splits must hold integers (one per rank), not {array.dtype} values "
+                        f"{_described(values)}")
+    return np.ascontiguousarray(array, dtype=np.int64).reshape(-1)
+
+
+def check_tensor_list(tensors, operation: str) -> list:
+    """grouped_* calls take a list (or any iterable, such as ``model.parameters()``) of tensors; a single
+    tensor, a string or a mapping is a mistake, not a group."""
+    if isinstance(tensors, (list, tuple)):
+        return list(tensors)
+    single = hasattr(tensors, "shape")
+    if not (single or isinstance(tensors, (str, bytes, dict))):
+        try:
+            return list(tensors)
+        except TypeError:
+            pass
+    raise TypeError(f"{operation}: tensors must be a list of tensors, not {_described(tensors)}"
+                    + ("; pass [tensor] for one" if single else ""))
 
 
 # ---- rules: '' or the message -------------------------------------------------------------------------
@@ -75,6 +162,14 @@ def writable(array: np.ndarray, name: str) -> str:
             "(pass a writable array, or use the out-of-place call)")
 
 
+def movable(dtype: np.dtype, name: str) -> str:
+    """Arrays of Python objects hold pointers, which mean nothing on another rank."""
+    if np.dtype(dtype).kind != "O":
+        return ""
+    return (f"{name}: dtype object (Python objects) cannot be sent; pass a numeric array, or use "
+            "broadcast_object/allgather_object for Python objects")
+
+
 def first_dimension(array: np.ndarray, operation: str, name: str) -> str:
     """allgather, reducescatter and alltoall work on the first dimension."""
     if array.ndim:
@@ -103,6 +198,16 @@ def splits(values, rows: int | None, size: int, name: str) -> str:
         return (f"{name}: splits {values.tolist()} must have one non-negative entry per rank ({size}) "
                 f"summing to the first dimension {(rows,) if rows is not None else ()}")
     return ""
+
+
+def optimizer_momentum(compression, momentum: float, where: str, setting: str = "momentum") -> str:
+    """A compressor that applies momentum itself (``compression.applies_momentum``) cannot feed an
+    optimizer that applies momentum too: the velocity would be accelerated again, and training diverges."""
+    if not getattr(compression, "applies_momentum", False) or not momentum:
+        return ""
+    return (f"{compression!r} applies momentum itself, but {where} has momentum too ({setting}={momentum}; "
+            f"momentum applied twice diverges): set {setting}=0 in the optimizer (the compressor's momentum takes "
+            "its place), or use a compressor without momentum such as Compression.topk(...)")
 
 
 def joined(*messages: str) -> str:

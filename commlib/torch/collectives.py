@@ -24,6 +24,7 @@ from .. import adasum as _adasum
 from ..compression import WireCodec
 from ..compression import collective as _compressed
 from ..errors import CommlibError
+from .. import validation
 from ..ops import ReduceOp, as_op
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
@@ -107,6 +108,7 @@ def _new(result):
 
 def poll(handle: Handle) -> bool:
     """True when the operation behind ``handle`` finished (``synchronize`` will then not block)."""
+    validation.check_handle(handle, "poll", Handle)
     if handle._done:
         return True
     if handle._parts is not None:
@@ -119,9 +121,7 @@ def synchronize(handle: Handle):
 
     Raises :class:`HorovodInternalError` if the collective failed (for instance ranks submitted the same
     name with different shapes)."""
-    if not isinstance(handle, Handle):
-        raise TypeError(f"synchronize() takes a handle returned by an *_async function, not {type(handle).__name__}")
-    return handle.wait()
+    return validation.check_handle(handle, "synchronize", Handle).wait()
 
 
 # --- compression ----------------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ def _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set, 
     if process_set is not None and process_set.process_set_id != 0:
         raise NotImplementedError("Adasum runs on the global process set only (as in Horovod)")
     array = as_array(tensor, name, "allreduce")
-    flat = _adasum.prepare(array, name or "allreduce", prescale_factor)
+    flat = _adasum.prepare(array, name or "allreduce", prescale_factor, postscale_factor)
     inner = _cl.allgather_async(flat, name=None if name is None else f"{name}.adasum")
 
     def finish(gathered):
@@ -168,6 +168,8 @@ def _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set, 
 
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, compression,
                      process_set) -> Handle:
+    if not isinstance(tensor, torch.Tensor):
+        check_tensor(tensor, name, "allreduce")  # raises the TypeError naming what was passed
     if op is Adasum:
         return _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set,
                              into=tensor if inplace else None)
@@ -233,7 +235,7 @@ def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_
 
 def _grouped_allreduce(tensors, inplace, name, op, prescale_factor, postscale_factor, compression,
                        process_set) -> Handle:
-    tensors = list(tensors)
+    tensors = validation.check_tensor_list(tensors, "grouped_allreduce")
     if not tensors:
         raise ValueError("grouped_allreduce takes a non-empty list of tensors")
     if op is Adasum or _horovod_style(compression):
@@ -320,7 +322,7 @@ def allgather_now(tensor, name=None, process_set=None):
 
 def grouped_allgather_async(tensors, name=None, process_set=None) -> Handle:
     """Start allgathering a list of tensors as one call; ``synchronize`` returns the list of results."""
-    tensors = list(tensors)
+    tensors = validation.check_tensor_list(tensors, "grouped_allgather")
     arrays = [_allgather_array(t, name) for t in tensors]
     inner = _cl.grouped_allgather_async(arrays, name=name, **set_kwargs(process_set))
     return Handle(inner, lambda results: [as_tensor(r) for r in results], tensors)
@@ -398,7 +400,7 @@ def reducescatter_async(tensor, name=None, compression=Compression.none, op=Aver
 def grouped_reducescatter_async(tensors, name=None, compression=Compression.none, op=Average,
                                 prescale_factor=1.0, postscale_factor=1.0, process_set=None) -> Handle:
     """Start reducescattering a list of tensors as one call; ``synchronize`` returns the list of blocks."""
-    tensors = list(tensors)
+    tensors = validation.check_tensor_list(tensors, "grouped_reducescatter")
     jobs = [_Scatter(t, name, compression, op) for t in tensors]
     inner = _cl.grouped_reducescatter_async([job.array for job in jobs], name=name, op=jobs[0].op if jobs else op,
                                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -431,13 +433,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
             if splits.is_floating_point() or splits.is_complex():
                 raise ValueError(f"alltoall of tensor {name!r}: splits must hold integers, not {splits.dtype}")
             splits = splits.detach().cpu().numpy()
-        splits = np.ascontiguousarray(np.asarray(splits, dtype=np.int64).reshape(-1))
-        if splits.size != ranks or (splits < 0).any() or splits.sum() != array.shape[0]:
-            raise ValueError(f"alltoall of tensor {name!r}: splits {splits.tolist()} must have one non-negative "
-                             f"entry per rank ({ranks}) summing to the first dimension ({array.shape[0]})")
-    elif array.shape[0] % ranks:
-        raise ValueError(f"alltoall of tensor {name!r}: without splits the first dimension ({array.shape[0]}) "
-                         f"must be divisible by the number of ranks ({ranks}); pass splits=")
+        splits = validation.check_splits(splits, f"alltoall of tensor {name!r}")
+    message = validation.splits(splits, array.shape[0], ranks, f"alltoall of tensor {name!r}")
+    if message:
+        raise ValueError(message)
 
     def finish(result):
         output, received = result

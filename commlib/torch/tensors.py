@@ -13,6 +13,7 @@ import torch
 from ..device import INSTALL_HINT, cuda_built
 from ..dtypes import BFLOAT16, TABLE
 from ..errors import CommlibError
+from .. import validation
 
 #: torch dtype -> numpy dtype of the same bytes, for every type commlib can communicate (commlib/dtypes.py),
 #: except bool, which Horovod's torch binding refuses too.
@@ -24,7 +25,9 @@ class DeviceNotSupportedError(CommlibError, ValueError):
 
 
 def check_tensor(tensor, name: str | None, what: str) -> None:
-    """Raise a clear error unless ``tensor`` is a contiguous CPU tensor of a supported dtype."""
+    """Raise a clear error unless ``tensor`` is a contiguous CPU tensor of a supported dtype (and ``name``
+    a string or None)."""
+    validation.check_name(name, what)
     label = f"{what} of tensor {name!r}" if name else what
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{label}: expected a torch.Tensor, got {type(tensor).__name__}")
