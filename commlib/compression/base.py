@@ -161,6 +161,11 @@ class Compressor:
     #: The class's short name, used in ``repr`` and the timeline.
     kind = "compressor"
 
+    #: True when the compressor applies momentum itself, so that what it returns is a velocity (DGC, the
+    #: momentum wrapper, and any wrapper around one of them): the optimizer it feeds must then run without
+    #: momentum of its own, or momentum is applied twice (framework optimizers refuse the combination).
+    applies_momentum = False
+
     def __init__(self):
         self.state: dict[str, dict] = {}
 
@@ -206,6 +211,11 @@ class Encoder(Compressor):
 
     def inner_encoders(self) -> list["Encoder"]:
         return []
+
+    @property
+    def applies_momentum(self) -> bool:
+        """A wrapper applies momentum when what it wraps does."""
+        return any(inner.applies_momentum for inner in self.inner_encoders())
 
     def reset(self) -> None:
         super().reset()

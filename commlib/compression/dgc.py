@@ -37,6 +37,7 @@ class DGC(Compressor):
     """Deep Gradient Compression; see the module docstring. State per tensor name: step, u, v, U."""
 
     kind = "dgc"
+    applies_momentum = True  # its result is a velocity (module docstring)
 
     def __init__(self, momentum: float = 0.9, sparsity=DEFAULT_SPARSITY, rampup_begin_step: int = 0,
                  rampup_step: int = 1, clip_norm: float | None = None, min_elements: int = MIN_ELEMENTS):

@@ -54,6 +54,7 @@ class Momentum(Encoder):
     """Momentum applied before ``inner`` compresses (per tensor name)."""
 
     kind = "momentum"
+    applies_momentum = True
 
     def __init__(self, inner: Encoder, mu: float = 0.9, nesterov: bool = False):
         if not isinstance(inner, Encoder):

@@ -29,6 +29,7 @@ import torch
 
 import commlib as _cl
 
+from .. import validation
 from . import collectives as C
 from .collectives import Average, Compression, Sum, resolve_op, set_kwargs, set_size
 
@@ -87,11 +88,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain optimizer once")
         self._optimizer = optimizer
         op = resolve_op(op)
+        gradient_predivide_factor = validation.check_scale_factor(
+            gradient_predivide_factor, "gradient_predivide_factor", "DistributedOptimizer")
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"DistributedOptimizer: gradient_predivide_factor must be positive, got "
+                             f"{gradient_predivide_factor}")
         if gradient_predivide_factor != 1.0 and op is not Average:
             raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average "
                              f"(got op={op.name}); it splits the averaging before and after the sum")
         if int(backward_passes_per_step) != backward_passes_per_step or backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
+        check_momentum(optimizer, compression)
         self.op = op
         self.compression = compression
         self.backward_passes_per_step = int(backward_passes_per_step)
@@ -358,6 +365,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.synchronize(); the gradients are being reduced in place. Call zero_grad() before "
                 "the forward pass (or after step()).")
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+def check_momentum(optimizer, compression) -> None:
+    """Refuse a compressor that applies momentum itself (DGC, Compression.momentum) around an optimizer
+    with momentum of its own (SGD's or RMSprop's ``momentum``, Adam's first beta): a ValueError saying
+    what to do (:func:`commlib.validation.optimizer_momentum`)."""
+    for index, group in enumerate(optimizer.param_groups):
+        betas = group.get("betas")
+        key, value = (("momentum", group.get("momentum")) if group.get("momentum") else
+                      ("betas[0]", betas[0]) if betas and betas[0] else ("", 0.0))
+        message = validation.optimizer_momentum(
+            compression, float(value or 0.0), f"{type(optimizer).__name__} (param group {index})", key)
+        if message:
+            raise ValueError(message)
 
 
 def _weak_hook(optimizer):
