@@ -41,7 +41,7 @@ setup(
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],
         "bench": ["matplotlib"],
-        "test": ["pytest"],
+        "test": ["pytest", "hypothesis"],
     },
     entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main"]},
 )
