@@ -63,6 +63,29 @@ def check_rank_argument(value, argument: str, name: str) -> int:
     raise TypeError(f"{name}: {argument} must be an integer rank, not {_described(value)}")
 
 
+def check_parameter(value, argument: str, owner: str, *, integer: bool = False, low: float | None = None,
+                    high: float | None = None, low_open: bool = False, high_open: bool = False):
+    """A numeric setting of a compressor or an optimizer wrapper: a finite number (an integer where
+    ``integer``) within [low, high] (ends excluded where ``*_open``); returns it as float or int."""
+    if integer:
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{owner}: {argument} must be an integer, not {_described(value)}")
+        number = int(value)
+    else:
+        if not isinstance(value, numbers.Real) or isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{owner}: {argument} must be a number, not {_described(value)}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"{owner}: {argument} must be finite, got {number}")
+    below = low is not None and (number <= low if low_open else number < low)
+    above = high is not None and (number >= high if high_open else number > high)
+    if below or above:
+        span = (f"{'(' if low_open else '['}{'-inf' if low is None else low}, "
+                f"{'inf' if high is None else high}{')' if high_open or high is None else ']'}")
+        raise ValueError(f"{owner}: {argument} must be in {span}, got {number}")
+    return number
+
+
 def check_handle(handle, function: str, kind=Handle):
     """poll/synchronize take what an ``*_async`` call returned."""
     if isinstance(handle, kind):
@@ -174,7 +197,8 @@ def first_dimension(array: np.ndarray, operation: str, name: str) -> str:
     """allgather, reducescatter and alltoall work on the first dimension."""
     if array.ndim:
         return ""
-    return f"{name}: {operation} needs at least one dimension, got a scalar"
+    return (f"{name}: {operation} works along the first dimension, but the tensor is a scalar; "
+            "pass it with one dimension (x.reshape(1))")
 
 
 def root_rank(root: int, ranks: list[int], set_id: int, name: str) -> str:

@@ -50,6 +50,19 @@ def test_argument_type_rules():
     assert "broadcast_object" in validation.movable(np.dtype(object), "w") and not validation.movable(np.dtype("f4"), "w")
 
 
+def test_compressor_settings_are_checked():
+    for build, kind, fragment in [(lambda: Compression.topk("x"), TypeError, "topk: ratio must be a number"),
+                                  (lambda: Compression.topk(math.nan), ValueError, "topk: ratio must be finite"),
+                                  (lambda: Compression.dgc(momentum=1.0), ValueError, r"momentum must be in \[0.0, 1.0\)"),
+                                  (lambda: Compression.dgc(clip_norm=math.nan), ValueError, "clip_norm must be finite"),
+                                  (lambda: Compression.dgc(sparsity=5), TypeError, "sparsity must be a list"),
+                                  (lambda: Compression.powersgd(rank=1.5), TypeError, "rank must be an integer"),
+                                  (lambda: Compression.onebit(min_elements=None), TypeError, "min_elements"),
+                                  (lambda: Compression.momentum(TopK(0.1), math.nan), ValueError, "mu must be finite")]:
+        with pytest.raises(kind, match=fragment):
+            build()
+
+
 def test_bad_arguments_fail_on_the_calling_rank_and_commlib_keeps_working():
     out = run_mpi(2, "bad_arguments.py", env=STALLS_FAIL, timeout=120)
     assert out.count("bad arguments OK") == 2, out

@@ -37,6 +37,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..validation import check_parameter
 from . import kernels
 
 FLOAT32 = np.dtype(np.float32)
@@ -195,9 +196,7 @@ class Encoder(Compressor):
 
     def __init__(self, min_elements: int = MIN_ELEMENTS):
         super().__init__()
-        if min_elements < 0:
-            raise ValueError(f"min_elements must be >= 0, got {min_elements}")
-        self.min_elements = int(min_elements)
+        self.min_elements = check_parameter(min_elements, "min_elements", self.kind, integer=True, low=0)
 
     def encode(self, name: str, flat: np.ndarray) -> Message:
         """The message for the 1-D float32 ``flat`` (which the encoder may modify or send as it is)."""

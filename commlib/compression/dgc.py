@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from ..validation import check_parameter
 from . import kernels
 from .base import MIN_ELEMENTS, Compressor, DenseMessage, SparseMessage
 from .sparse import count_for
@@ -42,22 +43,18 @@ class DGC(Compressor):
     def __init__(self, momentum: float = 0.9, sparsity=DEFAULT_SPARSITY, rampup_begin_step: int = 0,
                  rampup_step: int = 1, clip_norm: float | None = None, min_elements: int = MIN_ELEMENTS):
         super().__init__()
-        sparsity = tuple(float(s) for s in sparsity)
-        if not sparsity or any(not 0.0 <= s < 1.0 for s in sparsity):
-            raise ValueError(f"dgc: sparsity must be a non-empty list of values in [0, 1), got {sparsity}")
-        if rampup_begin_step < 0 or rampup_step < 1:
-            raise ValueError(f"dgc: need rampup_begin_step >= 0 and rampup_step >= 1, got "
-                             f"{rampup_begin_step} and {rampup_step}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"dgc: momentum must be in [0, 1), got {momentum}")
-        if clip_norm is not None and clip_norm <= 0:
-            raise ValueError(f"dgc: clip_norm must be positive or None, got {clip_norm}")
-        self.momentum = float(momentum)
+        if isinstance(sparsity, (str, bytes)) or not hasattr(sparsity, "__iter__"):
+            raise TypeError(f"dgc: sparsity must be a list of values in [0, 1), not {sparsity!r}")
+        sparsity = tuple(check_parameter(s, "sparsity", "dgc", low=0.0, high=1.0, high_open=True) for s in sparsity)
+        if not sparsity:
+            raise ValueError("dgc: sparsity must be a non-empty list of values in [0, 1)")
+        self.momentum = check_parameter(momentum, "momentum", "dgc", low=0.0, high=1.0, high_open=True)
         self.sparsity = sparsity
-        self.rampup_begin_step = int(rampup_begin_step)
-        self.rampup_step = int(rampup_step)
-        self.clip_norm = clip_norm
-        self.min_elements = int(min_elements)
+        self.rampup_begin_step = check_parameter(rampup_begin_step, "rampup_begin_step", "dgc", integer=True, low=0)
+        self.rampup_step = check_parameter(rampup_step, "rampup_step", "dgc", integer=True, low=1)
+        self.clip_norm = (None if clip_norm is None else
+                          check_parameter(clip_norm, "clip_norm", "dgc", low=0.0, low_open=True))
+        self.min_elements = check_parameter(min_elements, "min_elements", "dgc", integer=True, low=0)
 
     def sparsity_at(self, step: int) -> float | None:
         """The sparsity of step ``step`` (0-based, per tensor); None before the warm-up begins (dense)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..validation import check_parameter
 from .base import Encoder
 
 
@@ -61,7 +62,7 @@ class Momentum(Encoder):
             raise TypeError(f"momentum wraps a per-tensor encoder, not {inner!r}")
         super().__init__(inner.min_elements)
         self.inner = inner
-        self.mu = float(mu)
+        self.mu = check_parameter(mu, "mu", "momentum", low=0.0, high=1.0, high_open=True)
         self.nesterov = bool(nesterov)
 
     def encode(self, name, flat):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..validation import check_parameter
 from .base import FLOAT32, Compressor, dense_start
 from .sparse import name_seed
 
@@ -42,16 +43,13 @@ class PowerSGD(Compressor):
     def __init__(self, rank: int = 1, start_step: int = 10, min_compression_rate: float = 2.0,
                  use_error_feedback: bool = True, warm_start: bool = True, seed: int = 0):
         super().__init__()
-        if int(rank) != rank or rank < 1:
-            raise ValueError(f"powersgd: rank must be a positive integer, got {rank!r}")
-        if start_step < 0:
-            raise ValueError(f"powersgd: start_step must be >= 0, got {start_step}")
-        self.rank = int(rank)
-        self.start_step = int(start_step)
-        self.min_compression_rate = float(min_compression_rate)
+        self.rank = check_parameter(rank, "rank", "powersgd", integer=True, low=1)
+        self.start_step = check_parameter(start_step, "start_step", "powersgd", integer=True, low=0)
+        self.min_compression_rate = check_parameter(min_compression_rate, "min_compression_rate", "powersgd",
+                                                    low=0.0)
         self.use_error_feedback = bool(use_error_feedback)
         self.warm_start = bool(warm_start)
-        self.seed = int(seed)
+        self.seed = check_parameter(seed, "seed", "powersgd", integer=True)
 
     def compresses(self, shape: tuple) -> bool:
         """Whether a tensor of ``shape`` is sent as a low-rank approximation (after ``start_step``)."""

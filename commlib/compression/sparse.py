@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 
 from . import kernels
+from ..validation import check_parameter
 from .base import MIN_ELEMENTS, Encoder, SharedIndexMessage, SparseMessage
 
 
@@ -21,10 +22,7 @@ def count_for(ratio: float, n: int) -> int:
 
 
 def check_ratio(ratio: float, what: str) -> float:
-    ratio = float(ratio)
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"{what}: ratio must be in (0, 1], got {ratio}")
-    return ratio
+    return check_parameter(ratio, "ratio", what, low=0.0, high=1.0, low_open=True)
 
 
 def name_seed(name: str) -> int:
@@ -59,7 +57,7 @@ class RandomK(Encoder):
     def __init__(self, ratio: float, seed: int = 0, min_elements: int = MIN_ELEMENTS):
         super().__init__(min_elements)
         self.ratio = check_ratio(ratio, "randomk")
-        self.seed = int(seed)
+        self.seed = check_parameter(seed, "seed", "randomk", integer=True)
 
     def encode(self, name, flat):
         state = self.state_of(name)

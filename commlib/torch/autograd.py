@@ -22,7 +22,20 @@ import torch
 import commlib as _cl
 
 from . import collectives as C
+from .. import validation
 from .collectives import Average, Compression, Sum, resolve_op, set_rank, set_size
+from .tensors import check_tensor
+
+
+def _checked(tensor, name, what):
+    """A clear TypeError for what is not a tensor, before autograd or the tensor's own methods see it."""
+    if not isinstance(tensor, torch.Tensor):
+        check_tensor(tensor, name, what)
+    return tensor
+
+
+def _checked_list(tensors, name, what):
+    return [_checked(t, name, f"{what} (tensor {i})") for i, t in enumerate(validation.check_tensor_list(tensors, what))]
 
 
 class _Allreduce(torch.autograd.Function):
@@ -49,7 +62,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum)
     """
     op = resolve_op(op, average)
-    return _Allreduce.apply(tensor, name, op, prescale_factor, postscale_factor, compression, process_set)
+    return _Allreduce.apply(_checked(tensor, name, "allreduce"), name, op, prescale_factor, postscale_factor, compression, process_set)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -72,7 +85,7 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Reduce a list of tensors as one operation into new tensors (differentiable); returns a list."""
     op = resolve_op(op, average)
     return list(_GroupedAllreduce.apply(name, op, prescale_factor, postscale_factor, compression, process_set,
-                                        *tensors))
+                                        *_checked_list(tensors, name, "grouped_allreduce")))
 
 
 def _own_rows(grads, rows, process_set):
@@ -98,7 +111,7 @@ class _Allgather(torch.autograd.Function):
 
 def allgather(tensor, name=None, process_set=None):
     """Concatenate every rank's ``tensor`` along the first dimension (differentiable)."""
-    return _Allgather.apply(tensor, name, process_set)
+    return _Allgather.apply(_checked(tensor, name, "allgather"), name, process_set)
 
 
 class _GroupedAllgather(torch.autograd.Function):
@@ -114,7 +127,7 @@ class _GroupedAllgather(torch.autograd.Function):
 
 def grouped_allgather(tensors, name=None, process_set=None):
     """Allgather a list of tensors as one call (differentiable); returns the list of gathered tensors."""
-    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+    return list(_GroupedAllgather.apply(name, process_set, *_checked_list(tensors, name, "grouped_allgather")))
 
 
 class _Broadcast(torch.autograd.Function):
@@ -133,7 +146,7 @@ class _Broadcast(torch.autograd.Function):
 
 def broadcast(tensor, root_rank, name=None, process_set=None):
     """Return ``root_rank``'s ``tensor`` on every rank as a new tensor (differentiable)."""
-    return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return _Broadcast.apply(_checked(tensor, name, "broadcast"), root_rank, name, process_set)
 
 
 def _scatter_grads(ctx, grads):
@@ -163,7 +176,7 @@ class _Reducescatter(torch.autograd.Function):
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average, process_set=None,
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``tensor`` over the ranks; return this rank's block of the first dimension (differentiable)."""
-    return _Reducescatter.apply(tensor, name, compression, resolve_op(op), prescale_factor, postscale_factor,
+    return _Reducescatter.apply(_checked(tensor, name, "reducescatter"), name, compression, resolve_op(op), prescale_factor, postscale_factor,
                                 process_set)
 
 
@@ -184,7 +197,7 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
                           prescale_factor=1.0, postscale_factor=1.0):
     """Reducescatter a list of tensors as one call (differentiable); returns the list of blocks."""
     return list(_GroupedReducescatter.apply(name, compression, resolve_op(op), prescale_factor, postscale_factor,
-                                            process_set, *tensors))
+                                            process_set, *_checked_list(tensors, name, "grouped_reducescatter")))
 
 
 class _Alltoall(torch.autograd.Function):
@@ -210,4 +223,4 @@ def alltoall(tensor, splits=None, name=None, process_set=None):
 
     Returns the received tensor, or ``(tensor, received_splits)`` when ``splits`` is given (as Horovod).
     """
-    return _Alltoall.apply(tensor, splits, name, process_set)
+    return _Alltoall.apply(_checked(tensor, name, "alltoall"), splits, name, process_set)

@@ -303,9 +303,9 @@ def sparse_allreduce_async(tensor, name, op, process_set=None):
 
 def _allgather_array(tensor, name) -> np.ndarray:
     array = as_array(tensor, name, "allgather")
-    if array.ndim == 0:
-        raise ValueError(f"allgather of tensor {name!r}: it concatenates along the first dimension, but the "
-                         "tensor is a scalar; pass tensor.reshape(1)")
+    message = validation.first_dimension(array, "allgather", f"tensor {name!r}")
+    if message:
+        raise ValueError(message)
     return array
 
 
@@ -366,9 +366,9 @@ class _Scatter:
                                "use op=Sum or op=Average")
         self.op = as_op(op)
         check_tensor(tensor, name, "reducescatter")
-        if tensor.dim() == 0:
-            raise ValueError(f"reducescatter of tensor {name!r}: it splits the first dimension, but the tensor "
-                             "is a scalar; pass tensor.reshape(1)")
+        message = validation.first_dimension(tensor, "reducescatter", f"tensor {name!r}")
+        if message:
+            raise ValueError(message)
         self.compression = compression
         self.original_dtype = tensor.dtype
         sent, self.context = compress(compression, tensor)
@@ -423,9 +423,9 @@ def alltoall_async(tensor, splits=None, name=None, process_set=None) -> Handle:
     the first dimension is split evenly. ``synchronize`` returns ``(output, received_splits)`` where
     ``received_splits`` is an int32 tensor of how many rows came from each rank."""
     array = as_array(tensor, name, "alltoall")
-    if array.ndim == 0:
-        raise ValueError(f"alltoall of tensor {name!r}: it splits the first dimension, but the tensor is a "
-                         "scalar; pass tensor.reshape(1)")
+    message = validation.first_dimension(array, "alltoall", f"tensor {name!r}")
+    if message:
+        raise ValueError(message)
     # Horovod checks the splits on the calling rank and raises ValueError before anything is submitted
     ranks = set_size(process_set)
     if splits is not None:

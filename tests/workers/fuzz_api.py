@@ -6,7 +6,8 @@ succeed or raise a clear error (TypeError, ValueError or a CommlibError); after 
 with good arguments must still give the right answer on every rank, and every rank must have seen the same
 outcome. Nothing may stop the background coordinator.
 
-argv: number of examples (default 150).
+argv: number of examples (default 150), then optionally a seed (the same on every rank; default: hypothesis's
+derandomized sequence), and -v to print every error's message on rank 0.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import sys
 import ml_dtypes
 import numpy as np
 import torch
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, seed, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 import commlib as cl
 import commlib.torch as hvd
 from worker import run
 
-EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 150
+ARGS = [a for a in sys.argv[1:] if a != "-v"]
+EXAMPLES = int(ARGS[0]) if ARGS else 150
+SEED = int(ARGS[1]) if len(ARGS) > 1 else None
 VERBOSE = "-v" in sys.argv  # print every error's message (rank 0), to read them
 CLEAR = (TypeError, ValueError, cl.CommlibError, NotImplementedError)
 
@@ -93,7 +96,7 @@ def numpy_calls(draw):
     kind = draw(st.sampled_from(["allreduce", "allreduce_async", "allreduce_", "grouped_allreduce", "allgather",
                                  "broadcast", "broadcast_", "reducescatter", "alltoall", "broadcast_object",
                                  "allgather_object", "synchronize", "poll", "barrier", "grouped_allgather",
-                                 "grouped_reducescatter", "adasum", "add_process_set"]))
+                                 "grouped_reducescatter", "adasum", "add_process_set", "compressor"]))
     name = draw(names)
     if kind in ("allreduce", "allreduce_async", "allreduce_"):
         kwargs = dict(op=draw(ops), name=name, prescale_factor=draw(factors), postscale_factor=draw(factors),
@@ -132,6 +135,23 @@ def numpy_calls(draw):
 
         tensor, pre = draw(tensors), draw(factors)
         return kind, lambda: adasum.allreduce(tensor, name=name, prescale_factor=pre)
+    if kind == "compressor":  # a compressor built from random arguments, then used
+        factory = draw(st.sampled_from(["topk", "randomk", "onebit", "dgc", "powersgd", "momentum"]))
+        number = st.one_of(st.floats(-1, 2), st.integers(-1, 3), st.floats(), junk)
+        args = {"topk": lambda: (draw(number),), "randomk": lambda: (draw(number), draw(number)),
+                "onebit": lambda: (), "dgc": lambda: (draw(number), (draw(number),), draw(number), draw(number),
+                                                      draw(number)),
+                "powersgd": lambda: (draw(number), draw(number)), "momentum": lambda: ()}[factory]()
+        tensor = draw(arrays())
+
+        def build_and_use():
+            if factory == "momentum":
+                compressor = cl.Compression.momentum(cl.Compression.topk(0.5, error_feedback=False), draw_mu)
+            else:
+                compressor = getattr(cl.Compression, factory)(*args)
+            cl.allreduce(tensor, name=name, compression=compressor)
+        draw_mu = draw(number)
+        return kind + "." + factory, build_and_use
     ranks = draw(junk)  # add_process_set with junk only: a good one would register a set for good
     return kind, lambda: cl.add_process_set(ranks)
 
@@ -192,7 +212,8 @@ def main():
     seen = {}
     check = [0]
 
-    @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
+    @seed(SEED if SEED is not None else 0)
+    @settings(max_examples=EXAMPLES, derandomize=SEED is None, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck), print_blob=False)
     @given(calls())
     def one_call(call):
