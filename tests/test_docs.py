@@ -132,6 +132,19 @@ def test_every_relative_link_resolves():
     assert not broken, "broken links:\n" + "\n".join(broken)
 
 
+def unindexed_pages(root: Path = REPO) -> list:
+    """docs/*.md pages that README.md's Documentation list does not link."""
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    index = readme.split("## Documentation", 1)[-1].split("\n## ", 1)[0]
+    linked = set(LINK.findall(index))
+    return [f"docs/{p.name}" for p in sorted((root / "docs").glob("*.md")) if f"docs/{p.name}" not in linked]
+
+
+def test_readme_indexes_every_docs_page():
+    missing = unindexed_pages()
+    assert not missing, "add these to README.md's Documentation list:\n" + "\n".join(missing)
+
+
 def test_every_named_results_file_exists():
     missing = [m for path in markdown_files() for m in missing_results(path)]
     assert not missing, "named in the docs but not in docs/results/:\n" + "\n".join(missing)
@@ -147,6 +160,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     (tmp_path / "docs" / "results" / "kept.txt").write_text("x")
     (tmp_path / "docs" / "other.md").write_text("# Other page\n\n## A `code` heading's part\n")
     (tmp_path / "README.md").write_text(
+        "## Documentation\n\n- [other](docs/other.md)\n\n## Layout\n\n"
         "[ok](docs/other.md) [ok](docs/other.md#a-code-headings-part) [web](https://example.org/x)\n"
         "[gone](docs/missing.md) [bad anchor](docs/other.md#nowhere)\n"
         "```\n[in code](not/checked.md)\n```\n"
@@ -161,6 +175,7 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     links = broken_links(tmp_path / "README.md")
     assert [b.split(": ", 1)[1] for b in links] == [
         "docs/missing.md (no such file)", "docs/other.md#nowhere (no heading '#nowhere' in other.md)"]
+    assert unindexed_pages(tmp_path) == ["docs/tf.md"]
     assert [m.split(": ", 1)[1] for m in missing_results(tmp_path / "README.md", tmp_path)] == [
         "docs/results/lost.txt", "docs/results/gone_*.json"]
     assert [h.split(":")[0:2] for h in narrative_words(tmp_path)] == [
