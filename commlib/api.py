@@ -22,7 +22,7 @@ from . import validation
 from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
 from .ops import Average, ReduceOp, Sum, as_op
-from .process_sets import ProcessSet, _GlobalProcessSet
+from .process_sets import ProcessSet, _GlobalProcessSet, check_process_set
 
 if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import commlib` does not
     from .process_sets import Member
@@ -140,12 +140,12 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister ``process_set`` (every rank calls it); its pending operations fail. False for the
     global set or a set that is not registered."""
-    return _rt().sets.remove(process_set)
+    return _rt().sets.remove(check_process_set(process_set, "remove_process_set"))
 
 
 def start_timeline(path: str) -> None:
     """Start writing a Chrome-trace timeline to ``path`` (one file per rank: ``name.rankN.json``)."""
-    _rt().start_timeline(path)
+    _rt().start_timeline(validation.check_path(path, "path", "start_timeline"))
 
 
 def stop_timeline() -> None:

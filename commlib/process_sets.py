@@ -123,6 +123,14 @@ class Member:
         self.comm.Free()
 
 
+def check_process_set(process_set, name: str) -> "ProcessSet":
+    """A process set argument is a :class:`ProcessSet` (a ValueError, :class:`ProcessSetError`, otherwise)."""
+    if not isinstance(process_set, ProcessSet):
+        raise ProcessSetError(f"{name}: process_set must be a ProcessSet (from commlib.add_process_set), "
+                              f"not {type(process_set).__name__} {process_set!r}")
+    return process_set
+
+
 class ProcessSetTable:
     """The registered sets of one runtime, by id, and this rank's :class:`Member` of each set it is in.
 
@@ -149,10 +157,7 @@ class ProcessSetTable:
         """This rank's member of ``process_set`` (None or the global set: the world), or a clear error."""
         if process_set is None:
             return self._members[0]
-        if not isinstance(process_set, ProcessSet):
-            raise ProcessSetError(f"{name}: process_set must be a ProcessSet (from commlib.add_process_set), "
-                                  f"not {type(process_set).__name__}")
-        set_id = process_set.process_set_id
+        set_id = check_process_set(process_set, name).process_set_id
         if set_id == 0:
             return self._members[0]
         if set_id is None or self._sets.get(set_id) is not process_set:

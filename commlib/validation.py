@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 
 import numpy as np
 
@@ -108,6 +109,16 @@ def check_splits(values, name: str) -> np.ndarray | None:
         raise TypeError(f"{name}: splits must hold integers (one per rank), not {array.dtype} values "
                         f"{_described(values)}")
     return np.ascontiguousarray(array, dtype=np.int64).reshape(-1)
+
+
+def check_path(path, argument: str, function: str) -> str:
+    """A file path: a string or os.PathLike (an integer would be taken for an open file descriptor)."""
+    if isinstance(path, str) and path:
+        return path
+    if hasattr(path, "__fspath__"):
+        return os.fspath(path)
+    raise TypeError(f"{function}: {argument} must be a file path (a non-empty string or os.PathLike), not "
+                    f"{_described(path)}")
 
 
 def check_tensor_list(tensors, operation: str) -> list:

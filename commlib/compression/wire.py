@@ -20,7 +20,7 @@ import warnings
 import numpy as np
 
 from .. import kernels
-from ..dtypes import BFLOAT16, FLOAT16
+from ..dtypes import FLOAT16
 from ..ops import ReduceOp
 from ..validation import codec_dtype
 

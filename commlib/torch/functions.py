@@ -6,6 +6,7 @@ import torch
 
 import commlib as _cl
 
+from .. import validation
 from . import collectives as C
 from .collectives import set_kwargs
 
@@ -30,15 +31,20 @@ def broadcast_parameters(params, root_rank, process_set=None):
 
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     """
+    what = "pass model.state_dict(), model.named_parameters() or a list of tensors"
     if isinstance(params, dict):
         items = sorted(params.items())
+    elif isinstance(params, (str, bytes, torch.Tensor)) or not hasattr(params, "__iter__"):
+        raise TypeError(f"broadcast_parameters: params is a {type(params).__name__}; {what}")
     else:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
-    handles = []
-    for name, tensor in items:
+    validation.check_rank_argument(root_rank, "root_rank", "broadcast_parameters")
+    for name, tensor in items:  # every entry checked before the first is sent
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"broadcast_parameters: {name or 'an entry'} is a {type(tensor).__name__}, "
-                            "not a tensor; pass model.state_dict(), model.named_parameters() or a list of tensors")
+                            f"not a tensor; {what}")
+    handles = []
+    for name, tensor in items:
         handles.append(C.broadcast_async_(tensor, root_rank,
                                           name=None if name is None else f"broadcast_parameters.{name}",
                                           process_set=process_set))

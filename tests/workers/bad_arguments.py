@@ -40,6 +40,11 @@ def main():
          "alltoall float splits"),
         (TypeError, "tensors must be a list of tensors, not int 5", lambda: cl.grouped_allreduce(5),
          "grouped_allreduce(5)"),
+        (TypeError, "path must be a file path", lambda: cl.start_timeline(3), "start_timeline(3): not fd 3"),
+        (ValueError, "process_set must be a ProcessSet", lambda: cl.remove_process_set("x"), "remove_process_set"),
+        (TypeError, "params is a int", lambda: hvd.broadcast_parameters(3, 0), "broadcast_parameters(3)"),
+        (TypeError, "root_rank must be an integer", lambda: hvd.broadcast_parameters([torch.ones(1)], "0"),
+         "broadcast_parameters root '0'"),
     ]
     for kind, fragment, call, what in cases:
         expect_error(kind, fragment, call, what)

@@ -12,7 +12,6 @@ derandomized sequence), and -v to print every error's message on rank 0.
 
 from __future__ import annotations
 
-import math
 import sys
 
 import ml_dtypes
