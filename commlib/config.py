@@ -120,6 +120,7 @@ class Config:
     timeline: str | None = None
     timeline_mark_cycles: bool = False
     tuning_file: str | None = None
+    elastic_dir: str | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -146,7 +147,7 @@ class Config:
                 raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
             if value is None:
                 continue
-            if isinstance(value, str) and attr not in ("timeline", "tuning_file"):
+            if isinstance(value, str) and attr not in ("timeline", "tuning_file", "elastic_dir"):
                 try:
                     value = FIELDS[attr].parse(value)
                 except (TypeError, ValueError) as exc:
@@ -243,6 +244,9 @@ FIELDS: dict[str, _Field] = {
                           "cost-model profile auto reads (commlib-bench --calibrate writes it); 'none': the "
                           "built-in defaults; default ~/.cache/commlib/tuning.json ($XDG_CACHE_HOME) if it "
                           "exists. Rank 0's profile is broadcast to every rank"),
+    "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
+                          "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
+                          "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
 }
 
 

@@ -11,8 +11,9 @@ part of commlib: get a copy yourself, e.g.
 
 What it builds in a temporary directory:
 - a ``horovod`` package whose modules re-export commlib's: ``horovod.torch`` (commlib.torch),
-  ``horovod.torch.mpi_ops`` (commlib.torch.mpi_ops), ``horovod.common.util`` (commlib.torch.util: ``env``,
-  the build queries, the small list helpers); nothing of Horovod's own code;
+  ``horovod.torch.mpi_ops`` (commlib.torch.mpi_ops), ``horovod.torch.elastic`` (commlib.torch.elastic),
+  ``horovod.common.util`` (commlib.torch.util: ``env``, the build queries, the small list helpers);
+  nothing of Horovod's own code;
 - the test file, at the same place under ``test/`` as in Horovod's tree (its imports of ``../utils`` work),
   and ``test/utils/common.py``: Horovod's test files import three helpers from it
   (``mpi_env_rank_and_size``, ``skip_or_fail_gpu_test``, ``temppath``). Horovod's module also imports
@@ -56,6 +57,9 @@ SHIMS = {
     "horovod/torch/mpi_ops.py": _reexport("commlib.torch.mpi_ops"),
     "horovod/common/__init__.py": "",
     "horovod/common/util.py": _reexport("commlib.torch.util"),
+    "horovod/torch/elastic/__init__.py": _reexport("commlib.torch.elastic"),
+    "horovod/torch/elastic/sampler.py": _reexport("commlib.torch.elastic.sampler"),
+    "horovod/torch/elastic/state.py": _reexport("commlib.torch.elastic.state"),
 }
 DEFAULT_TEST = Path("test") / "parallel" / "test_torch.py"
 
