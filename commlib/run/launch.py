@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from ..config import parse_shape
+from . import elastic as _elastic
 from . import hosts as _hosts
 from . import mpi as _mpi
 from .options import UsageError, parse, settings
@@ -26,8 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         env, warnings = settings(args)
         for warning in warnings:
             print(f"commlib-run: warning: {warning}", file=sys.stderr, flush=True)
+        opts = _elastic.options(args)
         if args.emulate:
-            return _run_emulated(args, env)
+            return _run_emulated(args, env, opts)
+        if opts is not None:
+            return _run_elastic(args, env, opts)
         return _run(args, env)
     except UsageError as exc:
         print(f"commlib-run: error: {exc}", file=sys.stderr)
@@ -119,7 +123,32 @@ def _kill(job: subprocess.Popen) -> None:
         job.wait()
 
 
-def _run_emulated(args, env: dict[str, str]) -> int:
+def _run_elastic(args, env: dict[str, str], opts) -> int:
+    """An elastic job on real hosts (or this machine): the driver restarts it as hosts come and go."""
+    given = _hosts.parse_hosts(args.hosts) if args.hosts else (
+        _hosts.parse_hostfile(args.hostfile) if args.hostfile else [])
+    if not given and not opts.discovery_script:
+        given = [_hosts.Host("localhost", opts.max_np or args.np or opts.min_np)]
+    mpiexec = _mpiexec(args)
+    flavor = _mpi.detect(mpiexec)
+    nics = [n for n in (args.nics or "").split(",") if n]
+
+    def command(hosts, np, settings):
+        return _mpi.command_line(_mpi.Launch(
+            flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=settings,
+            forward=_mpi.forwarded(os.environ), nics=nics, ssh_port=args.ssh_port,
+            ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename, tcp=args.tcp,
+            binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0))
+
+    def check(hosts):
+        if any(not _hosts.is_local(h.name) for h in hosts) or nics:
+            _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
+
+    launcher = _elastic.Launcher(command=command, kill=_kill, static_hosts=given, check_hosts=check)
+    return _elastic.Driver(opts, launcher, env).run()
+
+
+def _run_emulated(args, env: dict[str, str], opts=None) -> int:
     """The job on an emulated cluster of H hosts x R ranks (commlib.testing.cluster), torn down after."""
     from ..testing.cluster import Cluster, ClusterUnavailable, JobFailed
 
@@ -143,6 +172,8 @@ def _run_emulated(args, env: dict[str, str]) -> int:
         with Cluster([per_host] * nhosts, rate=args.link_rate) as cluster:
             print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks, "
                   f"links {args.link_rate or 'unshaped'}", file=sys.stderr, flush=True)
+            if opts is not None:
+                return _elastic.Driver(opts, _emulated_launcher(cluster, args.command), env).run()
             print(f"commlib-run: {_mpi.printable({}, cluster.mpiexec_args(np) + tail)}", file=sys.stderr, flush=True)
             done = cluster.mpiexec(tail, timeout=timeout, nprocs=np, check=False)
             sys.stdout.write(done.stdout)
@@ -154,6 +185,26 @@ def _run_emulated(args, env: dict[str, str]) -> int:
         sys.stdout.write(exc.completed.stdout or "")
         print(f"commlib-run: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 124 if exc.completed.returncode == -9 else (exc.completed.returncode or 1)
+
+
+def _emulated_launcher(cluster, command: Sequence[str]):
+    """The elastic driver's launcher on an emulated cluster: any subset of its hosts."""
+    from ..testing import netns
+
+    def argv_for(hosts, np, settings):
+        argv = cluster.mpiexec_args(np)
+        argv[argv.index("-hosts") + 1] = ",".join(f"{h.name}:{h.slots}" for h in hosts)
+        tail = ["-prepend-rank"] + [a for name, value in sorted(settings.items()) for a in ("-env", name, value)]
+        return {}, argv + tail + list(command)
+
+    def kill(job):
+        _kill(job)
+        for host in cluster.hosts:
+            netns.kill_processes(host)
+
+    hosts = [_hosts.Host(name, k) for name, k in zip(cluster.hosts, cluster.ranks_per_host)]
+    return _elastic.Launcher(command=argv_for, kill=kill, static_hosts=hosts,
+                             discovery_env={"COMMLIB_RUN_HOSTS": ",".join(cluster.hosts)})
 
 
 def check_build(mpiexec: str | None = None) -> str:

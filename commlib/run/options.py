@@ -4,7 +4,7 @@ A flag with a commlib meaning becomes the ``COMMLIB_*`` variable of its setting 
 passed to every rank on the MPI command line, so it wins over the same setting in the caller's environment
 as a flag should. A flag commlib cannot honour is a warning naming it (the same reasons as the
 ``HOROVOD_*`` variables it would set, :data:`commlib.config.HOROVOD_IGNORED`); one that cannot work at all
-(``--gloo``, ``--jsrun``, the elastic flags) is an error saying what to do instead.
+(``--gloo``, ``--jsrun``, ``--config-file``) is an error saying what to do instead.
 """
 
 from __future__ import annotations
@@ -98,10 +98,21 @@ def parser() -> argparse.ArgumentParser:
                  "--no-log-hide-timestamp", "-prefix-timestamp", "--prefix-output-with-timestamp"):
         ignored.add_argument(flag, action="store_true", default=False)
 
-    elastic = p.add_argument_group("elastic training (not available: an error)")
-    for flag in ("--min-np", "--max-np", "--slots-per-host", "--elastic-timeout", "--reset-limit",
-                 "--blacklist-cooldown-range", "--host-discovery-script", "--config-file"):
-        elastic.add_argument(flag, default=None, help=argparse.SUPPRESS)
+    elastic = p.add_argument_group("elastic training (docs/elastic.md): the driver restarts the job from the "
+                                   "last commit when a host is lost or added")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, default=None,
+                         help="fewest ranks to train with (wait for them, at most --elastic-timeout)")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, default=None,
+                         help="most ranks to start")
+    elastic.add_argument("--host-discovery-script", default=None,
+                         help="prints the available hosts, one 'host' or 'host:slots' per line")
+    elastic.add_argument("--slots-per-host", type=int, default=None, help="slots of a discovered host without :slots")
+    elastic.add_argument("--elastic-timeout", type=float, default=None,
+                         help="seconds to wait for --min-np slots (default 600)")
+    elastic.add_argument("--reset-limit", type=int, default=None, help="most restarts before the job fails")
+    elastic.add_argument("--blacklist-cooldown-range", nargs=2, default=None, metavar=("LOW", "HIGH"),
+                         help="a failed host comes back after a random LOW..HIGH seconds (default: never)")
+    p.add_argument("--config-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
 
@@ -129,12 +140,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if args.gloo or args.jsrun:
         raise UsageError(f"commlib runs on MPI only; drop {'--gloo' if args.gloo else '--jsrun'} (commlib-run "
                          "starts the job with the mpiexec it finds)")
-    elastic = [f"--{k.replace('_', '-')}" for k in ("min_np", "max_np", "slots_per_host", "elastic_timeout",
-                                                    "reset_limit", "blacklist_cooldown_range",
-                                                    "host_discovery_script") if getattr(args, k) is not None]
-    if elastic:
-        raise UsageError(f"{', '.join(elastic)}: elastic training is not available in commlib-run; start a fixed "
-                         "number of ranks with -np (and restart from a checkpoint after a failure)")
     if args.config_file is not None:
         raise UsageError("--config-file (horovodrun's YAML) is not read by commlib-run; pass the settings as "
                          "flags or COMMLIB_* variables")
