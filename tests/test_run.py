@@ -116,8 +116,7 @@ def test_flags_commlib_cannot_honour_warn():
 
 @pytest.mark.parametrize("argv, needle", [
     (["-np", "2", "--gloo", "x"], "MPI only"),
-    (["-np", "2", "--min-np", "1", "--max-np", "4", "x"], "--min-np, --max-np: elastic training is not available"),
-    (["-np", "2", "--host-discovery-script", "d.sh", "x"], "elastic"),
+    (["-np", "2", "--config-file", "c.yaml", "x"], "--config-file"),
     (["-np", "2"], "no command"),
     (["-np", "0", "x"], "at least 1"),
     (["-H", "a:2", "--hostfile", "h", "x"], "give one"),
