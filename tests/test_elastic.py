@@ -96,6 +96,20 @@ def test_too_few_slots_fail_at_the_elastic_timeout(tmp_path):
 
 # ---- on emulated hosts ----------------------------------------------------------------------------------
 
+def _remove_shared_memory_left(logdir: Path) -> None:
+    """The MPICH shared-memory files the workers mapped (they listed them) that a killed job left behind
+    and no live process maps any more."""
+    listed = {p for f in logdir.glob("shm.*.txt") for p in f.read_text().split() if p.startswith("/dev/shm/")}
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped |= {line.split()[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line}
+        except OSError:
+            continue
+    for path in listed - mapped:
+        Path(path).unlink(missing_ok=True)
+
+
 def _elastic_run(argv, env, timeout=400):
     return subprocess.run([sys.executable, "-m", "commlib.run", *argv], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO), **env), cwd=REPO)
@@ -170,8 +184,11 @@ def test_worker_killed_mid_epoch_training_goes_on(make_cluster, tmp_path):
     down, the driver blacklists that host and restarts on the other 2 from the last commit; training ends
     with every sample of both epochs processed once and the model of a run over those same samples."""
     _needs_cluster(make_cluster)
-    done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", sys.executable, WORKER,
-                         str(tmp_path)], {"ELASTIC_KILL_AT": "10"})
+    try:
+        done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", sys.executable, WORKER,
+                             str(tmp_path)], {"ELASTIC_KILL_AT": "10"})
+    finally:
+        _remove_shared_memory_left(tmp_path)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "blacklisted for good" in done.stderr and "starting 2 rank(s)" in done.stderr, done.stderr[-3000:]
     launches, final_steps = _replay(tmp_path)
@@ -196,9 +213,12 @@ def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
     script.chmod(0o755)
     logdir = tmp_path / "logs"
     logdir.mkdir()
-    done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
-                         str(script), sys.executable, WORKER, str(logdir)],
-                        {"ELASTIC_TRIGGER": str(trigger), "ELASTIC_ADD_HOST_AT": "5", "ELASTIC_STEP_SLEEP": "0.3"})
+    try:
+        done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+                             str(script), sys.executable, WORKER, str(logdir)],
+                            {"ELASTIC_TRIGGER": str(trigger), "ELASTIC_ADD_HOST_AT": "5", "ELASTIC_STEP_SLEEP": "0.3"})
+    finally:
+        _remove_shared_memory_left(logdir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     launches, final_steps = _replay(logdir)
     assert [l["size"] for l in launches] == [2, 3], (launches, done.stderr[-3000:])

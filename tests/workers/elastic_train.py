@@ -28,6 +28,9 @@ hvd.init()
 rank, size = hvd.rank(), hvd.size()
 launch = hvd.broadcast_object(f"{time.time():.6f}" if rank == 0 else None)
 log = open(os.path.join(LOGDIR, f"{launch}.{rank}.log"), "w", buffering=1)
+# MPICH's shared-memory files: a killed job leaves them in /dev/shm, and the test removes these afterwards
+with open(os.path.join(LOGDIR, f"shm.{launch}.{rank}.txt"), "w") as f:
+    f.write("\n".join(sorted({line.split()[-1] for line in open("/proc/self/maps") if "/dev/shm/" in line})))
 
 generator = torch.Generator().manual_seed(7)
 features = torch.randn(SAMPLES, 4, generator=generator)
