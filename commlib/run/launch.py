@@ -38,9 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _mpiexec(args) -> str:
-    if args.mpiexec:
-        return args.mpiexec
+def _mpiexec(given: str | None) -> str:
+    """``--mpiexec``, else the one beside this Python, else the one on PATH."""
+    if given:
+        return given
     from ..testing.cluster import find_mpiexec
 
     try:
@@ -72,7 +73,7 @@ def build(args, env: dict[str, str], environ=None) -> tuple[dict[str, str], list
     """The command line for ``args`` (the MPI is asked what it is; nothing else runs)."""
     environ = os.environ if environ is None else environ
     hosts, np = _slots(args)
-    mpiexec = _mpiexec(args)
+    mpiexec = _mpiexec(args.mpiexec)
     flavor = _mpi.detect(mpiexec)
     launch = _mpi.Launch(
         flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=env,
@@ -129,7 +130,7 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
         _hosts.parse_hostfile(args.hostfile) if args.hostfile else [])
     if not given and not opts.discovery_script:
         given = [_hosts.Host("localhost", opts.max_np or args.np or opts.min_np)]
-    mpiexec = _mpiexec(args)
+    mpiexec = _mpiexec(args.mpiexec)
     flavor = _mpi.detect(mpiexec)
     nics = [n for n in (args.nics or "").split(",") if n]
 
@@ -221,7 +222,7 @@ def check_build(mpiexec: str | None = None) -> str:
         ok = importlib.util.find_spec(module) is not None and importlib.util.find_spec(plugins[module]) is not None
         lines.append(f"    {mark(ok)} {label}")
     try:
-        path = mpiexec or _mpiexec(type("A", (), {"mpiexec": None})())
+        path = _mpiexec(mpiexec)
         flavor = _mpi.detect(path)
         launcher = f"{flavor} ({path})"
     except UsageError as exc:
