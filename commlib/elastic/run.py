@@ -1,7 +1,8 @@
 """The elastic run loop: ``run(func)(state, ...)`` as Horovod Elastic's ``hvd.elastic.run``.
 
-commlib runs on MPI, whose world cannot shrink or grow inside a running job (MPICH does not implement
-ULFM's revoke/shrink: they abort), so recovery is by restart rather than in process: under commlib-run's
+commlib runs on MPI, whose world cannot shrink or grow inside a running job here (with MPICH,
+``Comm.Revoke`` raises NotImplementedError: a rank waiting on a lost peer cannot be released), so recovery
+is by restart rather than in process: under commlib-run's
 elastic driver (docs/elastic.md), a worker whose collective failed (``HorovodInternalError``, commlib's
 :class:`~commlib.errors.CollectiveError`) or whose ``commit()`` raised :class:`HostsUpdatedInterrupt`
 exits with :data:`~.control.RESTART_EXIT_CODE`; the driver starts the job again on the hosts it has, and

@@ -1,7 +1,7 @@
 """commlib-run's elastic driver: keep a job training while hosts come and go, by restarting it.
 
-MPI cannot replace a lost rank inside a running job (MPICH implements none of ULFM's recovery calls, and
-hydra takes every rank down when one dies by a signal), so the driver works as torchrun does, with
+MPI cannot replace a lost rank inside a running job (with MPICH, ``Comm.Revoke`` raises NotImplementedError,
+and hydra takes every rank down when one dies by a signal), so the driver works as torchrun does, with
 Horovod Elastic's state and flags on the workers' side (:mod:`commlib.elastic`):
 
 1. Discover the hosts: ``--host-discovery-script`` prints ``host`` or ``host:slots`` lines (without it:
