@@ -225,3 +225,14 @@ def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
     assert launches[1]["start_step"] >= 6
     assert "hosts changed" in done.stderr and "the workers asked for a restart" in done.stderr
     _check_training(logdir, final_steps)
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_torch_state_and_sampler_across_ranks(nprocs):
+    """TorchState's sync/restore/commit of a model, an optimizer with momentum and attributes;
+    ObjectState's sync; ElasticSampler's split without overlap and its split of the rest after a restore
+    (tests/workers/elastic_state.py)."""
+    from mpirun import run_mpi
+
+    out = run_mpi(nprocs, "elastic_state.py", timeout=240, env={"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"})
+    assert out.count("elastic_state OK") == nprocs, out[-3000:]
