@@ -364,23 +364,33 @@ class Coordinator(Lifecycle):
         self._tell_peers(verdict, lost)
         raise StallShutdown(verdict, lost, "a negotiation round")
 
-    def watch(self) -> None:
+    def watch(self, suspects=None) -> None:
         """Run by a transfer that has waited a while (:class:`~commlib.transport.deadline.Deadline`): read
         the control channel for a peer's notice that it lost a rank, and raise it here, so that a rank
-        waiting for a peer that has already failed fails now, naming the lost rank. Only from the thread
+        waiting for a peer that has already failed fails now, naming the lost rank. ``suspects``: world
+        ranks the transfer ran out of time waiting for: the others are told first. Only from the thread
         that runs this coordinator's cycle, or when no thread does."""
         progress = self._progress
         if progress.holder != threading.get_ident():
             if not progress.lock.acquire(blocking=False):
                 return
             try:
-                self._rounds.receive()
+                self._watch(suspects)
             finally:
                 progress.lock.release()
         else:
-            self._rounds.receive()
+            self._watch(suspects)
+
+    def _watch(self, suspects) -> None:
+        if suspects:
+            self._tell_peers(f"{self._who(self.rank)} ran out of time waiting for {self.describe_world(suspects)}",
+                             suspects)
+        self._rounds.receive()
         if self._channel.notices:
             self._read_notices()
+
+    def describe_world(self, world_ranks) -> str:
+        return f"rank(s) {list(world_ranks)}"
 
     def _catch_up(self) -> None:
         """This rank ran no cycle for a long time (stopped, or starved of the GIL): its peers may have given
@@ -395,6 +405,9 @@ class Coordinator(Lifecycle):
 
     def _read_notices(self) -> None:
         """A peer gave up on a round this rank also waits in, or lost a peer: give up too."""
+        me = self._world_ranks[self.rank]
         for source, verdict, lost in self._channel.receive_notices():
+            if me in lost:  # a peer waited for this rank, which is waiting for someone else: not this one
+                continue
             lost = lost or (self._world_ranks[source],)
             raise StallShutdown(f"{self._who(source)} gave up: {verdict}", lost, "a peer's notice")

@@ -44,6 +44,7 @@ class StallInspector:
         self._failing = False         # rank 0: stalled tensors named, their round not yet complete
         self._warned: dict[str, float] = {}
         self._silent_warned = 0.0     # when silent peers were last logged
+        self._next_tensor_check = 0.0  # rank 0: when tensor stalls are next looked at
 
     @property
     def stuck_since(self) -> float:
@@ -82,8 +83,9 @@ class StallInspector:
             log.warning("commlib stall: rank %d has waited %.0f s for a coordinator message from %s; "
                         "a process may have died, or be stuck without releasing the GIL",
                         self.rank, waited, self._describe(silent))
-        if self.rank != 0 or not check:
+        if self.rank != 0 or not check or now < self._next_tensor_check:
             return None, verdict
+        self._next_tensor_check = now + max(min(check, 5.0), 0.05)
         stalled = table.stalled(check, now)
         self._warned = {name: t for name, t in self._warned.items() if any(name == s for s, _ in stalled)}
         for name, missing in stalled:

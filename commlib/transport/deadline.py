@@ -16,7 +16,11 @@ making progress: MPI progresses only inside its calls, so a sleeping rank would 
 then a poll and a sleep, longer and longer up to ``MAX_SLEEP_S``: a rank waiting on a dead link uses a
 few percent of a core, not all of it. Every ``WATCH_S`` of sleeping the ``watch`` hook runs (the
 coordinator reads its peers' notices there: a peer that lost a rank says so, and this rank's wait
-fails at once, naming that rank instead of the peer it waited for).
+fails at once, naming that rank instead of the peer it waited for). A wait that runs out of time tells
+the others whom it suspects, then keeps listening for ``GRACE_S`` more (at most a quarter of the
+timeout) before it blames them: in a ring a rank waits for a neighbour that itself waits for the lost
+rank, both run out of time within moments of each other, and the neighbour, which ignores a suspicion
+of itself, tells the rank whom to blame.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ YIELD_S = 0.05         # poll and yield the core until this long into a wait
 MAX_SLEEP_S = 1e-3     # the longest sleep between polls after that
 MIN_SLEEP_S = 20e-6
 WATCH_S = 0.1          # how often the watch hook runs while sleeping
+GRACE_S = 1.0          # after the timeout, how long a wait still listens for a peer's notice
 
 _testall = MPI.Request.Testall
 _yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -65,37 +70,64 @@ class Deadline:
         for _ in range(SPIN):
             if _testall(requests):
                 return
+        self._poll(lambda: _testall(requests), requests, comm, what, peers)
+
+    def wait_object(self, request: "MPI.Request", comm: "MPI.Comm", what: str, peers: Sequence[int]):
+        """:meth:`wait` for one request of mpi4py's object interface (``isend``, ``Message.irecv``);
+        returns its object. Polled with ``Get_status``, which leaves the request for ``wait`` to decode."""
+        done, obj = request.test()
+        if done:
+            return obj
+        self._poll(request.Get_status, [request], comm, what, peers, watch=False)  # the watch reads this channel
+        return request.wait()
+
+    def _poll(self, done: Callable[[], bool], requests: list, comm: "MPI.Comm", what: str,
+              peers: Sequence[int] | None, watch: bool = True) -> None:
+        """The waiting past the first polls: yield, then sleep, watch, and give up after the timeout."""
         if self.lost is not None:
             raise self.lost
         start = _monotonic()
         limit = start + self.timeout_s
+        grace = limit + min(GRACE_S, self.timeout_s / 4)
         next_watch = start + YIELD_S + WATCH_S
+        suspects = None
         while True:
-            if _testall(requests):
+            if done():
                 return
             now = _monotonic()
             waited = now - start
             if waited < YIELD_S:
                 _yield_core()
                 continue
-            if now >= limit:
-                raise self.expired(comm, what, peers, waited)
-            if now >= next_watch:
+            if now >= next_watch or now >= limit:
                 next_watch = now + WATCH_S
                 if self.lost is not None:
                     raise self.lost
-                if self.watch is not None:
-                    self.watch()
+                if watch and self.watch is not None:
+                    if now >= limit and suspects is None:  # told once: the others may be waiting for them
+                        suspects = self.world_ranks(comm, self._pending(requests, peers) or self._others(comm))
+                    try:
+                        self.watch(suspects)
+                        suspects = suspects and []
+                    except PeerLostError as exc:
+                        self.lose(exc)
+                        raise
+                if now >= grace:
+                    raise self.expired(comm, what, self._pending(requests, peers), limit - start)
             time.sleep(min(MAX_SLEEP_S, max(MIN_SLEEP_S, (waited - YIELD_S) / 8)))
 
-    def wait_object(self, request: "MPI.Request", comm: "MPI.Comm", what: str, peers: Sequence[int]):
-        """:meth:`wait` for one request of mpi4py's object interface (``isend``, ``Message.irecv``);
-        returns its object."""
-        done, obj = request.test()
-        if done:
-            return obj
-        self.wait([request], comm, what, peers)
-        return request.wait()
+    @staticmethod
+    def _others(comm: "MPI.Comm") -> list[int]:
+        me = comm.Get_rank()
+        return [r for r in range(comm.Get_size()) if r != me]
+
+    @staticmethod
+    def _pending(requests: list, peers: Sequence[int] | None) -> Sequence[int] | None:
+        """The peers of the requests still pending, when ``peers`` gives one per request (else as given)."""
+        if peers is None or len(peers) != len(requests):
+            return peers
+        pending = [peer for request, peer in zip(requests, peers) if peer is not None and not request.Get_status()]
+        return pending or None
 
     # -- what failed --------------------------------------------------------------------------------------
     def world_ranks(self, comm: "MPI.Comm", ranks: Sequence[int]) -> list[int]:
@@ -117,7 +149,7 @@ class Deadline:
         """The error of a wait that ran out of time; remembered in ``lost``."""
         me = comm.Get_rank()
         if peers is None:
-            peers = [r for r in range(comm.Get_size()) if r != me]
+            peers = self._others(comm)
         ranks = sorted(set(self.world_ranks(comm, peers)))
         own = self.world_ranks(comm, [me])[0]
         error = PeerLostError(

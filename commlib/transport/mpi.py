@@ -106,6 +106,7 @@ class MPITransport(Transport):
         self._owns_ops = kernel_ops is None   # else shared: the runtime frees them
         self._kernel_ops = kernel_ops if kernel_ops is not None else KernelOps()
         self._native: dict = {}   # (dtype, op) -> function running MPI's Allreduce
+        self._peer_of: dict[int, int] = {}   # id of a pending isend/irecv request -> its peer
 
     @classmethod
     def duplicate(cls, comm: MPI.Comm, kernel_ops: KernelOps | None = None,
@@ -136,16 +137,30 @@ class MPITransport(Transport):
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
         comm = self._comm
         requests = [comm.Irecv(_spec(recvbuf), source, tag), comm.Isend(_spec(sendbuf), dest, tag)]
-        self.deadline.wait(requests, comm, "a send/receive", (source, dest) if source != dest else (dest,))
+        self.deadline.wait(requests, comm, "a send/receive", (source, dest))
 
     def isend(self, buf, dest, tag=0):
-        return self._comm.Isend(_spec(buf), dest, tag)
+        request = self._comm.Isend(_spec(buf), dest, tag)
+        self._note_peer(request, dest)
+        return request
 
     def irecv(self, buf, source, tag=0):
-        return self._comm.Irecv(_spec(buf), source, tag)
+        request = self._comm.Irecv(_spec(buf), source, tag)
+        self._note_peer(request, source)
+        return request
+
+    def _note_peer(self, request, peer: int) -> None:
+        """Remember whom ``request`` talks to (MPI does not say), for the error of a wait that times out."""
+        peers = self._peer_of
+        if len(peers) > 4096:  # requests completed elsewhere than waitall: forget them all
+            peers.clear()
+        peers[id(request)] = peer
 
     def waitall(self, requests):
-        self.deadline.wait(list(requests), self._comm, "point-to-point transfers")  # MPI does not say with whom
+        requests = list(requests)
+        pop = self._peer_of.pop
+        peers = [pop(id(r), None) for r in requests]  # still referenced by the caller: the ids are theirs
+        self.deadline.wait(requests, self._comm, "point-to-point transfers", peers)
 
     def allreduce_native_(self, buf, op):
         if buf.ndim != 1 or not buf.flags.c_contiguous:
