@@ -3,7 +3,7 @@ its processes); every rank records how its call failed.
 
     python link_cut.py MODE DIR
 
-MODE: ``large`` (4 MiB allreduce_), ``small`` (4 KiB allreduce_: eager across hosts), ``barrier``, or
+MODE: ``large`` (4 MiB allreduce_), ``1m`` (1 MiB allreduce_, as issue 23's report), ``small`` (4 KiB allreduce_: eager across hosts), ``barrier``, or
 ``negotiation`` (the ranks stop calling when DIR/pause appears, say so in DIR/paused.RANK, and once
 DIR/go appears each calls one allreduce, whose negotiation round cannot complete).
 
@@ -38,12 +38,12 @@ def exists(name: str) -> bool:
     return os.path.exists(os.path.join(folder, name))
 
 
-big = np.ones((4 << 20) // 4, np.float32)
+big = np.ones(((1 if mode == "1m" else 4) << 20) // 4, np.float32)
 small = np.ones(1024, np.float32)
 
 
 def step() -> None:
-    if mode == "large":
+    if mode in ("large", "1m"):
         cl.allreduce_(big, name="big")
     elif mode == "small":
         cl.allreduce_(small, name="small")
@@ -65,7 +65,7 @@ try:
     for _ in range(5):
         step()
         calls += 1
-    mark("ready")
+    mark("ready", str(os.getpid()))
     while True:
         step()
         calls += 1
