@@ -12,8 +12,9 @@ transport sharing the deadline raises the same error at once (``lost``).
 How a wait waits (measured in time since the wait began, as :mod:`commlib.coordinator.backoff`):
 ``SPIN`` polls back to back (a small message between ranks of one host completes within them), then a
 poll and ``sched_yield`` in turn until ``YIELD_S`` (a reply from another host, a large transfer still
-making progress: MPI progresses only inside its calls, so a sleeping rank would slow the transfer),
-then a poll and a sleep, longer and longer up to ``MAX_SLEEP_S``: a rank waiting on a dead link uses a
+making progress, ranks that outnumber the cores waiting their turn: MPI progresses only inside its calls,
+so a sleeping rank slows a live transfer: with 50 ms here, 3 ranks on 2 cores running the algorithm
+tests sat at 10% of a core each, asleep instead of transferring), then a poll and a sleep, longer and longer up to ``MAX_SLEEP_S``: a rank waiting on a dead link uses a
 few percent of a core, not all of it. Every ``WATCH_S`` of sleeping the ``watch`` hook runs (the
 coordinator reads its peers' notices there: a peer that lost a rank says so, and this rank's wait
 fails at once, naming that rank instead of the peer it waited for). A wait that runs out of time tells
@@ -35,7 +36,7 @@ from mpi4py import MPI
 from ..errors import PeerLostError
 
 SPIN = 32              # back-to-back polls before the first yield
-YIELD_S = 0.05         # poll and yield the core until this long into a wait
+YIELD_S = 1.0          # poll and yield the core until this long into a wait
 MAX_SLEEP_S = 1e-3     # the longest sleep between polls after that
 MIN_SLEEP_S = 20e-6
 WATCH_S = 0.1          # how often the watch hook runs while sleeping
