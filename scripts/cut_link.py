@@ -40,6 +40,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=None, help="COMMLIB_TIMEOUT (default: commlib's)")
     parser.add_argument("--how", choices=["cut", "stop"], default="cut")
     parser.add_argument("--limit", type=float, default=None, help="give up on mpiexec after this (s)")
+    parser.add_argument("--sigterm-after", type=float, default=None,
+                        help="send mpiexec a SIGTERM this many seconds after the cut (as `timeout` would)")
     args = parser.parse_args()
     hosts = [int(h) for h in args.hosts.split(",")]
     size = sum(hosts)
@@ -68,6 +70,9 @@ def main() -> int:
                 if cluster.host_of_rank(r) == lost_host:
                     os.kill(int(pids[r]), signal.SIGSTOP)
         cut = time.time()
+        if args.sigterm_after is not None:
+            time.sleep(args.sigterm_after)
+            job.send_signal(signal.SIGTERM)
         time.sleep(2)
         before = {r: cpu_seconds(p) for r, p in pids.items() if Path(f"/proc/{p}").exists()}
         time.sleep(4)
@@ -80,8 +85,9 @@ def main() -> int:
             os.killpg(job.pid, signal.SIGKILL)
             job.communicate()
         print(f"{args.how} of host {lost_host} ({cluster.hosts[lost_host]}); hosts {hosts}, rate {args.rate}, "
-              f"mode {args.mode}, COMMLIB_TIMEOUT={args.timeout if args.timeout is not None else 'default'}")
-        print("CPU used per rank between 2 and 6 s after the cut (cores): "
+              f"mode {args.mode}, COMMLIB_TIMEOUT={args.timeout if args.timeout is not None else 'default'}"
+              + (f", SIGTERM to mpiexec {args.sigterm_after:g} s after the cut" if args.sigterm_after is not None else ""))
+        print("CPU used per rank in the 4 s from 2 s after the cut (cores): "
               + ", ".join(f"rank {r}: {c:.2f}" for r, c in sorted(cpu.items())))
         for r in range(size):
             path = folder / f"result.{r}"
