@@ -35,25 +35,25 @@ if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import 
 log = logging.getLogger("commlib")
 
 
-class _Session:
+class _State:
     """Holds the runtime between init() and shutdown(); the single place commlib keeps state."""
 
     runtime: Runtime | None = None
     lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
 
 
-_session = _Session()
+_state = _State()
 
 
 def _rt() -> "Runtime":
-    runtime = _session.runtime
+    runtime = _state.runtime
     if runtime is None:
         raise CommlibError("commlib is not initialized; call commlib.init() first")
     return runtime
 
 
 #: The world as a process set (id 0): always registered while commlib is initialized.
-global_process_set = _GlobalProcessSet(lambda: _session.runtime.sets if _session.runtime is not None else None)
+global_process_set = _GlobalProcessSet(lambda: _state.runtime.sets if _state.runtime is not None else None)
 
 
 # ---- lifecycle and topology ---------------------------------------------------------------------------
@@ -71,14 +71,14 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
 
     Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
     other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
-    if _session.runtime is not None:
+    if _state.runtime is not None:
         return
     from .runtime import Runtime
 
     if "timeout" in settings:
         timeout = settings.pop("timeout")
         settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    _session.runtime = Runtime(comm, **settings)
+    _state.runtime = Runtime(comm, **settings)
     atexit.register(_leave)
     for process_set in process_sets or ():
         add_process_set(process_set)
@@ -86,7 +86,7 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
 
 def shutdown() -> None:
     """Stop commlib: pending operations fail with a clear error; ``init()`` may be called again."""
-    runtime, _session.runtime = _session.runtime, None
+    runtime, _state.runtime = _state.runtime, None
     atexit.unregister(_leave)
     if runtime is not None:
         try:
@@ -98,7 +98,7 @@ def shutdown() -> None:
 def _leave() -> None:
     """The exit hook: the process exits without ``shutdown()``. Tell the other ranks, without waiting for
     them (they may be waiting for this rank in their next collective)."""
-    runtime, _session.runtime = _session.runtime, None
+    runtime, _state.runtime = _state.runtime, None
     if runtime is None:
         return
     try:
@@ -106,7 +106,7 @@ def _leave() -> None:
     except Exception as exc:  # exiting anyway: say why the others may not have been told
         log.warning("commlib: could not tell the other ranks that rank %d is exiting: %r", runtime.rank, exc)
     _after_loss(runtime)
-    if _session.lost is not None:
+    if _state.lost is not None:
         _exit_after_loss()
 
 
@@ -118,8 +118,8 @@ def _after_loss(runtime) -> None:
     """After a runtime that lost a peer: the process must not finalize MPI (MPI_Finalize, and freeing
     what the lost peers still hold, would wait for them), so it ends without it at exit."""
     lost = runtime.lost
-    if lost is not None and _session.lost is None:
-        _session.lost = lost
+    if lost is not None and _state.lost is None:
+        _state.lost = lost
         atexit.register(_exit_after_loss)
 
 
@@ -136,7 +136,7 @@ def _exit_after_loss() -> None:
     the cut link; MPI_Abort ended it at once). Other exit handlers registered before ``init()`` do not
     run."""
     log.error("commlib: ending the job (MPI_Abort, status %d) after a lost peer: %s",
-              LOST_PEER_EXIT_STATUS, _session.lost)
+              LOST_PEER_EXIT_STATUS, _state.lost)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -153,7 +153,7 @@ def _exit_after_loss() -> None:
 
 
 def is_initialized() -> bool:
-    return _session.runtime is not None
+    return _state.runtime is not None
 
 
 def rank() -> int:
