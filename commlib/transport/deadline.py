@@ -61,7 +61,7 @@ class Deadline:
         self._world = world
         self._hosts = list(hosts) if hosts is not None else None
         self.lost: PeerLostError | None = None
-        self.watch: Callable[[], None] | None = None
+        self.watch: Callable[[Sequence[int] | None], None] | None = None
 
     # -- waiting ----------------------------------------------------------------------------------------
     def wait(self, requests: list, comm: "MPI.Comm", what: str, peers: Sequence[int] | None = None) -> None:
