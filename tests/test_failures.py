@@ -1,12 +1,13 @@
 """A cut link or a frozen host on the emulated cluster: every rank raises PeerLostError within the
 timeout, naming an unreachable peer, a second call fails at once, and the job ends (docs/failures.md).
 
-Each case runs tests/workers/link_cut.py on every rank with COMMLIB_TIMEOUT=5, waits until every rank
+Each case runs tests/workers/link_cut.py on every rank with COMMLIB_TIMEOUT=5 (one case instead with
+COMMLIB_STALL_SHUTDOWN_TIME=5, the default timeout: the stall shutdown alone ends it), waits until every rank
 loops, then takes the last host's link down (``ip link set <its bridge-side veth> down``) or stops its
 rank processes (SIGSTOP), and checks what each rank recorded and that mpiexec itself exited.
 
-CI runs a representative subset (2 hosts x 1 rank: a large allreduce, a small eager one, a barrier and a
-negotiation round cut; 3 x 1 with a frozen host), about 50 s; every case (2 x 2 and 3 x 1 cuts too):
+CI runs a representative subset (2 hosts x 1 rank: a large allreduce, a 1 MiB one under stall shutdown, a
+small eager one, a barrier and a negotiation round cut; 3 x 1 with a frozen host), about 65 s; every case (2 x 2 and 3 x 1 cuts too):
 ``FAILURE_TESTS=all .venv/bin/python -m pytest tests/test_failures.py``, about 100 s.
 """
 
@@ -32,17 +33,21 @@ EXIT_WITHIN_S = TIMEOUT_S + 12.0
 ALL = os.environ.get("FAILURE_TESTS") == "all"
 full = pytest.mark.skipif(not ALL, reason="set FAILURE_TESTS=all for every case")
 
+#: the limit from the stall settings instead of COMMLIB_TIMEOUT (left at its default of 10 minutes)
+STALL = {"COMMLIB_STALL_CHECK_TIME": "2", "COMMLIB_STALL_SHUTDOWN_TIME": str(TIMEOUT_S)}
+
 CASES = [
-    pytest.param("large", [1, 1], "cut", id="2x1-large-cut"),
-    pytest.param("small", [1, 1], "cut", id="2x1-small-eager-cut"),
-    pytest.param("barrier", [1, 1], "cut", id="2x1-barrier-cut"),
-    pytest.param("negotiation", [1, 1], "cut", id="2x1-negotiation-cut"),
-    pytest.param("large", [1, 1, 1], "stop", id="3x1-large-frozen-host"),
-    pytest.param("large", [2, 2], "cut", id="2x2-large-cut", marks=full),
-    pytest.param("small", [2, 2], "cut", id="2x2-small-eager-cut", marks=full),
-    pytest.param("barrier", [1, 1, 1], "cut", id="3x1-barrier-cut", marks=full),
-    pytest.param("negotiation", [2, 2], "cut", id="2x2-negotiation-cut", marks=full),
-    pytest.param("small", [1, 1], "stop", id="2x1-small-frozen-host", marks=full),
+    pytest.param("large", [1, 1], "cut", None, id="2x1-large-cut"),
+    pytest.param("1m", [1, 1], "cut", STALL, id="2x1-1m-cut-stall-shutdown"),
+    pytest.param("small", [1, 1], "cut", None, id="2x1-small-eager-cut"),
+    pytest.param("barrier", [1, 1], "cut", None, id="2x1-barrier-cut"),
+    pytest.param("negotiation", [1, 1], "cut", None, id="2x1-negotiation-cut"),
+    pytest.param("large", [1, 1, 1], "stop", None, id="3x1-large-frozen-host"),
+    pytest.param("large", [2, 2], "cut", None, id="2x2-large-cut", marks=full),
+    pytest.param("small", [2, 2], "cut", None, id="2x2-small-eager-cut", marks=full),
+    pytest.param("barrier", [1, 1, 1], "cut", None, id="3x1-barrier-cut", marks=full),
+    pytest.param("negotiation", [2, 2], "cut", None, id="2x2-negotiation-cut", marks=full),
+    pytest.param("small", [1, 1], "stop", None, id="2x1-small-frozen-host", marks=full),
 ]
 
 
@@ -66,20 +71,20 @@ def test_transport_deadline_on_one_host():
     assert "deadline_check OK" in out, out
 
 
-@pytest.mark.parametrize("mode, hosts, how", CASES)
-def test_every_rank_raises_and_the_job_ends(make_cluster, tmp_path, mode, hosts, how):
+@pytest.mark.parametrize("mode, hosts, how, settings", CASES)
+def test_every_rank_raises_and_the_job_ends(make_cluster, tmp_path, mode, hosts, how, settings):
     cluster = make_cluster(hosts)
     try:
-        _run_case(cluster, tmp_path, mode, hosts, how)
+        _run_case(cluster, tmp_path, mode, hosts, how, settings or {"COMMLIB_TIMEOUT": str(TIMEOUT_S)})
     finally:
         cluster.down()
 
 
-def _run_case(cluster, folder: Path, mode: str, hosts: list[int], how: str) -> None:
+def _run_case(cluster, folder: Path, mode: str, hosts: list[int], how: str, settings: dict) -> None:
     size = sum(hosts)
     lost_host = len(hosts) - 1
     lost = {r for r in range(size) if cluster.host_of_rank(r) == lost_host}
-    env = job_env({"COMMLIB_TIMEOUT": str(TIMEOUT_S)})
+    env = job_env(settings)
     cmd = cluster.mpiexec_args() + [sys.executable, str(worker_path("link_cut.py")), mode, str(folder)]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                            start_new_session=True)
