@@ -146,7 +146,10 @@ def _exit_after_loss() -> None:
     try:
         from mpi4py import MPI
 
+        from .transport.mpi import unlink_mapped_shared_memory
+
         if MPI.Is_initialized() and not MPI.Is_finalized():
+            unlink_mapped_shared_memory()  # MPI_Abort leaves MPICH's node segments in /dev/shm
             MPI.COMM_WORLD.Abort(LOST_PEER_EXIT_STATUS)
     finally:
         os._exit(LOST_PEER_EXIT_STATUS)

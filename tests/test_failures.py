@@ -60,6 +60,17 @@ def _wait_for(predicate, seconds: float) -> bool:
     return predicate()
 
 
+def _unmapped_mpich_shm() -> set[str]:
+    """MPICH's shared-memory files in /dev/shm that no process maps (what a dead job left behind)."""
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped.update(part for part in maps.read_text().split() if "/dev/shm/mpich_shm_" in part)
+        except OSError:
+            pass
+    return {str(p) for p in Path("/dev/shm").glob("mpich_shm_*")} - mapped
+
+
 def _namespace_pids(host: str) -> list[str]:
     return subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
 
@@ -85,6 +96,7 @@ def _run_case(cluster, folder: Path, mode: str, hosts: list[int], how: str, sett
     lost_host = len(hosts) - 1
     lost = {r for r in range(size) if cluster.host_of_rank(r) == lost_host}
     env = job_env(settings)
+    shm_before = {str(p) for p in Path("/dev/shm").glob("mpich_shm_*")}
     cmd = cluster.mpiexec_args() + [sys.executable, str(worker_path("link_cut.py")), mode, str(folder)]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                            start_new_session=True)
@@ -140,3 +152,9 @@ def _run_case(cluster, folder: Path, mode: str, hosts: list[int], how: str, sett
         if _namespace_pids(host):
             left[host] = _namespace_pids(host)
     assert not left, f"processes left on the hosts after the job ended: {left}"
+    # the exit path removes MPICH's segments before MPI_Abort; a rank killed while frozen cannot
+    shm_left = _unmapped_mpich_shm() - shm_before
+    for path in shm_left:
+        Path(path).unlink(missing_ok=True)
+    if how == "cut":
+        assert not shm_left, f"MPICH shared memory left in /dev/shm: {sorted(shm_left)}"

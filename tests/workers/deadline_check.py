@@ -3,7 +3,7 @@
 Rank 0 waits (with a 1 s timeout) in a receive, an allreduce and a barrier that rank 1 never joins; each
 must raise PeerLostError naming rank 1 within about a second, and, after the first, the next wait at once.
 Rank 1 waits until rank 0 is done, then both leave without collective teardown (os._exit: the abandoned
-requests stay behind).
+requests stay behind), removing MPICH's shared-memory file first.
 """
 
 import os
@@ -16,7 +16,7 @@ from mpi4py import MPI
 from commlib.errors import PeerLostError
 from commlib.ops import ReduceOp
 from commlib.transport.deadline import Deadline
-from commlib.transport.mpi import MPITransport
+from commlib.transport.mpi import MPITransport, unlink_mapped_shared_memory
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
@@ -49,4 +49,6 @@ if rank == 0:
 else:
     assert comm.recv(source=0, tag=99) == "done"
 sys.stdout.flush()
+comm.Barrier()  # on COMM_WORLD, which the abandoned requests do not use
+unlink_mapped_shared_memory()  # os._exit skips MPI_Finalize, which would remove MPICH's node segment
 os._exit(0)
