@@ -146,7 +146,7 @@ def _exit_after_loss() -> None:
     try:
         from mpi4py import MPI
 
-        from .transport.mpi import unlink_mapped_shared_memory
+        from .transport.deadline import unlink_mapped_shared_memory
 
         if MPI.Is_initialized() and not MPI.Is_finalized():
             unlink_mapped_shared_memory()  # MPI_Abort leaves MPICH's node segments in /dev/shm

@@ -165,3 +165,24 @@ class Deadline:
         """Record the first peer loss: every later wait raises it at once."""
         if self.lost is None:
             self.lost = error
+            unlink_mapped_shared_memory()  # while this process still can: the launcher may kill it next
+
+
+def unlink_mapped_shared_memory(prefix: str = "/dev/shm/mpich_shm_") -> list[str]:
+    """Remove the names of the shared-memory files MPI mapped into this process (MPICH's node segments),
+    once a peer is lost: the job then ends through ``MPI_Abort`` or a launcher's kill, and neither cleans
+    them up (each would stay in /dev/shm).
+    The mappings themselves stay valid for every process that has one. Returns the paths removed."""
+    removed = []
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
+    except OSError:  # not Linux: nothing known to remove
+        return removed
+    for path in sorted(p for p in paths if p.startswith(prefix)):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # already removed by a peer on the node
+            pass
+    return removed

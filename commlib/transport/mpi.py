@@ -14,7 +14,6 @@ Nothing here blocks inside MPI: every call is MPI's nonblocking variant, waited 
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
@@ -240,21 +239,3 @@ class MPITransport(Transport):
     def __repr__(self):
         return f"MPITransport(rank={self._rank}, size={self._size})"
 
-
-def unlink_mapped_shared_memory(prefix: str = "/dev/shm/mpich_shm_") -> list[str]:
-    """Remove the names of the shared-memory files MPI mapped into this process (MPICH's node segments),
-    before a job ends through ``MPI_Abort``, which never cleans them up: each would stay in /dev/shm.
-    The mappings themselves stay valid for every process that has one. Returns the paths removed."""
-    removed = []
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
-    except OSError:  # not Linux: nothing known to remove
-        return removed
-    for path in sorted(p for p in paths if p.startswith(prefix)):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:  # already removed by a peer on the node
-            pass
-    return removed

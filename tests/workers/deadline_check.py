@@ -15,8 +15,8 @@ from mpi4py import MPI
 
 from commlib.errors import PeerLostError
 from commlib.ops import ReduceOp
-from commlib.transport.deadline import Deadline
-from commlib.transport.mpi import MPITransport, unlink_mapped_shared_memory
+from commlib.transport.deadline import Deadline, unlink_mapped_shared_memory
+from commlib.transport.mpi import MPITransport
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
