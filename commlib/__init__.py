@@ -18,7 +18,7 @@ from .adasum import Adasum
 from .compression import Compression, CompressionOverflowWarning
 from .coordinator.requests import Handle
 from .device import cuda_built
-from .errors import CollectiveError, CommlibError, ConfigError, InFlightError, ProcessSetError
+from .errors import CollectiveError, CommlibError, ConfigError, InFlightError, PeerLostError, ProcessSetError
 from .process_sets import ProcessSet
 from .ops import Average, Max, Min, Product, ReduceOp, Sum
 from .transport.nccl import nccl_built

@@ -8,8 +8,12 @@ created; that runtime is the library's only state (see :mod:`commlib.runtime`).
 from __future__ import annotations
 
 import atexit
+import datetime
 import logging
+import os
 import pickle
+import sys
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -35,6 +39,7 @@ class _State:
     """Holds the runtime between init() and shutdown(); the single place commlib keeps state."""
 
     runtime: Runtime | None = None
+    lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
 
 
 _state = _State()
@@ -60,12 +65,19 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
     docs/configuration.md). Calling it again while initialized does nothing; after ``shutdown()`` it
     starts afresh.
 
+    ``timeout`` (seconds, or a ``datetime.timedelta`` as torch.distributed takes; ``COMMLIB_TIMEOUT``,
+    default 10 minutes) bounds every wait for a peer: past it the call raises ``PeerLostError`` naming the
+    peers (docs/failures.md).
+
     Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
     other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
     if _state.runtime is not None:
         return
     from .runtime import Runtime
 
+    if "timeout" in settings:
+        timeout = settings.pop("timeout")
+        settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
     _state.runtime = Runtime(comm, **settings)
     atexit.register(_leave)
     for process_set in process_sets or ():
@@ -77,7 +89,10 @@ def shutdown() -> None:
     runtime, _state.runtime = _state.runtime, None
     atexit.unregister(_leave)
     if runtime is not None:
-        runtime.close()
+        try:
+            runtime.close()
+        finally:
+            _after_loss(runtime)
 
 
 def _leave() -> None:
@@ -90,6 +105,54 @@ def _leave() -> None:
         runtime.close(leaving=True)
     except Exception as exc:  # exiting anyway: say why the others may not have been told
         log.warning("commlib: could not tell the other ranks that rank %d is exiting: %r", runtime.rank, exc)
+    _after_loss(runtime)
+    if _state.lost is not None:
+        _exit_after_loss()
+
+
+#: The exit status of a process that lost a peer (the launcher then ends the rest of the job).
+LOST_PEER_EXIT_STATUS = 1
+
+
+def _after_loss(runtime) -> None:
+    """After a runtime that lost a peer: the process must not finalize MPI (MPI_Finalize, and freeing
+    what the lost peers still hold, would wait for them), so it ends without it at exit."""
+    lost = runtime.lost
+    if lost is not None and _state.lost is None:
+        _state.lost = lost
+        atexit.register(_exit_after_loss)
+
+
+#: How long the exit path waits before aborting the job, so that the other live ranks, which reach their
+#: own verdict within moments (or at once through this rank's notice), can report it before the launcher
+#: stops them.
+ABORT_GRACE_S = 1.0
+
+
+def _exit_after_loss() -> None:
+    """At exit after a lost peer: end the job with ``MPI_Abort(MPI_COMM_WORLD, 1)`` instead of reaching
+    mpi4py's MPI_Finalize (which would wait for the lost peers). The launcher ends every other rank it
+    can reach and exits (measured with hydra: a plain exit(1) left mpiexec waiting for the proxy behind
+    the cut link; MPI_Abort ended it at once). Other exit handlers registered before ``init()`` do not
+    run."""
+    log.error("commlib: ending the job (MPI_Abort, status %d) after a lost peer: %s",
+              LOST_PEER_EXIT_STATUS, _state.lost)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
+            pass
+    time.sleep(ABORT_GRACE_S)
+    try:
+        from mpi4py import MPI
+
+        from .transport.deadline import unlink_mapped_shared_memory
+
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            unlink_mapped_shared_memory()  # MPI_Abort leaves MPICH's node segments in /dev/shm
+            MPI.COMM_WORLD.Abort(LOST_PEER_EXIT_STATUS)
+    finally:
+        os._exit(LOST_PEER_EXIT_STATUS)
 
 
 def is_initialized() -> bool:

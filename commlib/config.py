@@ -84,6 +84,17 @@ def _size_or_auto(text: str) -> int | None:
     return None if str(text).strip().lower() == "auto" else parse_size(text)
 
 
+_DURATION_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds, with an optional unit s, m (or min) or h: ``"90"``, ``"90s"``, ``"10m"``; must be > 0."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?\s*", str(text), re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"{text!r} is not a positive duration (examples: 30, 90s, 10m, 1h)")
+    return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
+
+
 def _optional_path(text: str) -> str | None:
     return str(text) or None
 
@@ -113,6 +124,7 @@ class Config:
     num_streams: int = 1
     stall_check_time_s: float = 60.0
     stall_shutdown_time_s: float = 0.0
+    timeout_s: float = 600.0
     cache_capacity: int = 1024
     direct_max_ranks: int = 16
     timeline: str | None = None
@@ -155,6 +167,14 @@ class Config:
         config._validate()
         return config
 
+    @property
+    def wait_limit_s(self) -> float:
+        """The longest wait for a peer anywhere: the timeout, or the stall shutdown time if shorter (a
+        rank stuck in a transfer gives up as one stuck in a negotiation round would)."""
+        if self.stall_shutdown_time_s:
+            return min(self.timeout_s, self.stall_shutdown_time_s)
+        return self.timeout_s
+
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
               "direct_max_ranks", "algorithm")
@@ -174,6 +194,8 @@ class Config:
                                   "alike everywhere, e.g. with mpiexec -genv")
 
     def _validate(self) -> None:
+        if not self.timeout_s > 0:
+            raise ConfigError(f"COMMLIB_TIMEOUT (timeout) must be a positive number of seconds, got {self.timeout_s}")
         if self.cma_segment_bytes < 64:
             raise ConfigError(f"COMMLIB_CMA_SEGMENT must be at least 64 bytes, got {self.cma_segment_bytes}")
         if self.algorithm not in algorithm_names():
@@ -228,6 +250,11 @@ FIELDS: dict[str, _Field] = {
                                     "seconds after which a stalled tensor fails on every rank, and a rank "
                                     "that has waited that long for a silent peer gives up on it (commlib "
                                     "then fails on every rank, naming the peer); 0 disables (default 0)"),
+    "timeout_s": _Field("COMMLIB_TIMEOUT", parse_duration,
+                        "longest wait for a peer (a negotiation round, a send, a receive, a collective, "
+                        "the goodbyes); then the call fails with PeerLostError naming the peers, and so "
+                        "does every later call (docs/failures.md). Seconds, or with a unit: 90s, 10m, 1h "
+                        "(default 10m)"),
     "cache_capacity": _Field("COMMLIB_CACHE_CAPACITY", _positive_int,
                              "negotiated tensors remembered for the fast path (default 1024)"),
     "direct_max_ranks": _Field("COMMLIB_DIRECT_MAX_RANKS", _non_negative_int,

@@ -26,3 +26,16 @@ class ProcessSetError(CommlibError, ValueError):
 
 class UnsupportedDtypeError(CommlibError, TypeError):
     """The array's element type cannot take part in the requested operation."""
+
+
+class PeerLostError(CollectiveError):
+    """A peer did not answer within the timeout (``COMMLIB_TIMEOUT``, or a stall shutdown): a cut link, a
+    frozen or dead host. ``ranks`` are the world ranks this rank waited for (the unreachable ones where
+    known), ``what`` says what it was doing. The runtime is unusable afterwards: every later call raises
+    the same error at once; the process may exit (commlib then skips MPI's collective teardown, see
+    docs/failures.md). Elastic training catches it to rebuild without ``ranks``."""
+
+    def __init__(self, message: str, ranks=(), what: str = ""):
+        super().__init__(message)
+        self.ranks = tuple(int(r) for r in ranks)
+        self.what = what

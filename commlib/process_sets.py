@@ -120,7 +120,8 @@ class Member:
 
     def close(self, leaving: bool = False) -> None:
         self.coordinator.close(leaving=leaving)
-        self.comm.Free()
+        if self.coordinator.lost is None:  # after a lost peer nothing collective: the process's end frees it
+            self.comm.Free()
 
 
 def check_process_set(process_set, name: str) -> "ProcessSet":

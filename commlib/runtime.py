@@ -23,6 +23,7 @@ from .process_sets import ProcessSetTable
 from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
+from .transport.deadline import Deadline
 from .transport.mpi import KernelOps, MPITransport
 
 
@@ -52,6 +53,8 @@ class Runtime:
             self.comm.Free()
             raise
         self.topology = Topology.detect(self.comm, self.config.local_size)
+        self.deadline = Deadline(self.config.wait_limit_s, self.comm.Get_group(),
+                                 self.comm.allgather(MPI.Get_processor_name()))
         self.timeline = None
         if self.config.timeline:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank,
@@ -81,9 +84,9 @@ class Runtime:
         the layout comes from the world's, so a set's algorithms follow its own shape."""
         set_rank = comm.Get_rank()
         topology = Topology.from_node_ids(set_rank, [self.topology.node_of_rank[r] for r in ranks])
-        lanes = [Lane(i, Engine(MPITransport.duplicate(comm, self.kernel_ops), topology, self.config),
-                      self.timeline) for i in range(self.config.num_streams)]
-        coordinator = Coordinator(ControlChannel(comm.Dup()), lanes, self.config, self.timeline,
+        lanes = [Lane(i, Engine(MPITransport.duplicate(comm, self.kernel_ops, self.deadline), topology,
+                                self.config), self.timeline) for i in range(self.config.num_streams)]
+        coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,
                                   world_ranks=ranks, label=label)
         return comm, topology, coordinator
 
@@ -112,6 +115,19 @@ class Runtime:
             self.timeline.close()
             self.timeline = None
 
+    @property
+    def lost(self):
+        """The PeerLostError this runtime met (a wait timed out, or a coordinator gave up on a silent
+        peer), else None. After one, the process must not finalize MPI (its teardown would wait for the
+        lost peers): see commlib.api's exit path."""
+        if self.deadline.lost is not None:
+            return self.deadline.lost
+        for member in self.sets.members():
+            lost = member.coordinator.lost
+            if lost is not None:
+                return lost
+        return None
+
     def close(self, leaving: bool = False) -> None:
         """Shut down every set. ``leaving``: the process is exiting without ``shutdown()``; tell the
         others and do not wait for them."""
@@ -120,6 +136,6 @@ class Runtime:
         finally:
             if self.timeline is not None:
                 self.timeline.close()
-            self.kernel_ops.free()
-            if not MPI.Is_finalized():
+            if self.lost is None and not MPI.Is_finalized():  # after a loss, nothing collective
+                self.kernel_ops.free()
                 self.comm.Free()

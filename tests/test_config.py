@@ -59,6 +59,26 @@ def test_every_variable_is_documented_with_its_default():
         assert f"`{getattr(defaults, attr)}`" in line, f"{field.env}: default not stated in its row"
 
 
+def test_timeout_takes_seconds_or_a_unit_and_the_stall_shutdown_when_shorter():
+    from commlib.config import parse_duration
+
+    assert Config().timeout_s == 600.0
+    assert parse_duration("90") == 90.0 and parse_duration("90s") == 90.0
+    assert parse_duration("10m") == 600.0 and parse_duration("1.5h") == 5400.0
+    for bad in ("0", "-3", "ten", "5d", ""):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert Config.load({"COMMLIB_TIMEOUT": "2m"}).timeout_s == 120.0
+    assert Config.load({}, timeout_s=7).timeout_s == 7
+    with pytest.raises(ConfigError, match="COMMLIB_TIMEOUT"):
+        Config.load({"COMMLIB_TIMEOUT": "soon"})
+    with pytest.raises(ConfigError, match="COMMLIB_TIMEOUT"):
+        Config.load({}, timeout_s=0)
+    shorter = Config.load({"COMMLIB_TIMEOUT": "60", "COMMLIB_STALL_CHECK_TIME": "5",
+                           "COMMLIB_STALL_SHUTDOWN_TIME": "20"})
+    assert shorter.wait_limit_s == 20.0 and Config.load({"COMMLIB_TIMEOUT": "60"}).wait_limit_s == 60.0
+
+
 # ---- Horovod's variables --------------------------------------------------------------------------------
 
 def _fresh_warnings(monkeypatch):

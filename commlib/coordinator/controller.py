@@ -51,7 +51,7 @@ import logging
 import threading
 import time
 
-from ..errors import CollectiveError, InFlightError
+from ..errors import CollectiveError, InFlightError, PeerLostError
 from .eager import EagerStore
 from .execution import LaneSet
 from .lifecycle import Lifecycle, StallShutdown
@@ -98,8 +98,11 @@ class Coordinator(Lifecycle):
         self._away_s = shutdown_s / 2 if shutdown_s else float("inf")  # see _catch_up
         self._last_cycle = time.monotonic()
         self._failure: BaseException | None = None
+        self._lost_in_lane: PeerLostError | None = None  # a lane's transfer timed out: fail in the cycle
         self._closed = False
         self._progress = Progress(self, config.cycle_time_ms / 1e3)
+        if not label and not self._lanes.threaded:  # the world's; a lane thread must not read the channel
+            channel.deadline.watch = self.watch
 
     def describe_ranks(self, ranks) -> str:
         """Set ranks as the user knows them: world ranks (and the set, if not the world)."""
@@ -114,7 +117,7 @@ class Coordinator(Lifecycle):
     def submit(self, entry: Entry, drive: bool = False) -> Handle:
         """Queue ``entry`` for negotiation. ``drive``: the caller will wait on it at once, so the
         background thread need not be woken."""
-        if self._failure is not None or self._closed:
+        if self._failure is not None or self._closed or self._channel.deadline.lost is not None:
             self.check_usable()
         name = entry.meta.name
         with self._names:
@@ -201,6 +204,8 @@ class Coordinator(Lifecycle):
             self._check_stalls()
         if busy and marked:  # idle cycles (thousands a second) are not marked
             timeline.instant(CYCLE_START, marked)
+        if self._lost_in_lane is not None:
+            raise self._lost_in_lane
         return busy
 
     def _contribute(self, last: bool = False) -> None:
@@ -330,6 +335,10 @@ class Coordinator(Lifecycle):
             for meta, entry in zip(response.metas, entries):
                 if entry is not None and self._in_flight.get(meta.name) is entry:
                     del self._in_flight[meta.name]
+        if isinstance(error, PeerLostError):  # fatal: the cycle fails the coordinator with it
+            names = [m.name for m in response.metas[:4]]
+            error = PeerLostError(f"tensor(s) {names}: {error}", error.ranks, error.what)
+            self._lost_in_lane = error
         if error is not None:
             if not isinstance(error, CollectiveError):
                 cause = error
@@ -356,18 +365,42 @@ class Coordinator(Lifecycle):
         if names:  # failed in the round that carries them, on every rank alike
             self._extra["fail"] = (names, self._config.stall_shutdown_time_s)
         if verdict:
-            self._give_up(verdict)
+            self._give_up(*verdict)
 
-    def _give_up(self, verdict: str) -> None:
-        """Abandon the rounds (a peer stopped answering): tell every peer outside the rounds, and fail."""
+    def _give_up(self, verdict: str, silent: list[int]) -> None:
+        """Abandon the rounds (peers stopped answering): tell every peer outside the rounds, and fail."""
         log.error("commlib stall on rank %d: %s", self._world_ranks[self.rank], verdict)
-        for peer in range(self.size):
-            if peer != self.rank:
-                try:
-                    self._channel.post_notice(peer, verdict)
-                except Exception:  # best effort: each waiting peer reaches the same verdict on its own clock
-                    pass
-        raise StallShutdown(verdict)
+        lost = [self._world_ranks[r] for r in silent]
+        self._tell_peers(verdict, lost)
+        raise StallShutdown(verdict, lost, "a negotiation round")
+
+    def watch(self, suspects=None) -> None:
+        """Run by a transfer that has waited a while (:class:`~commlib.transport.deadline.Deadline`): read
+        the control channel for a peer's notice that it lost a rank, and raise it here, so that a rank
+        waiting for a peer that has already failed fails now, naming the lost rank. ``suspects``: world
+        ranks the transfer ran out of time waiting for: the others are told first. Only from the thread
+        that runs this coordinator's cycle, or when no thread does."""
+        progress = self._progress
+        if progress.holder != threading.get_ident():
+            if not progress.lock.acquire(blocking=False):
+                return
+            try:
+                self._watch(suspects)
+            finally:
+                progress.lock.release()
+        else:
+            self._watch(suspects)
+
+    def _watch(self, suspects) -> None:
+        if suspects:
+            self._tell_peers(f"{self._who(self.rank)} ran out of time waiting for {self.describe_world(suspects)}",
+                             suspects)
+        self._rounds.receive()
+        if self._channel.notices:
+            self._read_notices()
+
+    def describe_world(self, world_ranks) -> str:
+        return f"rank(s) {list(world_ranks)}"
 
     def _catch_up(self) -> None:
         """This rank ran no cycle for a long time (stopped, or starved of the GIL): its peers may have given
@@ -381,6 +414,10 @@ class Coordinator(Lifecycle):
             time.sleep(0.005)
 
     def _read_notices(self) -> None:
-        """A peer gave up on a round this rank also waits in: give up too."""
-        for source, verdict in self._channel.receive_notices():
-            raise StallShutdown(f"{self._who(source)} gave up: {verdict}")
+        """A peer gave up on a round this rank also waits in, or lost a peer: give up too."""
+        me = self._world_ranks[self.rank]
+        for source, verdict, lost in self._channel.receive_notices():
+            if me in lost:  # a peer waited for this rank, which is waiting for someone else: not this one
+                continue
+            lost = lost or (self._world_ranks[source],)
+            raise StallShutdown(f"{self._who(source)} gave up: {verdict}", lost, "a peer's notice")

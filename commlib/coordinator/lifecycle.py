@@ -3,6 +3,11 @@
 - Failure: an exception in the cycle (or a stall verdict, :class:`StallShutdown`) fails every pending
   handle with it, makes every later call raise, and says ``gone`` to the others in this rank's last round
   message, so that they fail what needs this rank.
+- A lost peer (:class:`~commlib.errors.PeerLostError`: a wait timed out, a silent peer in the rounds, or
+  a peer's notice that it lost one): a failure as above, and before it a notice to every peer outside the
+  rounds naming the lost ranks, so that a peer waiting for this rank fails at once naming them. Shutdown
+  and the exit hook then neither wait for goodbyes nor free communicators (nothing collective after a
+  loss).
 - Shutdown (``shutdown()``): pending operations fail; this rank's last message says ``gone``; then it sends
   every peer a goodbye and waits (at most ``_SHUTDOWN_GRACE_S``) for theirs. Messages from one sender on
   one tag never overtake each other, so once every goodbye is in, nothing of the peers' is in flight and
@@ -20,12 +25,13 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import CollectiveError, CommlibError
+from ..errors import CollectiveError, PeerLostError
 
 log = logging.getLogger("commlib")
 
 _SHUTDOWN_GRACE_S = 10.0   # how long shutdown waits for the other ranks to shut down too
 _LEAVE_FLUSH_S = 2.0       # how long a leaving process waits for its last message to be delivered
+_LOST_FLUSH_S = 0.5        # the same after a lost peer: messages to the lost peers never will be
 
 #: The reason a leaving rank gives in its last message (the exit hook's shutdown path).
 LEFT = "left: its process exited without calling commlib.shutdown()"
@@ -42,10 +48,18 @@ class Lifecycle:
         if self._closed:
             raise CollectiveError("commlib has been shut down; call commlib.init() to use it again")
 
+    @property
+    def lost(self) -> PeerLostError | None:
+        """The peer loss that ended this coordinator (or its transports), else None."""
+        if isinstance(self._failure, PeerLostError):
+            return self._failure
+        return self._channel.deadline.lost
+
     def _failure_error(self) -> CollectiveError:
         where = self._who(self.rank)
-        if isinstance(self._failure, StallShutdown):
-            error = CollectiveError(f"commlib stopped on {where}: {self._failure}")
+        if isinstance(self._failure, PeerLostError):
+            error = PeerLostError(f"commlib stopped on {where}: {self._failure}", self._failure.ranks,
+                                  self._failure.what)
         else:
             error = CollectiveError(f"commlib's background coordinator failed on {where}: "
                                     f"{type(self._failure).__name__}: {self._failure}")
@@ -57,13 +71,28 @@ class Lifecycle:
         if self._failure is not None:
             return
         self._failure = exc
-        if not isinstance(exc, StallShutdown):
+        if isinstance(exc, PeerLostError):
+            self._channel.deadline.lose(exc)  # every transport of the runtime: later waits raise it at once
+            if not isinstance(exc, StallShutdown):  # (a stall verdict was logged and told already)
+                log.error("commlib on rank %d: %s", self._world_ranks[self.rank], exc)
+                self._tell_peers(str(exc), exc.ranks)
+        else:
             log.error("commlib coordinator failed on rank %d: %r", self._world_ranks[self.rank], exc)
         self._fail_all(str(self._failure_error()))
         try:
             self._announce_gone(f"failed ({type(exc).__name__}: {exc})")
         except BaseException:  # the channel itself may be what failed
             pass
+
+    def _tell_peers(self, text: str, lost) -> None:
+        """A notice to every peer outside the rounds, naming the world ranks this rank gave up on: a peer
+        waiting for this rank (in a round, or in a transfer: :meth:`watch`) fails at once, naming them."""
+        for peer in range(self.size):
+            if peer != self.rank and self._world_ranks[peer] not in lost:
+                try:
+                    self._channel.post_notice(peer, text, tuple(lost))
+                except Exception:  # best effort: each waiting peer reaches a verdict on its own clock
+                    pass
 
     def _fail_all(self, reason: str) -> None:
         with self._names:
@@ -90,12 +119,16 @@ class Lifecycle:
             return
         self._closed = True
         self._progress.stop()
+        lost = self.lost is not None
         with self._progress.lock:
             self._fail_all("commlib was shut down before it completed" if not leaving else
                            "this process is exiting without commlib.shutdown()")
             try:
                 self._announce_gone(LEFT if leaving else "shut down")
-                if leaving:
+                if lost:  # the lost peers will never say goodbye: tell the others, and do not wait
+                    self._say_goodbye()
+                    self._channel.flush_for(_LOST_FLUSH_S)
+                elif leaving:
                     self._say_goodbye()
                     self._channel.flush_for(_LEAVE_FLUSH_S)
                 else:
@@ -117,7 +150,8 @@ class Lifecycle:
         when the communicators are freed (a stray message could reach a later communicator that reuses
         this one's context); reading (and dropping) messages meanwhile keeps the others' sends flowing."""
         self._say_goodbye()
-        deadline = time.monotonic() + _SHUTDOWN_GRACE_S
+        grace = min(_SHUTDOWN_GRACE_S, self._config.timeout_s)
+        deadline = time.monotonic() + grace
         farewells = self._channel.farewells
         while True:
             self._channel.receive_all()
@@ -126,12 +160,13 @@ class Lifecycle:
             if time.monotonic() > deadline:
                 silent = [r for r in range(self.size) if r != self.rank and r not in farewells]
                 log.warning("commlib shutdown: %s did not shut down within %g s; continuing",
-                            self.describe_ranks(silent), _SHUTDOWN_GRACE_S)
+                            self.describe_ranks(silent), grace)
                 return
             time.sleep(0.001)
         self._channel.flush()
 
 
 
-class StallShutdown(CommlibError):
-    """A peer stopped answering for ``COMMLIB_STALL_SHUTDOWN_TIME``: this coordinator gave up on it."""
+class StallShutdown(PeerLostError):
+    """Peers stopped answering negotiation rounds for ``COMMLIB_STALL_SHUTDOWN_TIME`` (or
+    ``COMMLIB_TIMEOUT``): this coordinator gave up on them (``ranks``)."""

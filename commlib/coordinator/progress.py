@@ -29,6 +29,7 @@ class Progress:
         self._cycle_s = cycle_s
         self._backoff = Backoff(cycle_s)
         self.lock = threading.Lock()            # held by the thread running a cycle
+        self.holder = 0                         # that thread's ident (0: none)
         self._wakeup = threading.Condition()
         self._waiters: list = []                # an item per user thread inside wait() (append/pop: atomic)
         self._stopped = False
@@ -56,11 +57,13 @@ class Progress:
         cycle_s = self._cycle_s
         timeout = max(cycle_s, 1e-3)
         lock = self.lock
+        me = threading.get_ident()
         idle_since = None
         while not handle.done():
             coordinator.check_usable()
             if not lock.acquire(timeout=timeout):
                 continue
+            self.holder = me
             try:
                 busy = coordinator.cycle()
             except Exception as exc:  # the user sees a CollectiveError, as every other rank's waiter will
@@ -68,6 +71,7 @@ class Progress:
                 coordinator.check_usable()
                 raise
             finally:
+                self.holder = 0
                 lock.release()
             if busy:
                 idle_since = None
@@ -92,12 +96,14 @@ class Progress:
                         continue
             if not self.lock.acquire(timeout=IDLE_POLL_S):
                 continue
+            self.holder = threading.get_ident()
             try:
                 busy = coordinator.cycle()
             except BaseException as exc:  # reaches the user through the handles and the next call
                 coordinator.fail(exc)
                 return
             finally:
+                self.holder = 0
                 self.lock.release()
             if busy:
                 idle_since = None

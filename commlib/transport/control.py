@@ -6,6 +6,10 @@ in order with everything else a rank sent (messages from one sender on one tag n
 other): a notice (a stall verdict, read outside the rounds) and a goodbye (a rank's very last message:
 once every peer's goodbye has arrived, nothing of theirs is still in flight, and the communicator can be
 freed without a stray message reaching a later communicator that reuses its context).
+
+Nothing waits without a limit: a message whose envelope has arrived is received under the channel's
+:class:`~.deadline.Deadline` (its bytes may still be on a link that has just gone down), and
+:meth:`ControlChannel.flush` waits at most the timeout.
 """
 
 from __future__ import annotations
@@ -15,18 +19,21 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .deadline import Deadline
+
 _TAG = 7
 _PICKLE = MPI.pickle  # mpi4py's own pickler: what lowercase receives unpickle with
 
 
 class _Notice:
-    __slots__ = ("text",)
+    __slots__ = ("text", "lost")
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, lost: tuple = ()):
         self.text = text
+        self.lost = lost  # world ranks the sender lost (a timeout), or () for a stall verdict
 
     def __reduce__(self):
-        return (_Notice, (self.text,))
+        return (_Notice, (self.text, self.lost))
 
 
 class _Goodbye:
@@ -39,14 +46,15 @@ class _Goodbye:
 class ControlChannel:
     """Non-blocking object messages over a communicator of its own."""
 
-    def __init__(self, comm: "MPI.Comm"):
+    def __init__(self, comm: "MPI.Comm", deadline: Deadline | None = None):
         self._comm = comm
+        self.deadline = deadline if deadline is not None else Deadline()
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._sends: list[MPI.Request] = []
         self._held: list = []   # per send: the pickled bytes it reads from (post_all), or None
         self._status = MPI.Status()
-        self.notices: list[tuple[int, str]] = []  # read by receive_all, not yet taken
+        self.notices: list[tuple[int, str, tuple]] = []  # read by receive_all, not yet taken
         self.farewells: set[int] = set()   # ranks whose goodbye has arrived
 
     def post(self, dest: int, message: Any) -> None:
@@ -67,10 +75,10 @@ class ControlChannel:
         if len(self._sends) > 64:
             self._reap()
 
-    def post_notice(self, dest: int, text: str) -> None:
+    def post_notice(self, dest: int, text: str, lost: tuple = ()) -> None:
         """Send ``text`` outside the rounds: :meth:`receive_all` never returns it; :meth:`receive_notices`
-        does."""
-        self.post(dest, _Notice(text))
+        does. ``lost``: world ranks this rank timed out on."""
+        self.post(dest, _Notice(text, tuple(lost)))
 
     def post_goodbye(self, dest: int) -> None:
         """This rank's last message to ``dest``."""
@@ -85,17 +93,18 @@ class ControlChannel:
             msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=_TAG, status=status)
             if msg is None:
                 return received
-            source, message = status.Get_source(), msg.recv()
+            source = status.Get_source()
+            message = self.deadline.wait_object(msg.irecv(), self._comm, "a coordinator message", (source,))
             kind = type(message)
             if kind is _Notice:
-                self.notices.append((source, message.text))
+                self.notices.append((source, message.text, message.lost))
             elif kind is _Goodbye:
                 self.farewells.add(source)
             else:
                 received.append((source, message))
 
-    def receive_notices(self) -> list[tuple[int, str]]:
-        """The notices :meth:`receive_all` has read since the last call, as (source, text)."""
+    def receive_notices(self) -> list[tuple[int, str, tuple]]:
+        """The notices :meth:`receive_all` has read since the last call, as (source, text, lost ranks)."""
         notices, self.notices = self.notices, []
         return notices
 
@@ -105,9 +114,9 @@ class ControlChannel:
         self._held = [self._held[i] for i in pending]
 
     def flush(self) -> None:
-        """Wait until every posted message has been delivered (used at shutdown)."""
+        """Wait until every posted message has been delivered (used at shutdown), at most the timeout."""
         if self._sends:
-            MPI.Request.Waitall(self._sends)
+            self.deadline.wait(self._sends, self._comm, "delivering the last coordinator messages")
             self._sends, self._held = [], []
 
     def flush_for(self, seconds: float) -> bool:
@@ -129,4 +138,5 @@ class ControlChannel:
             except MPI.Exception:
                 pass
         self._sends, self._held = [], []
-        self._comm.Free()
+        if self.deadline.lost is None:  # else messages may be stuck on it: left to the process's end
+            self._comm.Free()

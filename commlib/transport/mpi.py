@@ -6,6 +6,10 @@ type: the MPI type of the dtype's row in :mod:`commlib.dtypes` (bool with MPI's 
 float16 and bfloat16 (which MPI has no standard reduction for) user-defined MPI ops that call
 ``commlib.kernels.reduce_``. Those ops
 are created on first use, kept by this transport and freed by :meth:`MPITransport.free`.
+
+Nothing here blocks inside MPI: every call is MPI's nonblocking variant, waited for by the transport's
+:class:`~.deadline.Deadline` (a timeout, after which it raises ``PeerLostError`` naming the peers; see
+:mod:`.deadline`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..dtypes import BY_NUMPY
 from ..errors import CommlibError
 from ..ops import ReduceOp
 from .base import Transport
+from .deadline import Deadline
 
 # Pure data movement: unsigned integers of the element's size.
 _MOVE = {
@@ -91,19 +96,23 @@ class MPITransport(Transport):
     Give each transport a communicator of its own (``MPITransport.duplicate(comm)``) so that its traffic
     never matches the application's or another lane's messages."""
 
-    def __init__(self, comm: MPI.Comm, owns_comm: bool = True, kernel_ops: KernelOps | None = None):
+    def __init__(self, comm: MPI.Comm, owns_comm: bool = True, kernel_ops: KernelOps | None = None,
+                 deadline: Deadline | None = None):
         self._comm = comm
+        self.deadline = deadline if deadline is not None else Deadline()
         self._owns_comm = owns_comm
         self._rank = comm.Get_rank()
         self._size = comm.Get_size()
         self._owns_ops = kernel_ops is None   # else shared: the runtime frees them
         self._kernel_ops = kernel_ops if kernel_ops is not None else KernelOps()
         self._native: dict = {}   # (dtype, op) -> function running MPI's Allreduce
+        self._peer_of: dict[int, int] = {}   # id of a pending isend/irecv request -> its peer
 
     @classmethod
-    def duplicate(cls, comm: MPI.Comm, kernel_ops: KernelOps | None = None) -> "MPITransport":
+    def duplicate(cls, comm: MPI.Comm, kernel_ops: KernelOps | None = None,
+                  deadline: Deadline | None = None) -> "MPITransport":
         """A transport on a private duplicate of ``comm``, so its traffic never meets the caller's."""
-        return cls(comm.Dup(), owns_comm=True, kernel_ops=kernel_ops)
+        return cls(comm.Dup(), owns_comm=True, kernel_ops=kernel_ops, deadline=deadline)
 
     @property
     def comm(self) -> MPI.Comm:
@@ -118,22 +127,40 @@ class MPITransport(Transport):
         return self._size
 
     def send(self, buf, dest, tag=0):
-        self._comm.Send(_spec(buf), dest, tag)
+        comm = self._comm
+        self.deadline.wait([comm.Isend(_spec(buf), dest, tag)], comm, "a send", (dest,))
 
     def recv(self, buf, source, tag=0):
-        self._comm.Recv(_spec(buf), source, tag)
+        comm = self._comm
+        self.deadline.wait([comm.Irecv(_spec(buf), source, tag)], comm, "a receive", (source,))
 
     def sendrecv(self, sendbuf, dest, recvbuf, source, tag=0):
-        self._comm.Sendrecv(_spec(sendbuf), dest, tag, _spec(recvbuf), source, tag)
+        comm = self._comm
+        requests = [comm.Irecv(_spec(recvbuf), source, tag), comm.Isend(_spec(sendbuf), dest, tag)]
+        self.deadline.wait(requests, comm, "a send/receive", (source, dest))
 
     def isend(self, buf, dest, tag=0):
-        return self._comm.Isend(_spec(buf), dest, tag)
+        request = self._comm.Isend(_spec(buf), dest, tag)
+        self._note_peer(request, dest)
+        return request
 
     def irecv(self, buf, source, tag=0):
-        return self._comm.Irecv(_spec(buf), source, tag)
+        request = self._comm.Irecv(_spec(buf), source, tag)
+        self._note_peer(request, source)
+        return request
+
+    def _note_peer(self, request, peer: int) -> None:
+        """Remember whom ``request`` talks to (MPI does not say), for the error of a wait that times out."""
+        peers = self._peer_of
+        if len(peers) > 4096:  # requests completed elsewhere than waitall: forget them all
+            peers.clear()
+        peers[id(request)] = peer
 
     def waitall(self, requests):
-        MPI.Request.Waitall(list(requests))
+        requests = list(requests)
+        pop = self._peer_of.pop
+        peers = [pop(id(r), None) for r in requests]  # still referenced by the caller: the ids are theirs
+        self.deadline.wait(requests, self._comm, "point-to-point transfers", peers)
 
     def allreduce_native_(self, buf, op):
         if buf.ndim != 1 or not buf.flags.c_contiguous:
@@ -145,7 +172,9 @@ class MPITransport(Transport):
         run = self._native.get(key)
         if run is not None:
             return run
-        allreduce, in_place = self._comm.Allreduce, MPI.IN_PLACE
+        comm, wait, in_place = self._comm, self.deadline.wait, MPI.IN_PLACE
+        allreduce = comm.Iallreduce
+        what = "MPI's allreduce"
         row = BY_NUMPY.get(dtype)
         if row is None:
             raise CommlibError(f"native allreduce cannot reduce dtype {dtype}")
@@ -154,40 +183,50 @@ class MPITransport(Transport):
             move_dtype, move_type = _MOVE[dtype.itemsize]
 
             def run(buf):
-                allreduce(in_place, [buf.view(move_dtype), move_type], kernel_op)
+                wait([allreduce(in_place, [buf.view(move_dtype), move_type], kernel_op)], comm, what)
         else:
             mpitype = getattr(MPI, row.mpi)
             mpi_op = (_BOOL_OPS if row.kind == "bool" else _MPI_OPS)[op]
 
             def run(buf):
-                allreduce(in_place, [buf, mpitype], mpi_op)
+                wait([allreduce(in_place, [buf, mpitype], mpi_op)], comm, what)
         self._native[key] = run
         return run
 
     def allgatherv(self, sendbuf, recvbuf, counts):
         if len(counts) != self._size:
             raise CommlibError(f"allgatherv needs one count per rank ({self._size}), got {len(counts)}")
-        self._comm.Allgatherv(_spec(sendbuf), _vspec(recvbuf, counts))
+        comm = self._comm
+        self.deadline.wait([comm.Iallgatherv(_spec(sendbuf), _vspec(recvbuf, counts))], comm, "MPI's allgather")
 
     def bcast_(self, buf, root):
-        self._comm.Bcast(_spec(buf), root)
+        comm = self._comm
+        self.deadline.wait([comm.Ibcast(_spec(buf), root)], comm, "MPI's broadcast",
+                           None if root == self._rank else (root,))
 
     def alltoallv(self, sendbuf, sendcounts, recvbuf, recvcounts):
         if len(sendcounts) != self._size or len(recvcounts) != self._size:
             raise CommlibError(f"alltoallv needs one send and one receive count per rank ({self._size})")
-        self._comm.Alltoallv(_vspec(sendbuf, sendcounts), _vspec(recvbuf, recvcounts))
+        comm = self._comm
+        self.deadline.wait([comm.Ialltoallv(_vspec(sendbuf, sendcounts), _vspec(recvbuf, recvcounts))], comm,
+                           "MPI's alltoall")
 
     def barrier(self):
-        self._comm.Barrier()
+        comm = self._comm
+        self.deadline.wait([comm.Ibarrier()], comm, "a barrier")
 
     def split(self, color, key):
         comm = self._comm.Split(MPI.UNDEFINED if color is None else int(color), int(key))
         if comm == MPI.COMM_NULL:
             return None
-        return MPITransport(comm, owns_comm=True, kernel_ops=self._kernel_ops)  # freed with this transport's
+        return MPITransport(comm, owns_comm=True, kernel_ops=self._kernel_ops,  # freed with this transport's
+                            deadline=self.deadline)
 
     def free(self):
         self._native.clear()
+        if self.deadline.lost is not None:  # requests were abandoned on it: leave it to the process's end
+            self._comm = MPI.COMM_NULL
+            return
         if self._owns_ops:
             self._kernel_ops.free()
         if MPI.Is_finalized():  # nothing left to release
@@ -199,3 +238,4 @@ class MPITransport(Transport):
 
     def __repr__(self):
         return f"MPITransport(rank={self._rank}, size={self._size})"
+

@@ -5,7 +5,9 @@ argv: case [rank that leaves, default the last].
 - raise: the last rank dies of an uncaught exception (the job then fails; the others must have been told).
 - join: the others wait in join() while the last rank leaves instead of joining: their join fails.
 - hold: the last rank holds the GIL for 8 s (it cannot answer rounds); with COMMLIB_STALL_SHUTDOWN_TIME set
-  the others give up on it and, on waking, it fails too instead of deciding from an abandoned round.
+  the others give up on it and, on waking, it fails too instead of deciding from an abandoned round. The
+  others then wait for it to report before they exit (after a lost peer a process ends the job with
+  MPI_Abort at exit, docs/failures.md, which would kill it first).
 The other ranks keep calling allreduce, print the seconds from the failing call to the error, then check
 that the next call fails too and shut down.
 """
@@ -68,3 +70,5 @@ else:
     raise AssertionError(f"rank {rank}: the call after the error succeeded")
 cl.shutdown()
 print(f"rank {rank}: leave case {case} OK", flush=True)
+if case == "hold" and rank != last:
+    time.sleep(8)
