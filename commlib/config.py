@@ -118,6 +118,7 @@ class Config:
     direct_max_ranks: int = 16
     timeline: str | None = None
     tuning_file: str | None = None
+    auto_learn: bool = True
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -156,7 +157,7 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm")
+              "direct_max_ranks", "algorithm", "auto_learn")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -238,4 +239,8 @@ FIELDS: dict[str, _Field] = {
                           "cost-model profile auto reads (commlib-bench --calibrate writes it); 'none': the "
                           "built-in defaults; default ~/.cache/commlib/tuning.json ($XDG_CACHE_HOME) if it "
                           "exists. Rank 0's profile is broadcast to every rank"),
+    "auto_learn": _Field("COMMLIB_AUTO_LEARN", _switch,
+                         "1: auto measures the algorithms the cost model is unsure between on the first "
+                         "calls of each size class (agreed between ranks) and keeps the fastest; 0: auto is "
+                         "the cost model's choice alone (default 1)"),
 }

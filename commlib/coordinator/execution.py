@@ -79,6 +79,7 @@ class Lane:
             else:
                 with self._span("communicate", meta.name, response):
                     plan[1](flat)
+                self._learned()
             if entry is not None:
                 entry.handle.set_result(output)
             return
@@ -100,6 +101,8 @@ class Lane:
         with self._span("communicate", names, response, tensors=len(outputs)):
             self.engine.allreduce_many_(buffers, op, meta.algorithm or None, meta.prescale, meta.postscale, codec,
                                         meta.name)
+        if self.timeline is not None:
+            self._learned()
         if len(small) > 1:
             with self._span("unpack", names, response, tensors=len(small)):
                 unpack(fused, small)
@@ -114,6 +117,15 @@ class Lane:
                                                   meta.algorithm or None, meta.prescale, meta.postscale,
                                                   _codec(meta), meta.name))
         return self._plans.put(id(meta), plan)
+
+    def _learned(self) -> None:
+        """What ``auto`` settled since the last call (a size class measured to the end), as timeline
+        events "auto learned" on this lane's row."""
+        learning = self.engine.context.tuning.get("select.learner")
+        if learning is not None and learning.notes:
+            now = self.timeline.now()
+            for note in learning.take_notes():
+                self.timeline.span("auto learned", now, now, 1 + self.index, learned=note, lane=self.index)
 
     def _span(self, phase: str, name: str, response: Response, **args):
         """A timeline event around a phase; without a timeline, a context manager that does nothing (a
