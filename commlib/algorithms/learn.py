@@ -41,7 +41,7 @@ import numpy as np
 SPREAD = 4.0         # candidates: predicted within this factor of the model's best
 MAX_CANDIDATES = 3   # besides native
 ROUNDS = 2           # measured rounds after the warm-up
-DROP = 1.5           # after the first round: drop candidates slower than this times the best
+DROP = 2.0           # after the first round: drop candidates slower than this times the best
 SMALL_S = 2e-3       # predicted best below this: 2 calls per candidate per round (noisier)
 LARGE_S = 20e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it)
 TIE = 1e-6           # predicted times this close (relative) count as one candidate

@@ -6,8 +6,12 @@ collective cma probe, and the cost model (rank 0's profile, broadcast by ``Algor
 the evaluation is deterministic, so every rank picks the same algorithm without a message. Ties go to the
 earlier algorithm of the registry and the configured segment size.
 
-Choices are remembered per (size, codec) on the context (a bounded cache): the search evaluates a few dozen
-formulas, which a 4 KiB call should not pay every time.
+Rankings are remembered per (size, codec) on the context (a bounded cache): the search evaluates a few
+dozen formulas, which a 4 KiB call should not pay every time.
+
+The model is where ``auto`` starts. With ``COMMLIB_AUTO_LEARN`` (the default) it then learns from the calls
+it runs (:mod:`.learn`): :func:`learning_plan` runs the candidates of a size class on its first calls,
+times them, and runs the learned algorithm afterwards; :func:`current` says what auto runs now.
 """
 
 from __future__ import annotations
