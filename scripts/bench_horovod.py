@@ -59,6 +59,7 @@ def horovod_build(venv: Path) -> dict | None:
     if done.returncode != 0:
         return None
     version, torch_version, mpi_built, mpi = done.stdout.strip().splitlines()[:4]
+    mpi = " ".join(mpi.split())
     info = {"venv": str(venv), "horovod": version, "torch": torch_version, "mpi_built": mpi_built, "mpi": mpi}
     if BUILD_SCRIPT.exists():
         digest = hashlib.sha256(BUILD_SCRIPT.read_bytes()).hexdigest()[:12]
@@ -74,6 +75,7 @@ def commlib_info() -> dict:
                            "print(MPI.Get_library_version().splitlines()[0].strip())"],
                           capture_output=True, text=True, check=True)
     version, torch_version, mpi = done.stdout.strip().splitlines()[:3]
+    mpi = " ".join(mpi.split())
     return {"commlib": version, "torch": torch_version, "mpi": mpi}
 
 
@@ -127,7 +129,7 @@ def main() -> int:
     parser.add_argument("--models", default="mlp-25M,small-160")
     parser.add_argument("--jobs", type=int, default=3, help="jobs per library per row (alternating)")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (auto settles in them)")
     parser.add_argument("--rate", default="1gbit", help="link rate of emulated hosts (tc syntax)")
     parser.add_argument("--horovod-venv", type=Path,
                         default=Path(os.environ.get("TMPDIR", "/tmp")) / "hvd-venv")

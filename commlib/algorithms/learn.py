@@ -11,8 +11,9 @@ whether the call reduces one buffer or several fused in place - the learner runs
    baseline auto must never lose to.
    Algorithms predicted exactly alike count once (the model's first): on such a layout they make the same
    exchanges (on 2 ranks ring, rabenseifner and hierarchical all swap halves).
-2. Warm-up: each candidate runs once, untimed (first calls create sub-groups and scratch memory); skipped
-   where the model predicts ``LARGE_S`` or more, where set-up costs are small beside the call.
+2. Warm-up: each candidate that has not run on this lane yet runs once, untimed (first calls create
+   sub-groups and scratch memory); skipped where the model predicts ``LARGE_S`` or more, where set-up costs
+   are small beside the call.
 3. ``ROUNDS`` measured rounds: each candidate runs ``reps`` consecutive calls (2 below ``SMALL_S``
    predicted, else 1), the order rotating by one each round. At the end of a round every rank's vector of
    per-call times is reduced with MAX over the lane's communicator (one small allreduce): from then on every
@@ -83,6 +84,7 @@ class Learner:
         self.calls = 0          # auto calls seen
         self.explored = 0       # of which exploring
         self.agreements = 0     # small MAX allreduces run
+        self.warmed: set[str] = set()  # algorithms that have run on this lane (their set-up is paid)
         self.notes: list[str] = []  # what was learned, one line per settled bucket, for the timeline
 
     # -- the schedule ------------------------------------------------------------------------------------
@@ -107,20 +109,22 @@ class Learner:
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
         bucket = Bucket(key, names, predicted, reps=2 if best < SMALL_S else 1)
-        warm = best < LARGE_S
-        if len(names) < 2 or not self._may_explore(bucket, warm):
+        # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
+        # a long call: warm up only what has not run yet, and only where calls are short
+        cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
+        if len(names) < 2 or not self._may_explore(bucket, len(cold)):
             bucket.settled = names[0] if names else None
             bucket.phase = ROUNDS + 1
-        elif warm:
-            bucket.slots = list(names)  # the warm-up: each once
-        else:  # a first call's set-up is small beside a call this long: measure from the first call
+        elif cold:
+            bucket.slots = cold  # the warm-up: each once
+        else:
             bucket.phase = 1
             bucket.slots = [name for name in names for _ in range(bucket.reps)]
         self.buckets[key] = bucket
         return bucket
 
-    def _may_explore(self, bucket: Bucket, warm: bool) -> bool:
-        cost = len(bucket.candidates) * (int(warm) + ROUNDS * bucket.reps)
+    def _may_explore(self, bucket: Bucket, cold: int) -> bool:
+        cost = cold + len(bucket.candidates) * ROUNDS * bucket.reps
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
 
     def pick(self, bucket: Bucket) -> str | None:
@@ -133,6 +137,7 @@ class Learner:
     def record(self, bucket: Bucket, seconds: float) -> None:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
         bucket.local.append(seconds)
+        self.warmed.add(bucket.slots[len(bucket.local) - 1])
         bucket.explored += 1
         self.explored += 1
         if len(bucket.local) == len(bucket.slots):
