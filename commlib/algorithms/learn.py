@@ -14,19 +14,19 @@ whether the call reduces one buffer or several fused in place - the learner runs
 2. Warm-up: each candidate that has not run on this lane yet runs once, untimed (first calls create
    sub-groups and scratch memory); skipped where the model predicts ``LARGE_S`` or more, where set-up costs
    are small beside the call.
-3. ``ROUNDS`` measured rounds: each candidate runs ``reps`` consecutive calls (2 below ``SMALL_S``
-   predicted, else 1), the order rotating by one each round. At the end of a round every rank's vector of
-   per-call times is reduced with MAX over the lane's communicator (one small allreduce): from then on every
-   rank holds the same numbers, the slowest rank's time of each call. After the first round, candidates
-   slower than ``DROP`` times the best are dropped.
+3. Measured calls, 2 per candidate: where the model predicts under ``SMALL_S``, one round of 2
+   consecutive calls each; above, ``ROUNDS`` rounds of one call each, the order rotating by one per round,
+   and after the first, candidates slower than ``DROP`` times the best are dropped. At the end of a round
+   every rank's vector of per-call times is reduced with MAX over the lane's communicator (one small
+   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
 4. Settled: the candidate with the least agreed time (its fastest call; ties to the model's order) runs
    every later call of the bucket, without timing.
 
 Decisions are a function of agreed data only (the model's ranking and the MAX-reduced times), never of a
 rank's own clock, so ranks whose clocks disagree still choose alike. Exploration is bounded: at most
-``MAX_CANDIDATES + 1`` algorithms x ``1 + ROUNDS x reps`` calls per bucket (at most 20; 6-12 for the
-large messages where a slow candidate costs most), only among algorithms the model predicts within ``SPREAD`` of the best, and once more than
-``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
+``MAX_CANDIDATES + 1`` algorithms x 2 measured calls per bucket, plus one warm-up call per algorithm and
+lane (at most 12, usually 8 or fewer), only among algorithms the model predicts within ``SPREAD`` of the
+best, and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
 ``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
 ``auto`` is then the cost model's choice alone.
 """
@@ -41,9 +41,9 @@ import numpy as np
 
 SPREAD = 4.0         # candidates: predicted within this factor of the model's best
 MAX_CANDIDATES = 3   # besides native
-ROUNDS = 2           # measured rounds after the warm-up
+ROUNDS = 2           # measured rounds after the warm-up (1 below SMALL_S: its 2 calls per candidate)
 DROP = 2.0           # after the first round: drop candidates slower than this times the best
-SMALL_S = 2e-3       # predicted best below this: 2 calls per candidate per round (noisier)
+SMALL_S = 2e-3       # predicted best below this: one round of 2 consecutive calls per candidate
 LARGE_S = 20e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it)
 TIE = 1e-6           # predicted times this close (relative) count as one candidate
 FREE_CALLS = 400     # exploring calls always allowed per learner
@@ -59,8 +59,9 @@ class Bucket:
     key: tuple
     candidates: list[str]           # in the model's order
     predicted_s: dict[str, float]   # the model's time of each at the first size seen
-    reps: int
-    phase: int = 0                  # 0: warm-up; 1..ROUNDS: measured rounds
+    reps: int                       # consecutive calls per candidate per round
+    rounds: int                     # measured rounds
+    phase: int = 0                  # 0: warm-up; 1..rounds: measured rounds
     slots: list[str] = dataclasses.field(default_factory=list)    # this phase's calls, in order
     local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of this phase's calls
     agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call
@@ -108,13 +109,14 @@ class Learner:
         if "native" not in names and any(c.algorithm == "native" for c in ranked):
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
-        bucket = Bucket(key, names, predicted, reps=2 if best < SMALL_S else 1)
+        small = best < SMALL_S
+        bucket = Bucket(key, names, predicted, reps=2 if small else 1, rounds=1 if small else ROUNDS)
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
         if len(names) < 2 or not self._may_explore(bucket, len(cold)):
             bucket.settled = names[0] if names else None
-            bucket.phase = ROUNDS + 1
+            bucket.phase = bucket.rounds + 1
         elif cold:
             bucket.slots = cold  # the warm-up: each once
         else:
@@ -124,7 +126,7 @@ class Learner:
         return bucket
 
     def _may_explore(self, bucket: Bucket, cold: int) -> bool:
-        cost = cold + len(bucket.candidates) * ROUNDS * bucket.reps
+        cost = cold + len(bucket.candidates) * bucket.rounds * bucket.reps
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
 
     def pick(self, bucket: Bucket) -> str | None:
@@ -155,7 +157,7 @@ class Learner:
         bucket.phase += 1
         bucket.local = []
         alive = [n for n in bucket.candidates if n not in bucket.dropped]
-        if bucket.phase > ROUNDS or len(alive) == 1:
+        if bucket.phase > bucket.rounds or len(alive) == 1:
             times = bucket.best_times()
             bucket.settled = min(alive, key=lambda n: (times[n], bucket.candidates.index(n)))
             bucket.slots = []
