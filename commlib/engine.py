@@ -20,6 +20,7 @@ import numpy as np
 
 from . import kernels
 from .algorithms import AlgorithmContext, execute, partition, prepare, ring, select, spec
+from .cache import BoundedCache
 from .compression import WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16
@@ -113,6 +114,14 @@ class Engine:
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
+            # remembered: a small call's latency is mostly decisions like these (the plan follows the learner)
+            key = (dtype, count, kernel_op, pre, post, codec.name if codec is not None else None, name)
+            plans = ctx.tuning.get("engine.learning_plans")
+            if plans is None:
+                plans = ctx.tuning["engine.learning_plans"] = BoundedCache(256)
+            known = plans.get(key)
+            if known is not None:
+                return known
             prepare(ctx, dtype, count * dtype.itemsize, algorithm, codec)  # the checks
 
             def runner_for(choice):
@@ -130,7 +139,7 @@ class Engine:
                 overflow = plan(flat)
                 if overflow:
                     warn_overflow(name, overflow, codec)
-            return run_learning
+            return plans.put(key, run_learning)
         choice = prepare(ctx, dtype, count * dtype.itemsize, algorithm, codec)
         if self.size > 1 and count and choice.algorithm == "native" and pre == 1.0 and post == 1.0:
             return self.transport.native_allreducer(dtype, kernel_op)

@@ -190,6 +190,7 @@ def packing_limit(model, shape: Shape, specs, configured_segment: int) -> int:
 def forget_model(ctx) -> None:
     """``ctx.cost_model`` changed (``--calibrate``): drop what was decided from the old one."""
     ctx.tuning.pop("select.ranked", None)
+    ctx.tuning.pop("engine.learning_plans", None)
     ctx.tuning.pop("select.inplace_limit", None)
 
 
