@@ -130,6 +130,7 @@ class Config:
     timeline: str | None = None
     timeline_mark_cycles: bool = False
     tuning_file: str | None = None
+    auto_learn: bool = True
     elastic_dir: str | None = None
 
     @classmethod
@@ -177,7 +178,7 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm")
+              "direct_max_ranks", "algorithm", "auto_learn")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -269,6 +270,10 @@ FIELDS: dict[str, _Field] = {
                           "cost-model profile auto reads (commlib-bench --calibrate writes it); 'none': the "
                           "built-in defaults; default ~/.cache/commlib/tuning.json ($XDG_CACHE_HOME) if it "
                           "exists. Rank 0's profile is broadcast to every rank"),
+    "auto_learn": _Field("COMMLIB_AUTO_LEARN", _switch,
+                         "1: auto measures the algorithms the cost model is unsure between on the first "
+                         "calls of each size class (agreed between ranks) and keeps the fastest; 0: auto is "
+                         "the cost model's choice alone (default 1)"),
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),

@@ -20,6 +20,7 @@ import numpy as np
 
 from . import kernels
 from .algorithms import AlgorithmContext, execute, partition, prepare, ring, select, spec
+from .cache import BoundedCache
 from .compression import WireCodec, warn_overflow
 from .config import Config
 from .dtypes import FLOAT16
@@ -109,9 +110,37 @@ class Engine:
         op = as_op(op)
         check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
-        choice = prepare(ctx, dtype, count * dtype.itemsize, algorithm or self.config.algorithm, codec)
+        algorithm = algorithm or self.config.algorithm
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
+        if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
+            # remembered: a small call's latency is mostly decisions like these (the plan follows the learner)
+            key = (dtype, count, kernel_op, pre, post, codec.name if codec is not None else None, name)
+            plans = ctx.tuning.get("engine.learning_plans")
+            if plans is None:
+                plans = ctx.tuning["engine.learning_plans"] = BoundedCache(256)
+            known = plans.get(key)
+            if known is not None:
+                return known
+            prepare(ctx, dtype, count * dtype.itemsize, algorithm, codec)  # the checks
+
+            def runner_for(choice):
+                if choice.algorithm == "native" and pre == 1.0 and post == 1.0:
+                    native = self.transport.native_allreducer(dtype, kernel_op)
+
+                    def run_native(flat: np.ndarray) -> int:
+                        native(flat)
+                        return 0
+                    return run_native
+                return lambda flat: execute(ctx, flat, kernel_op, choice, codec, pre, post)
+            plan = select.learning_plan(ctx, count * dtype.itemsize, codec, False, runner_for)
+
+            def run_learning(flat: np.ndarray) -> None:
+                overflow = plan(flat)
+                if overflow:
+                    warn_overflow(name, overflow, codec)
+            return plans.put(key, run_learning)
+        choice = prepare(ctx, dtype, count * dtype.itemsize, algorithm, codec)
         if self.size > 1 and count and choice.algorithm == "native" and pre == 1.0 and post == 1.0:
             return self.transport.native_allreducer(dtype, kernel_op)
 
@@ -164,8 +193,17 @@ class Engine:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
         check_options(flats[0].dtype, codec, prescale, postscale, name)
-        choice = prepare(self.context, flats[0].dtype, sum(f.nbytes for f in flats),
-                         algorithm or self.config.algorithm, codec)
+        algorithm = algorithm or self.config.algorithm
+        total = sum(f.nbytes for f in flats)
+        if algorithm == spec.AUTO and select.learner(self.context) is not None:
+            prepare(self.context, flats[0].dtype, total, algorithm, codec)  # the checks
+            overflow = select.learning_plan(self.context, total, codec, True,
+                                            lambda choice: self._many_runner(choice, op, codec, prescale,
+                                                                             postscale))(flats)
+            if overflow:
+                warn_overflow(name, overflow, codec)
+            return
+        choice = prepare(self.context, flats[0].dtype, total, algorithm, codec)
         together = spec.get(choice.algorithm).run_many
         if together is None:
             for flat in flats:
@@ -176,6 +214,22 @@ class Engine:
         overflow = together(self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
         if overflow:
             warn_overflow(name, overflow, codec)
+
+    def _many_runner(self, choice, op: ReduceOp, codec, prescale: float, postscale: float):
+        """A function reducing a list of flat buffers with ``choice`` (``auto`` learning on fused calls):
+        in one pass where the algorithm has a ``run_many``, else one call of the same algorithm each."""
+        ctx = self.context
+        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        kernel_op = op.kernel_op
+        together = spec.get(choice.algorithm).run_many
+
+        def run(flats) -> int:
+            if together is not None:
+                ctx.segment_bytes = choice.segment_bytes
+                return together(ctx, flats, kernel_op, codec, prescale=pre, postscale=post)
+            return sum(execute(ctx, flat, kernel_op, select.choice_of(ctx, choice.algorithm, flat.nbytes, codec),
+                               codec, pre, post) for flat in flats)
+        return run
 
     # -- data movement ----------------------------------------------------------------------------------
     def _row_counts(self, rows: int) -> list[int]:

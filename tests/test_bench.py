@@ -176,6 +176,8 @@ def test_table_width_does_not_grow_with_the_algorithms(tmp_path):
     assert auto["chosen"] in ALL and auto["predicted_us"] > 0, auto
     assert all(m["x_bound"] is None for r in data["results"] for m in r["algorithms"].values()), \
         "one node has no link bound"
+    # what auto learned: one line per size class it measured
+    assert "# What auto learned" in out and "4K-8K" in out.split("# What auto learned")[1], out
 
 
 def test_calibrate_writes_a_profile_that_auto_reads(tmp_path):

@@ -10,10 +10,14 @@ Parameters (:class:`CostModel`), all in seconds:
 - ``codec_s_per_byte``: encoding (or decoding) float32 to a wire format, per float32 byte, per codec.
 - ``message_s``: the extra cost of one more message inside a pipelined step (one more segment).
 - ``call_s``: the fixed cost of a Python schedule per call (planning, scratch, the first posts).
-- ``native_alpha_s`` and ``native_beta_factor``: MPI's own allreduce is a black box: ``native_alpha_s`` per
-  log2(p) step, plus ``native_beta_factor`` times a ring's transfer time.
+- ``native_alpha_s``, ``native_beta_factor`` and ``native_inter_beta_factor``: MPI's own allreduce is a black
+  box: ``native_alpha_s`` per log2(p) step, plus a factor times a ring's transfer time -
+  ``native_beta_factor`` on one node (MPI's shared-memory allreduce copies through its own buffers),
+  ``native_inter_beta_factor`` where the ranks span nodes (there MPI streams over the network as well as
+  a ring does: on 2 emulated hosts at 1 Gbit/s its 64 MiB allreduce took 0.8x commlib's ring).
 - ``cma_alpha_s`` and ``cma_beta_factor``: what the cma schedule costs beyond its formula (system calls and
-  synchronisation per call; its copies and reductions run on cache-sized segments, faster than the
+  synchronisation per call, by default 25 us: on one host cma took 52 us at 64 KiB where the formula
+  says 25; its copies and reductions run on cache-sized segments, faster than the
   out-of-cache kernel rates): a fixed time, and a factor on its bytes' copy-and-reduce time.
 - ``corrections``: per algorithm, measured time over the formula's at a few sizes (bytes, as strings),
   found by running each algorithm at calibration; :func:`correction` interpolates them (log-linear in
@@ -74,7 +78,8 @@ class CostModel:
     call_s: float = 5e-6
     native_alpha_s: float = 7e-6
     native_beta_factor: float = 2.5
-    cma_alpha_s: float = 0.0
+    native_inter_beta_factor: float = 1.0
+    cma_alpha_s: float = 25e-6
     cma_beta_factor: float = 1.0
     corrections: Mapping[str, Mapping[str, float]] = dataclasses.field(default_factory=dict)
     corrected_for: str = ""
@@ -241,8 +246,8 @@ def _butterfly(pof2: int, rem: int, mask: int) -> list[tuple[int, int]]:
 
 # -- the formulas, one per algorithm ----------------------------------------------------------------------
 def native(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 0) -> float:
-    """MPI's allreduce: fitted latency per log2(p) step plus a fitted multiple of a ring's transfer time,
-    never below the link bound across nodes (a factor fitted below 1 on a few nodes, where MPI's own
+    """MPI's allreduce: fitted latency per log2(p) step (across nodes at least the network's) plus a fitted
+    multiple of a ring's transfer time (one factor on one node, another across nodes), never below the link bound across nodes (a factor fitted below 1 on a few nodes, where MPI's own
     schedule keeps part of the ring's traffic inside a node, would otherwise beat the bound at scale)."""
     p = shape.ranks
     if codec is not None:
@@ -251,7 +256,11 @@ def native(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int =
         return 0.0
     pairs = [(r, (r + 1) % p) for r in range(p)]
     per_step = _step(model, shape, pairs, nbytes / p) - _step(model, shape, pairs, 0.0)
-    fitted = model.native_alpha_s * math.ceil(math.log2(p)) + model.native_beta_factor * 2 * (p - 1) * per_step
+    if shape.nodes > 1:  # across nodes every step waits for the network at least once
+        alpha, factor = max(model.native_alpha_s, model.inter.alpha_s), model.native_inter_beta_factor
+    else:
+        alpha, factor = model.native_alpha_s, model.native_beta_factor
+    fitted = alpha * math.ceil(math.log2(p)) + factor * 2 * (p - 1) * per_step
     beta = model.inter.beta_s_per_byte
     return max(fitted, link_bound(nbytes, shape.nodes, 1 / beta)) if beta > 0 else fitted
 

@@ -6,16 +6,23 @@ collective cma probe, and the cost model (rank 0's profile, broadcast by ``Algor
 the evaluation is deterministic, so every rank picks the same algorithm without a message. Ties go to the
 earlier algorithm of the registry and the configured segment size.
 
-Choices are remembered per (size, codec) on the context (a bounded cache): the search evaluates a few dozen
-formulas, which a 4 KiB call should not pay every time.
+Rankings are remembered per (size, codec) on the context (a bounded cache): the search evaluates a few
+dozen formulas, which a 4 KiB call should not pay every time.
+
+The model is where ``auto`` starts. With ``COMMLIB_AUTO_LEARN`` (the default) it then learns from the calls
+it runs (:mod:`.learn`): :func:`learning_plan` runs the candidates of a size class on its first calls,
+times them, and runs the learned algorithm afterwards; :func:`current` says what auto runs now.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from typing import Callable
+
 from ..cache import BoundedCache
-from . import cost, spec
+from ..ops import ReduceOp
+from . import cost, learn, spec
 from .cost import INF, Shape
 
 #: Pipeline segments ``auto`` considers for segmented algorithms (bytes of data), besides the configured one.
@@ -70,20 +77,92 @@ def rank_all(model, nbytes: int, shape: Shape, specs, codec, configured_segment:
     return sorted(choices, key=lambda c: c.predicted_s)
 
 
-def choose(ctx, nbytes: int, codec=None) -> Choice:
-    """The choice ``auto`` makes for a message of ``nbytes`` bytes (the float32 size with a codec)."""
-    cache = ctx.tuning.get("select.choices")
+def ranked(ctx, nbytes: int, codec=None) -> list[Choice]:
+    """Every algorithm that can run on ``ctx`` for ``nbytes`` with ``codec``, with its best segment and
+    predicted time, fastest first (remembered per (size, codec) on the context)."""
+    cache = ctx.tuning.get("select.ranked")
     if cache is None:
-        cache = ctx.tuning["select.choices"] = BoundedCache(256)
+        cache = ctx.tuning["select.ranked"] = BoundedCache(256)
     key = (nbytes, codec.name if codec is not None else None)
     hit = cache.get(key)
     if hit is not None:
         return hit
-    ranked = rank_all(ctx.cost_model, nbytes, shape_of(ctx), candidates(ctx, codec), codec,
-                      ctx.config.ring_segment_bytes)
-    if not ranked or ranked[0].predicted_s == INF:
+    ranking = rank_all(ctx.cost_model, nbytes, shape_of(ctx), candidates(ctx, codec), codec,
+                       ctx.config.ring_segment_bytes)
+    if not ranking or ranking[0].predicted_s == INF:
         raise RuntimeError(f"no allreduce algorithm can run here for {nbytes} bytes")  # ring always can
-    return cache.put(key, ranked[0])
+    return cache.put(key, ranking)
+
+
+def choose(ctx, nbytes: int, codec=None) -> Choice:
+    """The cost model's choice for a message of ``nbytes`` bytes (the float32 size with a codec)."""
+    return ranked(ctx, nbytes, codec)[0]
+
+
+def choice_of(ctx, algorithm: str, nbytes: int, codec=None) -> Choice:
+    """``algorithm`` as ``auto`` would run it at ``nbytes``: with the segment the model finds best for it."""
+    for choice in ranked(ctx, nbytes, codec):
+        if choice.algorithm == algorithm:
+            return choice
+    raise RuntimeError(f"{algorithm} cannot run here for {nbytes} bytes")  # candidates come from ranked
+
+
+# -- learning (:mod:`.learn`) ------------------------------------------------------------------------------
+def learner(ctx) -> learn.Learner | None:
+    """The context's learner, made on first use; None when learning is off (COMMLIB_AUTO_LEARN=0) or there
+    is nobody to learn with."""
+    if not ctx.config.auto_learn or ctx.size < 2:
+        return None
+    found = ctx.tuning.get("select.learner")
+    if found is None:
+        transport = ctx.transport
+
+        def agree(times):
+            transport.allreduce_native_(times, ReduceOp.MAX)  # every rank: the slowest rank's times
+            return times
+        found = ctx.tuning["select.learner"] = learn.Learner(agree)
+    return found
+
+
+def bucket_key(nbytes: int, codec=None, fused: bool = False) -> tuple:
+    """The size class :mod:`.learn` measures ``nbytes`` in (its power of two), with the codec and whether
+    the call reduces several buffers fused in place."""
+    return (max(int(nbytes), 1).bit_length(), codec.name if codec is not None else None, fused)
+
+
+def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Choice], Callable[..., int]]
+                  ) -> Callable[..., int]:
+    """A function running one call of ``nbytes`` the way ``auto`` decides now: a candidate while its size
+    class is explored (timed, its time recorded), then the learned algorithm. ``runner_for(choice)`` makes
+    the function that runs ``choice`` (returning an overflow count); one is made per algorithm used."""
+    learning = learner(ctx)
+    bucket = learning.bucket(bucket_key(nbytes, codec, fused), lambda: ranked(ctx, nbytes, codec))
+    runners: dict[str, Callable[..., int]] = {}
+
+    def runner(name: str):
+        found = runners.get(name)
+        if found is None:
+            found = runners[name] = runner_for(choice_of(ctx, name, nbytes, codec))
+        return found
+
+    def run(*args) -> int:
+        name = learning.pick(bucket)
+        if name is None:
+            return runner(bucket.settled)(*args)
+        clock = learning.clock
+        start = clock()
+        overflow = runner(name)(*args)
+        learning.record(bucket, clock() - start)
+        return overflow
+    return run
+
+
+def current(ctx, nbytes: int, codec=None, fused: bool = False) -> Choice:
+    """What ``auto`` runs now for ``nbytes``: the learned algorithm where its size class has settled, else
+    the cost model's choice."""
+    learning = learner(ctx)
+    settled = learning.settled(bucket_key(nbytes, codec, fused)) if learning is not None else None
+    return choice_of(ctx, settled, nbytes, codec) if settled else choose(ctx, nbytes, codec)
 
 
 #: Sizes ``auto`` considers as the fusion limit: powers of two from 256 B to 64 MiB.
@@ -110,7 +189,8 @@ def packing_limit(model, shape: Shape, specs, configured_segment: int) -> int:
 
 def forget_model(ctx) -> None:
     """``ctx.cost_model`` changed (``--calibrate``): drop what was decided from the old one."""
-    ctx.tuning.pop("select.choices", None)
+    ctx.tuning.pop("select.ranked", None)
+    ctx.tuning.pop("engine.learning_plans", None)
     ctx.tuning.pop("select.inplace_limit", None)
 
 

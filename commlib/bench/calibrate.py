@@ -203,7 +203,7 @@ def _native(engine, comm, model: cost.CostModel, shape: cost.Shape) -> tuple[flo
     raw = _times(engine, comm, "native", ((_SMALL, 200),) + tuple((s, 5) for s in _NATIVE_SIZES))
     steps = max(1, math.ceil(math.log2(p)))
     alpha = raw[_SMALL] / steps
-    unit = dataclasses.replace(model, native_alpha_s=0.0, native_beta_factor=1.0)
+    unit = dataclasses.replace(model, native_alpha_s=0.0, native_beta_factor=1.0, native_inter_beta_factor=1.0)
     xs = [cost.native(unit, n, shape) for n in _NATIVE_SIZES]
     ys = [raw[n] - alpha * steps for n in _NATIVE_SIZES]
     factor = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs) if any(xs) else 1.0
@@ -312,7 +312,8 @@ def calibrate(engine, comm) -> tuple[cost.CostModel, dict]:
         source="calibration")
     if topo.size > 1:
         alpha, factor, measured["native"] = _native(engine, comm, model, shape)
-        model = dataclasses.replace(model, native_alpha_s=alpha, native_beta_factor=factor)
+        field = "native_inter_beta_factor" if shape.nodes > 1 else "native_beta_factor"
+        model = dataclasses.replace(model, native_alpha_s=alpha, **{field: factor})
         call, measured["rd_8B_s"] = _call_overhead(engine, comm, model, shape)
         model = dataclasses.replace(model, call_s=call)
     if shape.cma:
@@ -344,7 +345,8 @@ def describe(model: cost.CostModel) -> list[str]:
             f"# reduce {rate(model.reduce_s_per_byte)}, copy {rate(model.copy_s_per_byte)}, codecs: {codecs}",
             f"# per call {model.call_s * 1e6:.1f} us, per extra segment {model.message_s * 1e6:.1f} us; "
             f"native: {model.native_alpha_s * 1e6:.1f} us per log2(p) step, "
-            f"{model.native_beta_factor:.2f} x a ring's transfer time; cma: +{model.cma_alpha_s * 1e6:.1f} us, "
+            f"{model.native_beta_factor:.2f} (one node) / {model.native_inter_beta_factor:.2f} (across nodes) x a "
+            f"ring's transfer time; cma: +{model.cma_alpha_s * 1e6:.1f} us, "
             f"{model.cma_beta_factor:.2f} x its copy-and-reduce time"] + _describe_corrections(model)
 
 

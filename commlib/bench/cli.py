@@ -100,6 +100,9 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
                 print(report.row(result, info), flush=True)
             results.append(result)
         if rank == 0:
+            learning = select.learner(lane.engine.context)
+            if options.explain and learning is not None:
+                info = dataclasses.replace(info, learned=learning.summary())
             _write_outputs(options, results, info)
         comm.Barrier()
         return 1 if report.total_wrong(results) else 0
@@ -138,8 +141,8 @@ def _annotate(result, options: Options, lane, info: report.RunInfo):
     measurements = []
     for m in result.measurements:
         chosen = predicted = None
-        if m.algorithm == "auto":
-            choice = select.choose(ctx, result.nbytes, codec)
+        if m.algorithm == "auto":  # what it runs after this size's calls: learned, or the model's choice
+            choice = select.current(ctx, result.nbytes, codec)
             chosen, predicted = choice.algorithm, choice.predicted_s
         elif m.algorithm in spec.BY_NAME:
             predicted = spec.get(m.algorithm).cost(ctx.cost_model, result.nbytes, shape, codec,
@@ -181,6 +184,10 @@ def _run_info(options: Options, collective, comm, lane, refused: dict[str, str],
 def _write_outputs(options: Options, results, info: report.RunInfo) -> None:
     """Rank 0: the footer, then --json and --plot."""
     print("\n".join(report.footer(results, info)), flush=True)
+    if info.learned:
+        print("\n".join(["#", "# What auto learned (per size class: each candidate's fastest agreed call, "
+                                "the model's prediction; COMMLIB_AUTO_LEARN=0 turns learning off)"]
+                        + [f"# {line}" for line in info.learned]), flush=True)
     if options.json_path:
         report.write_json(options.json_path, results, info)
         print(f"# JSON written to {options.json_path}", flush=True)

@@ -39,6 +39,7 @@ class RunInfo:
     link_rate: float | None = None  # bytes/s per node (--link-rate)
     explain: bool = False
     model: list[str] = dataclasses.field(default_factory=list)  # the cost model, as # lines (--explain)
+    learned: list[str] = dataclasses.field(default_factory=list)  # what auto measured (--explain)
 
 
 def header(info: RunInfo) -> list[str]:

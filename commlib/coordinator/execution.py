@@ -92,6 +92,7 @@ class Lane:
             else:
                 with self._span(MPI_ALLREDUCE, response):
                     plan[1](flat)
+                self._learned(response)
             if entry is not None:
                 entry.handle.set_result(output)
             return
@@ -112,6 +113,8 @@ class Lane:
         with self._span(MPI_ALLREDUCE, response, tensors=len(outputs)):
             self.engine.allreduce_many_(buffers, op, meta.algorithm or None, meta.prescale, meta.postscale, codec,
                                         meta.name)
+        if self.timeline is not None:
+            self._learned(response)
         if len(small) > 1:
             with self._span(MEMCPY_OUT_FUSION_BUFFER, response, tensors=len(small)):
                 unpack(fused, small)
@@ -126,6 +129,16 @@ class Lane:
                                                   meta.algorithm or None, meta.prescale, meta.postscale,
                                                   _codec(meta), meta.name))
         return self._plans.put(id(meta), plan)
+
+    def _learned(self, response: Response) -> None:
+        """What ``auto`` settled since the last call (a size class measured to the end): an ``AUTO_LEARNED``
+        event on the response's tensors, its ``learned`` argument the line ``--explain`` prints."""
+        learning = self.engine.context.tuning.get("select.learner")
+        if learning is not None and learning.notes:
+            now = self.timeline.now()
+            for note in learning.take_notes():
+                self.timeline.spans("AUTO_LEARNED", now, now, response.kind.name, [m.name for m in response.metas],
+                                    learned=note, lane=self.index)
 
     def _span(self, activity: str, response: Response, **args):
         """A timeline event around an activity, for every tensor of the response; without a timeline, a

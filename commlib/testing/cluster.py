@@ -347,13 +347,15 @@ class Cluster:
         return args + ["-n", str(self.size if nprocs is None else nprocs)]
 
     def mpiexec(self, command: Sequence[str], timeout: float = 300.0, env: dict[str, str] | None = None,
-                nprocs: int | None = None, check: bool = True) -> subprocess.CompletedProcess:
+                nprocs: int | None = None, check: bool = True,
+                mpiexec: str | None = None) -> subprocess.CompletedProcess:
         """Run ``command`` on every rank; return the completed process (stdout and stderr merged in
         ``stdout``). On timeout the job is killed on every host and :class:`JobFailed` raised; with
-        ``check`` a non-zero exit raises it too."""
+        ``check`` a non-zero exit raises it too. ``mpiexec``: another hydra launcher than commlib's (a peer
+        library's own MPI build)."""
         if not self._up:
             raise RuntimeError(f"cluster {self.name or '(not created)'} is not up; use `with Cluster(...)`")
-        cmd = self.mpiexec_args(nprocs) + [str(c) for c in command]
+        cmd = self.mpiexec_args(nprocs, mpiexec) + [str(c) for c in command]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
         try:

@@ -1,0 +1,217 @@
+"""What ``auto`` learns from the calls it runs: the measured time of each algorithm per size class, agreed
+between ranks, so that the choice is right on machines the cost model has never seen.
+
+Per *bucket* - a size class (the message size's power of two: 48 KiB and 60 KiB share one), the codec, and
+whether the call reduces one buffer or several fused in place - the learner runs a fixed, short schedule
+(every input is equal on every rank, so every rank runs the same algorithm on the same call):
+
+1. Candidates: the cost model's ranking at the bucket's first size (:func:`.select.rank_all`), keeping the
+   algorithms predicted within ``SPREAD`` times the best, at most ``MAX_CANDIDATES`` of them, and MPI's own
+   allreduce (``native``) wherever it can run: the model is unsure between those, and MPI's own is the
+   baseline auto must never lose to.
+   Algorithms predicted exactly alike count once (the model's first): on such a layout they make the same
+   exchanges (on 2 ranks ring, rabenseifner and hierarchical all swap halves).
+2. Warm-up: each candidate that has not run on this lane yet runs once, untimed (first calls create
+   sub-groups and scratch memory); skipped where the model predicts ``LARGE_S`` or more, where set-up costs
+   are small beside the call.
+3. Measured calls, 2 per candidate: where the model predicts under ``SMALL_S``, one round of 2
+   consecutive calls each; above, ``ROUNDS`` rounds of one call each, the order rotating by one per round,
+   and after the first, candidates slower than ``DROP`` times the best are dropped. At the end of a round
+   every rank's vector of per-call times is reduced with MAX over the lane's communicator (one small
+   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
+4. Settled: the candidate with the least agreed time (its fastest call; ties to the model's order) runs
+   every later call of the bucket, without timing.
+
+Decisions are a function of agreed data only (the model's ranking and the MAX-reduced times), never of a
+rank's own clock, so ranks whose clocks disagree still choose alike. Exploration is bounded: at most
+``MAX_CANDIDATES + 1`` algorithms x 2 measured calls per bucket, plus one warm-up call per algorithm and
+lane (at most 12, usually 8 or fewer), only among algorithms the model predicts within ``SPREAD`` of the
+best, and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
+``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
+``auto`` is then the cost model's choice alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+SPREAD = 4.0         # candidates: predicted within this factor of the model's best
+MAX_CANDIDATES = 3   # besides native
+ROUNDS = 2           # measured rounds after the warm-up (1 below SMALL_S: its 2 calls per candidate)
+DROP = 2.0           # after the first round: drop candidates slower than this times the best
+SMALL_S = 2e-3       # predicted best below this: one round of 2 consecutive calls per candidate
+LARGE_S = 20e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it)
+TIE = 1e-6           # predicted times this close (relative) count as one candidate
+FREE_CALLS = 400     # exploring calls always allowed per learner
+BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of all calls
+
+Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
+
+
+@dataclasses.dataclass
+class Bucket:
+    """One size class's schedule and what it measured."""
+
+    key: tuple
+    candidates: list[str]           # in the model's order
+    predicted_s: dict[str, float]   # the model's time of each at the first size seen
+    reps: int                       # consecutive calls per candidate per round
+    rounds: int                     # measured rounds
+    phase: int = 0                  # 0: warm-up; 1..rounds: measured rounds
+    slots: list[str] = dataclasses.field(default_factory=list)    # this phase's calls, in order
+    local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of this phase's calls
+    agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    settled: str | None = None
+    explored: int = 0               # calls run while exploring
+
+    def best_times(self) -> dict[str, float]:
+        """The agreed time of each candidate measured: its fastest agreed call."""
+        return {name: min(times) for name, times in self.agreed.items() if times}
+
+
+class Learner:
+    """The learning state of one execution lane (one :class:`~.context.AlgorithmContext`); every rank of the
+    lane holds an equal one because it sees the same calls in the same order and the same agreed times."""
+
+    def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter):
+        self.agree = agree
+        self.clock = clock  # replaceable in tests: a rank whose clock disagrees must still choose alike
+        self.buckets: dict[tuple, Bucket] = {}
+        self.calls = 0          # auto calls seen
+        self.explored = 0       # of which exploring
+        self.agreements = 0     # small MAX allreduces run
+        self.warmed: set[str] = set()  # algorithms that have run on this lane (their set-up is paid)
+        self.notes: list[str] = []  # what was learned, one line per settled bucket, for the timeline
+
+    # -- the schedule ------------------------------------------------------------------------------------
+    def bucket(self, key: tuple, ranking: Callable[[], Sequence]) -> Bucket:
+        """The bucket of ``key``, made from the model's ``ranking()`` (Choices, fastest first) when new."""
+        found = self.buckets.get(key)
+        if found is not None:
+            return found
+        ranked = [c for c in ranking() if c.predicted_s != float("inf")]
+        best = ranked[0].predicted_s if ranked else 0.0
+        names: list[str] = []
+        last = None
+        for c in ranked:
+            if c.predicted_s > SPREAD * best or len(names) == MAX_CANDIDATES:
+                break
+            if last is not None and c.predicted_s <= last * (1 + TIE):
+                continue  # the same predicted time: on this layout the same exchanges (2 ranks: ring,
+                # rabenseifner and hierarchical are one swap of halves); the model's first stands for them
+            names.append(c.algorithm)
+            last = c.predicted_s
+        if "native" not in names and any(c.algorithm == "native" for c in ranked):
+            names.append("native")
+        predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
+        small = best < SMALL_S
+        bucket = Bucket(key, names, predicted, reps=2 if small else 1, rounds=1 if small else ROUNDS)
+        # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
+        # a long call: warm up only what has not run yet, and only where calls are short
+        cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
+        if len(names) < 2 or not self._may_explore(bucket, len(cold)):
+            bucket.settled = names[0] if names else None
+            bucket.phase = bucket.rounds + 1
+        elif cold:
+            bucket.slots = cold  # the warm-up: each once
+        else:
+            bucket.phase = 1
+            bucket.slots = [name for name in names for _ in range(bucket.reps)]
+        self.buckets[key] = bucket
+        return bucket
+
+    def _may_explore(self, bucket: Bucket, cold: int) -> bool:
+        cost = cold + len(bucket.candidates) * bucket.rounds * bucket.reps
+        return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
+
+    def pick(self, bucket: Bucket) -> str | None:
+        """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``)."""
+        self.calls += 1
+        if bucket.settled is not None:
+            return None
+        return bucket.slots[len(bucket.local)]
+
+    def record(self, bucket: Bucket, seconds: float) -> None:
+        """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
+        bucket.local.append(seconds)
+        self.warmed.add(bucket.slots[len(bucket.local) - 1])
+        bucket.explored += 1
+        self.explored += 1
+        if len(bucket.local) == len(bucket.slots):
+            self._end_phase(bucket)
+
+    def _end_phase(self, bucket: Bucket) -> None:
+        if bucket.phase > 0:  # a measured round: agree on its times, then keep them
+            agreed = self.agree(np.asarray(bucket.local, np.float64))
+            self.agreements += 1
+            for name, seconds in zip(bucket.slots, agreed.tolist()):
+                bucket.agreed.setdefault(name, []).append(seconds)
+            if bucket.phase == 1:
+                best = min(bucket.best_times().values())
+                bucket.dropped = [n for n in bucket.candidates if bucket.best_times()[n] > DROP * best]
+        bucket.phase += 1
+        bucket.local = []
+        alive = [n for n in bucket.candidates if n not in bucket.dropped]
+        if bucket.phase > bucket.rounds or len(alive) == 1:
+            times = bucket.best_times()
+            bucket.settled = min(alive, key=lambda n: (times[n], bucket.candidates.index(n)))
+            bucket.slots = []
+            self.notes.append(describe(bucket))
+            return
+        shift = (bucket.phase - 1) % len(alive)
+        order = alive[shift:] + alive[:shift]
+        bucket.slots = [name for name in order for _ in range(bucket.reps)]
+
+    def settled(self, key: tuple) -> str | None:
+        bucket = self.buckets.get(key)
+        return bucket.settled if bucket is not None else None
+
+    def take_notes(self) -> list[str]:
+        notes, self.notes = self.notes, []
+        return notes
+
+    def summary(self) -> list[str]:
+        """One line per bucket, in size order: what was measured and chosen (for --explain)."""
+        return [describe(b) for _, b in sorted(self.buckets.items(), key=lambda kv: _order(kv[0]))]
+
+
+def _order(key: tuple):
+    return tuple("" if v is None else v for v in key)
+
+
+def bucket_label(key: tuple) -> str:
+    """``256K-512K fp16 (fused)``: the size class, the codec, and whether the calls were fused."""
+    power, codec, many = key
+    lo, hi = (1 << (power - 1)) if power else 0, 1 << power
+    text = f"{_size(lo)}-{_size(hi)}"
+    if codec:
+        text += f" {codec}"
+    return text + (" (fused)" if many else "")
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}"
+
+
+def describe(bucket: Bucket) -> str:
+    """``auto learned 1M-2M: ring 1.02 ms (model 0.95) < native 1.10 ms ... -> ring``."""
+    times = bucket.best_times()
+    if bucket.settled is None:
+        return (f"auto {bucket_label(bucket.key)}: exploring {', '.join(bucket.candidates)} "
+                f"({bucket.explored} calls so far)")
+    if not times:
+        return f"auto {bucket_label(bucket.key)}: {bucket.settled} (the model's choice, not measured)"
+    parts = []
+    for name in sorted(times, key=lambda n: times[n]):
+        mark = " dropped" if name in bucket.dropped else ""
+        parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
+    return (f"auto learned {bucket_label(bucket.key)} in {bucket.explored} calls: " + ", ".join(parts)
+            + f" -> {bucket.settled}")

@@ -1,0 +1,185 @@
+"""``auto`` learning (commlib/algorithms/learn.py): decisions are a function of agreed data only, so ranks
+choose alike even when their clocks disagree; exploration is bounded; learning can be turned off.
+
+The in-process tests run several learners as ranks on threads, agreeing through a MAX over a barrier, as
+the lane's communicator does; the MPI tests run the Engine on real jobs (workers/auto_learn.py)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from commlib.algorithms import cost, learn, select, spec
+from commlib.algorithms.select import Choice
+from mpirun import run_mpi
+
+
+class Agreement:
+    """MAX over ``ranks`` threads' vectors, as ``allreduce_native_(v, MAX)`` on a communicator."""
+
+    def __init__(self, ranks: int):
+        self._barrier = threading.Barrier(ranks)
+        self._vectors: dict[int, np.ndarray] = {}
+        self._result = None
+
+    def agree_for(self, rank: int):
+        def agree(vector: np.ndarray) -> np.ndarray:
+            self._vectors[rank] = vector.copy()
+            if self._barrier.wait() == 0:
+                self._result = np.maximum.reduce(list(self._vectors.values()))
+            self._barrier.wait()
+            out = self._result.copy()
+            self._barrier.wait()
+            return out
+        return agree
+
+
+def ranking(times: dict[str, float]):
+    """A model ranking: the algorithms with these predicted times, fastest first."""
+    return lambda: sorted((Choice(n, 1 << 20, t) for n, t in times.items()), key=lambda c: c.predicted_s)
+
+
+def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, None, False),)):
+    """Run ``calls`` calls per key on ``ranks`` threaded learners; a call of algorithm A takes ``truth[A]``
+    (+ noise per rank) on that rank's clock. Returns (picks per rank, learners)."""
+    agreement = Agreement(ranks)
+    picks = [[] for _ in range(ranks)]
+    learners = []
+    for r in range(ranks):
+        state = {"t": 0.0}
+        rng = random.Random(r)
+        scale = clocks[r] if clocks else 1.0
+        learner = learn.Learner(agreement.agree_for(r), clock=lambda s=state: s["t"])
+        learners.append((learner, state, rng, scale))
+
+    def rank_main(r):
+        learner, state, rng, scale = learners[r]
+        for _ in range(calls):
+            for key in keys:
+                bucket = learner.bucket(key, ranking(predicted))
+                name = learner.pick(bucket)
+                ran = name or bucket.settled
+                picks[r].append((key, ran))
+                if name is not None:
+                    start = learner.clock()
+                    state["t"] += truth[ran] * scale * (1 + 0.3 * rng.random())
+                    learner.record(bucket, learner.clock() - start)
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
+    return picks, [entry[0] for entry in learners]
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_ranks_choose_alike_when_their_clocks_disagree(ranks):
+    """The last rank's clock runs 40x fast and ranks the algorithms the other way round: every rank still
+    runs the same algorithm on every call and settles on the same one."""
+    predicted = {"ring": 1e-3, "rabenseifner": 1.5e-3, "native": 3e-3}
+    truth = {"ring": 2e-3, "rabenseifner": 1e-3, "native": 1.2e-3}
+    clocks = [1.0] * (ranks - 1) + [40.0]
+    picks, learners = simulate(ranks, 30, truth, predicted, clocks)
+    assert all(p == picks[0] for p in picks)
+    settled = {lr.settled((20, None, False)) for lr in learners}
+    assert len(settled) == 1, settled
+
+
+def test_learns_the_fastest_where_the_model_is_wrong():
+    """The model prefers the ring; rabenseifner is twice as fast in truth: auto settles on it."""
+    predicted = {"ring": 1e-3, "rabenseifner": 1.5e-3, "native": 3e-3}
+    truth = {"ring": 2e-3, "rabenseifner": 1e-3, "native": 2.5e-3}
+    picks, learners = simulate(2, 25, truth, predicted)
+    assert learners[0].settled((20, None, False)) == "rabenseifner"
+    assert picks[0][-1][1] == "rabenseifner"
+    assert any("auto learned" in line and "-> rabenseifner" in line for line in learners[0].summary())
+
+
+def test_exploration_is_bounded():
+    """At most 20 calls explore per size class (settled by then), the candidates the model puts far behind
+    are never run, and the clearly slow ones run once measured before being dropped."""
+    predicted = {"ring": 4e-3, "rabenseifner": 4.8e-3, "hierarchical": 5.2e-3, "torus2d": 5.6e-3,
+                 "recursive_doubling": 200e-3, "native": 8e-3}
+    truth = {"ring": 4e-3, "rabenseifner": 20e-3, "hierarchical": 4e-3, "torus2d": 4e-3,
+             "recursive_doubling": 4e-3, "native": 36e-3}
+    picks, learners = simulate(2, 40, truth, predicted)
+    learner = learners[0]
+    bucket = learner.buckets[(20, None, False)]
+    ran = [name for _, name in picks[0]]
+    exploring = ran[:bucket.explored]
+    assert bucket.explored <= 12 and bucket.settled is not None
+    assert all(name == bucket.settled for name in ran[bucket.explored:])
+    assert "recursive_doubling" not in ran  # predicted 50x the best: not a candidate
+    assert len(bucket.candidates) <= learn.MAX_CANDIDATES + 1
+    assert set(bucket.dropped) == {"rabenseifner", "native"}
+    # dropped after the first measured round: its warm-up and one measured call, none in the second round
+    assert exploring.count("rabenseifner") == 2
+    assert learner.agreements == learn.ROUNDS
+
+
+def test_small_messages_settle_in_one_round():
+    """Below 2 ms predicted: a warm-up call each, then one round of 2 consecutive calls each, one agreement;
+    a second size class warms up only what had not run when it started."""
+    predicted = {"ring": 1e-4, "recursive_doubling": 1.2e-4, "native": 1.5e-4}
+    truth = {"ring": 3e-4, "recursive_doubling": 1e-4, "native": 2e-4}
+    keys = ((12, None, False), (14, None, False))
+    picks, learners = simulate(2, 12, truth, predicted, keys=keys)
+    learner = learners[0]
+    first, second = (learner.buckets[k] for k in keys)
+    assert first.explored == 3 + 2 * 3 and second.explored == 2 + 2 * 3  # ring had run
+    assert first.settled == second.settled == "recursive_doubling"
+    assert learner.agreements == 2
+
+
+def test_exploration_budget_across_size_classes():
+    """Beyond FREE_CALLS exploring calls, a new size class explores only while exploring calls stay under
+    BUDGET of all calls; else it takes the model's choice at once."""
+    learner = learn.Learner(lambda v: v)
+    learner.explored = learn.FREE_CALLS
+    learner.calls = 1000
+    bucket = learner.bucket((21, None, False), ranking({"ring": 1e-3, "native": 1.1e-3}))
+    assert bucket.settled == "ring" and bucket.explored == 0
+    learner.calls = 100_000  # a long job: room again
+    bucket = learner.bucket((22, None, False), ranking({"ring": 1e-3, "native": 1.1e-3}))
+    assert bucket.settled is None
+
+
+def test_equal_predictions_count_once_and_native_is_always_measured():
+    """On 2 ranks across 2 nodes ring, rabenseifner and hierarchical make the same exchanges (the model
+    predicts them equal): one of them is measured; MPI's own allreduce is measured even when the model puts
+    it far behind."""
+    model, shape = cost.DEFAULTS, cost.Shape((0, 1))
+    specs = [s for s in spec.SPECS if s.cost(model, 64 << 20, shape, None, 1 << 20) < cost.INF]
+    ranked = select.rank_all(model, 64 << 20, shape, specs, None, 1 << 20)
+    bucket = learn.Learner(lambda v: v).bucket((27, None, False), lambda: ranked)
+    assert len({"ring", "rabenseifner", "hierarchical"} & set(bucket.candidates)) == 1
+    assert "native" in bucket.candidates
+    slow_native = [Choice(c.algorithm, c.segment_bytes, c.predicted_s * (100 if c.algorithm == "native" else 1))
+                   for c in ranked]
+    bucket = learn.Learner(lambda v: v).bucket((27, None, False), lambda: sorted(
+        slow_native, key=lambda c: c.predicted_s))
+    assert "native" in bucket.candidates
+
+
+def test_default_model_prefers_mpi_across_two_hosts_of_one_rank():
+    """Without a profile, 2 hosts x 1 rank: MPI's own allreduce streams over the network as well as the ring
+    (measured 0.8x the ring at 64 MiB at 1 Gbit/s), so the model does not prefer a Python schedule to it."""
+    model, shape = cost.DEFAULTS, cost.Shape((0, 1))
+    for nbytes in (16 << 20, 64 << 20, 100 << 20):
+        specs = [s for s in spec.SPECS if s.cost(model, nbytes, shape, None, 1 << 20) < cost.INF]
+        assert select.rank_all(model, nbytes, shape, specs, None, 1 << 20)[0].algorithm == "native"
+
+
+@pytest.mark.parametrize("nprocs, args", [
+    pytest.param(2, [], id="2ranks"),
+    pytest.param(3, ["--skew"], id="3ranks-skewed-clock"),
+    pytest.param(4, ["--local-size", "2", "--skew"], id="2x2-skewed-clock"),
+    pytest.param(2, ["--off"], id="2ranks-off"),
+])
+def test_learning_on_a_real_job(nprocs, args):
+    out = run_mpi(nprocs, "auto_learn.py", *args, timeout=240)
+    assert f"on {nprocs} ranks" in out and " ok " in out, out[-3000:]
