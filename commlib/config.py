@@ -62,6 +62,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_int_size(text: str) -> int:
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be at least 1 byte")
+    return value
+
+
 def _switch(text: str) -> bool:
     value = str(text).strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -118,6 +125,8 @@ class Config:
     direct_max_ranks: int = 16
     timeline: str | None = None
     tuning_file: str | None = None
+    server_partition_bytes: int = 4096000
+    server_timeout_s: float = 30.0
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -156,7 +165,7 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm")
+              "direct_max_ranks", "algorithm", "server_partition_bytes")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -238,4 +247,11 @@ FIELDS: dict[str, _Field] = {
                           "cost-model profile auto reads (commlib-bench --calibrate writes it); 'none': the "
                           "built-in defaults; default ~/.cache/commlib/tuning.json ($XDG_CACHE_HOME) if it "
                           "exists. Rank 0's profile is broadcast to every rank"),
+    "server_partition_bytes": _Field("COMMLIB_SERVER_PARTITION", _positive_int_size,
+                                     "push_pull through summation servers: a tensor travels in partitions "
+                                     "of at most this many bytes, spread over the servers (K/M/G suffix; "
+                                     "default 4096000, BytePS's)"),
+    "server_timeout_s": _Field("COMMLIB_SERVER_TIMEOUT", _non_negative_float,
+                               "seconds a worker waits for a summation server that has stopped answering "
+                               "before failing the tensor, naming the server; 0 waits forever (default 30)"),
 }

@@ -1,0 +1,76 @@
+"""What workers and summation servers say to each other, and the one rule that places a partition.
+
+Nothing here imports MPI. All traffic runs on the job's own duplicate of the user's communicator (workers
+and servers both in it; :mod:`.discovery`).
+
+A push (worker -> server), for one partition of one key:
+
+1. a pickled :class:`Push` header on tag ``TAG_PUSH``;
+2. the partition's values (already in the wire dtype) on tag ``push.slot``, a tag the worker chose that no
+   other of its messages in flight uses.
+
+The server answers on the same ``slot`` tag with the reduced partition (same wire dtype and length) once
+every contributor has pushed that key's round; it answers every contributor with the same bytes. When the
+round cannot be reduced (the contributors declared it differently), it answers on ``TAG_ERROR`` with a
+pickled ``(slot, message)`` instead, and the worker cancels its receive.
+
+``TAG_BYE`` (worker -> server, ``None``): the worker's runtime shut down; a server ends its session once
+every worker has said it. ``TAG_EXIT`` (worker -> server, ``None``): the worker's
+process is exiting; a server exits once every worker has sent it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+TAG_PUSH = 1
+TAG_ERROR = 2
+TAG_BYE = 3
+TAG_EXIT = 4
+#: Slot tags start here (below: the control tags above).
+FIRST_SLOT = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Push:
+    """One partition's header. ``key`` names the tensor (equal on every contributor), ``part`` the
+    partition, ``total`` the tensor's element count (so that a size mismatch shows in every partition),
+    ``wire`` the dtype name on the wire, ``count`` the partition's elements, ``op`` the kernel ReduceOp's
+    value, ``contributors`` how many workers push this key (the process set's size), ``worker`` the
+    sender's rank among the workers, ``slot`` the tag of its data and of the answer."""
+
+    key: str
+    part: int
+    total: int
+    wire: str
+    count: int
+    op: int
+    contributors: int
+    worker: int
+    slot: int
+
+    def declaration(self) -> tuple:
+        """What every contributor must declare alike."""
+        return (self.total, self.wire, self.count, self.op, self.contributors)
+
+    def describe(self) -> str:
+        return f"{self.wire}[{self.total}] op {self.op} among {self.contributors} workers"
+
+
+def partition_count(count: int, per_partition: int) -> int:
+    """How many partitions a tensor of ``count`` elements has (0 for an empty tensor)."""
+    return -(-count // per_partition) if count else 0
+
+
+def elements_per_partition(partition_bytes: int, itemsize: int) -> int:
+    """Elements of ``itemsize`` bytes in one partition of at most ``partition_bytes`` (at least 1)."""
+    return max(1, partition_bytes // itemsize)
+
+
+def server_of(key: str, part: int, servers: int) -> int:
+    """The server (index among the servers) that reduces partition ``part`` of ``key``: a hash of the key
+    (CRC-32, equal in every process, unlike Python's ``hash``) plus the partition index, so one tensor's
+    consecutive partitions go to consecutive servers (an even spread) and no start-up exchange per key is
+    needed."""
+    return (zlib.crc32(key.encode()) + part) % servers
