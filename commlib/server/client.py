@@ -153,7 +153,7 @@ class ServerClient:
                                        self.worker, slot)
                 piece = wire[lo:hi]
                 sends = [self.comm.isend(header, dest=dest, tag=protocol.TAG_PUSH),
-                         self.comm.Isend(piece, dest=dest, tag=slot)]
+                         self.comm.Isend(piece.view(np.uint8), dest=dest, tag=slot)]
                 part = _Part(job, p, lo, hi, server, slot, piece, sends)
                 self._parts.append(part)
                 self._by_slot[slot] = part
@@ -203,7 +203,7 @@ class ServerClient:
                 part = parts[i]
                 if part.recv is None:  # its data went out (the header, sent first, has gone too)
                     MPI.Request.Waitall(part.sends)
-                    part.recv = self.comm.Irecv(part.wire, source=self.servers[part.server], tag=part.slot)
+                    part.recv = self.comm.Irecv(part.wire.view(np.uint8), source=self.servers[part.server], tag=part.slot)
                     part.since = self._heard[part.server] = time.monotonic()
                 else:
                     finished.append(part)

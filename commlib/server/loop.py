@@ -131,7 +131,7 @@ class Server:
         """A header arrived: post the receive of its data (always: the worker's send must complete)."""
         key = (push.key, push.part)
         buf = self.pool.take(_WIRE[push.wire], push.count)
-        request = self.comm.Irecv(buf, source=source, tag=push.slot)
+        request = self.comm.Irecv(buf.view(np.uint8), source=source, tag=push.slot)
         rnd = self.rounds.get(key)
         if rnd is None:
             rnd = self.rounds[key] = _Round(push)
@@ -211,7 +211,7 @@ class Server:
             self.pool.give(rnd.acc)
         holder = [answer, len(destinations)]  # back to the pool when its last send completes
         for rank, slot in destinations:
-            self.sending.append((self.comm.Isend(answer, dest=rank, tag=slot), holder))
+            self.sending.append((self.comm.Isend(answer.view(np.uint8), dest=rank, tag=slot), holder))
 
     def _answer_error(self, destinations, text: str) -> None:
         log.warning("commlib server %d: %s", self.index, text)

@@ -55,7 +55,9 @@ class Push:
         return (self.total, self.wire, self.count, self.op, self.contributors)
 
     def describe(self) -> str:
-        return f"{self.wire}[{self.total}] op {self.op} among {self.contributors} workers"
+        from ..ops import ReduceOp
+
+        return f"{self.wire}[{self.total}] {ReduceOp(self.op).name.lower()} among {self.contributors} workers"
 
 
 def partition_count(count: int, per_partition: int) -> int:

@@ -1,0 +1,46 @@
+"""Summation servers and push_pull (docs/servers.md): real MPMD jobs, workers then servers.
+
+A small partition (4 KiB) makes modest tensors span several partitions and servers."""
+
+import time
+
+import pytest
+
+from mpirun import run_mpi, run_mpmd
+
+SMALL = {"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "3"}
+EVERYTHING = "values,orders,wire,ps,sets,mismatch,lonely,reinit"
+
+
+@pytest.mark.parametrize("workers, servers, cases", [
+    (1, 1, "values,orders,wire,ps"),
+    (2, 2, EVERYTHING),
+    (3, 3, "values,orders,ps,sets,mismatch"),
+    (4, 2, "orders,wire,ps,sets,mismatch,reinit"),
+])
+def test_push_pull(workers, servers, cases):
+    out = run_mpmd(workers, servers, "server_check.py", cases, env=SMALL, timeout=240)
+    for case in cases.split(","):
+        if case in ("sets",) and workers < 3 or case in ("mismatch", "lonely") and workers < 2:
+            continue
+        assert out.count(f"{case} ok on worker") == workers, out[-3000:]
+    assert out.count("done") == workers
+
+
+def test_no_servers_is_a_clear_error():
+    out = run_mpi(2, "server_failure.py", "none", env=SMALL)
+    assert out.count("none ok on rank") == 2, out
+
+
+def test_a_stopped_server_fails_every_worker_naming_it():
+    out = run_mpmd(3, 2, "server_failure.py", "stopped", env=SMALL, expect_fail=True, timeout=90)
+    assert out.count("failed after") == 3, out[-3000:]
+    assert "COMMLIB_SERVER_TIMEOUT=3" in out and "(rank " in out, out[-3000:]
+
+
+def test_a_killed_server_ends_the_job_within_seconds():
+    start = time.monotonic()
+    out = run_mpmd(2, 2, "server_failure.py", "killed", env=SMALL, expect_fail=True, timeout=90)
+    assert time.monotonic() - start < 60
+    # mpiexec's clean-up ends every process of the job (MPICH's hydra reports the signal)
+    assert "signal 9" in out.lower() or "failed after" in out, out[-3000:]
