@@ -44,3 +44,14 @@ def test_a_killed_server_ends_the_job_within_seconds():
     assert time.monotonic() - start < 60
     # mpiexec's clean-up ends every process of the job (MPICH's hydra reports the signal)
     assert "signal 9" in out.lower() or "failed after" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("workers, servers", [(2, 2)])
+def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, servers):
+    pytest.importorskip("torch")
+    from mpirun import REPO
+
+    env = dict(SMALL, COMMLIB_ALGORITHM="ps", PYTHONWARNINGS="ignore::DeprecationWarning",
+               PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'workers'}")
+    out = run_mpmd(workers, servers, "torch_server.py", env=env, timeout=240)
+    assert out.count("torch_server OK") == workers, out[-3000:]
