@@ -155,6 +155,8 @@ class ServerClient:
                 sends = [self.comm.isend(header, dest=dest, tag=protocol.TAG_PUSH),
                          self.comm.Isend(piece.view(np.uint8), dest=dest, tag=slot)]
                 part = _Part(job, p, lo, hi, server, slot, piece, sends)
+                if MPI.Request.Testall(sends):  # small partitions leave at once: receive the answer now
+                    part.recv = self.comm.Irecv(piece.view(np.uint8), source=dest, tag=slot)
                 self._parts.append(part)
                 self._by_slot[slot] = part
         self._ensure_thread()
@@ -219,10 +221,12 @@ class ServerClient:
             if job.failed:
                 continue
             job.finish(part, part.lo, part.hi)
-            job.remaining -= 1
-            if job.remaining == 0:
-                with self._lock:
+            with self._lock:  # another thread may finish another partition of the job meanwhile
+                job.remaining -= 1
+                last = job.remaining == 0 and not job.failed
+                if last:
                     self._in_flight.discard(job.key)
+            if last:
                 job.handle.set_result(job.output)
         return True
 
@@ -275,10 +279,21 @@ class ServerClient:
 
     # -- waiting and closing ----------------------------------------------------------------------------
     def wait(self, handle: Handle) -> None:
-        """Block until the progress thread completes ``handle`` (it enforces the deadlines)."""
-        while not handle.wait_briefly(0.05):
-            if self._thread is None or not self._thread.is_alive():
-                handle.set_error(ServerError(f"push_pull {handle.name!r}: the progress thread is not running"))
+        """Block until ``handle`` is done, polling here too (a reply is then read without waking another
+        thread); the progress thread enforces the deadlines."""
+        last = time.monotonic()
+        while not handle.done():
+            if self._errors() | self._poll():
+                last = time.monotonic()
+                continue
+            idle = time.monotonic() - last
+            if idle > 0.01:
+                handle.wait_briefly(0.05)
+                if self._thread is None or not self._thread.is_alive():
+                    handle.set_error(ServerError(f"push_pull {handle.name!r}: the progress thread is not "
+                                                 "running"))
+            else:
+                self._backoff.pause(idle)
 
     def close(self) -> None:
         """Wait for what is in flight (bounded by the timeout), stop the thread, and tell every server
