@@ -14,6 +14,7 @@ from that server meanwhile) fails its tensor on this worker with an error naming
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import threading
@@ -35,6 +36,10 @@ from .discovery import Job
 log = logging.getLogger("commlib")
 
 
+#: Partitions a worker sends to one server at a time (see ``ServerClient._launch``).
+WINDOW = 2
+
+
 class ServerError(CollectiveError):
     """A summation server did not answer in time, or refused a push."""
 
@@ -42,17 +47,18 @@ class ServerError(CollectiveError):
 class _Part:
     """One partition in flight: sending, then receiving its answer."""
 
-    __slots__ = ("job", "index", "lo", "hi", "server", "slot", "wire", "sends", "recv", "since")
+    __slots__ = ("job", "index", "lo", "hi", "server", "slot", "wire", "header", "sends", "recv", "since")
 
     def __init__(self, job: "_Job", index: int, lo: int, hi: int, server: int, slot: int, wire: np.ndarray,
-                 sends: list):
+                 header: protocol.Push):
         self.job = job
         self.index = index
         self.lo, self.hi = lo, hi
         self.server = server
         self.slot = slot
         self.wire = wire  # the partition's wire memory: sent from, answered into
-        self.sends = sends
+        self.header = header
+        self.sends: list | None = None  # posted when the server's window has room
         self.recv: MPI.Request | None = None
         self.since = time.monotonic()
 
@@ -84,7 +90,9 @@ class ServerClient:
         tag_ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self._slots = (protocol.FIRST_SLOT + n % (tag_ub - protocol.FIRST_SLOT) for n in itertools.count())
         self._lock = threading.Lock()
-        self._parts: list[_Part] = []  # under _lock
+        self._parts: list[_Part] = []  # under _lock: sending or awaiting their answer
+        self._queued = [collections.deque() for _ in self.servers]  # not yet sent, per server
+        self._sending = [0] * len(self.servers)  # partitions being sent, per server
         self._by_slot: dict[int, _Part] = {}
         self._in_flight: set[str] = set()
         self._heard = [time.monotonic()] * len(self.servers)
@@ -134,8 +142,7 @@ class ServerClient:
             def finish(part: _Part, lo: int, hi: int) -> None:
                 if postscale != 1.0:
                     kernels.scale_(part.wire, postscale)
-        per = protocol.elements_per_partition(self.partition_bytes, wire.itemsize)
-        nparts = protocol.partition_count(buf.size, per)
+        per, nparts = protocol.partitions(buf.size, wire.itemsize, self.partition_bytes, len(self.servers))
         result = buf if result is None else result
         if nparts == 0:
             handle.set_result(result)
@@ -151,16 +158,31 @@ class ServerClient:
                 slot = next(self._slots)
                 header = protocol.Push(key, p, buf.size, wire_name, hi - lo, int(op), contributors,
                                        self.worker, slot)
-                piece = wire[lo:hi]
-                sends = [self.comm.isend(header, dest=dest, tag=protocol.TAG_PUSH),
-                         self.comm.Isend(piece.view(np.uint8), dest=dest, tag=slot)]
-                part = _Part(job, p, lo, hi, server, slot, piece, sends)
-                if MPI.Request.Testall(sends):  # small partitions leave at once: receive the answer now
-                    part.recv = self.comm.Irecv(piece.view(np.uint8), source=dest, tag=slot)
-                self._parts.append(part)
+                part = _Part(job, p, lo, hi, server, slot, wire[lo:hi], header)
+                self._queued[server].append(part)
                 self._by_slot[slot] = part
+            for server in range(len(self.servers)):
+                self._launch(server)
         self._ensure_thread()
         return handle
+
+    def _launch(self, server: int) -> None:
+        """Post the next partitions queued for ``server`` while fewer than ``WINDOW`` are being sent to it
+        (under the lock). A window, not everything at once: partitions sent together share the link and
+        all arrive at the end, so the server could answer none before the last; sent a few at a time, the
+        first answers travel back while later partitions still go out."""
+        queue = self._queued[server]
+        dest = self.servers[server]
+        while queue and self._sending[server] < WINDOW:
+            part = queue.popleft()
+            part.sends = [self.comm.isend(part.header, dest=dest, tag=protocol.TAG_PUSH),
+                          self.comm.Isend(part.wire.view(np.uint8), dest=dest, tag=part.slot)]
+            part.since = time.monotonic()
+            self._parts.append(part)
+            if MPI.Request.Testall(part.sends):  # a small partition leaves at once: await its answer now
+                part.recv = self.comm.Irecv(part.wire.view(np.uint8), source=dest, tag=part.slot)
+            else:
+                self._sending[server] += 1
 
     # -- the progress thread ----------------------------------------------------------------------------
     def _ensure_thread(self) -> None:
@@ -200,20 +222,27 @@ class ServerClient:
             done = MPI.Request.Testsome(requests)
             if not done:
                 return False
-            finished = []
+            finished, gone = [], set()
             for i in done:
                 part = parts[i]
                 if part.recv is None:  # its data went out (the header, sent first, has gone too)
                     MPI.Request.Waitall(part.sends)
-                    part.recv = self.comm.Irecv(part.wire.view(np.uint8), source=self.servers[part.server], tag=part.slot)
-                    part.since = self._heard[part.server] = time.monotonic()
+                    self._heard[part.server] = time.monotonic()
+                    self._sending[part.server] -= 1
+                    if part.job.failed:
+                        gone.add(id(part))
+                    else:
+                        part.recv = self.comm.Irecv(part.wire.view(np.uint8), source=self.servers[part.server],
+                                                    tag=part.slot)
+                        part.since = self._heard[part.server]
                 else:
                     finished.append(part)
-            if finished:
-                gone = set(id(p) for p in finished)
+                    gone.add(id(part))
+                    self._by_slot.pop(part.slot, None)
+            if gone:
                 self._parts = [p for p in parts if id(p) not in gone]
-                for part in finished:
-                    del self._by_slot[part.slot]
+            for server in {parts[i].server for i in done}:
+                self._launch(server)
         now = time.monotonic()
         for part in finished:
             self._heard[part.server] = now
@@ -269,12 +298,22 @@ class ServerClient:
         keep = []
         for part in self._parts:
             if part.job is job:
+                self._by_slot.pop(part.slot, None)
                 if part.recv is not None:
                     part.recv.Cancel()
-                self._by_slot.pop(part.slot, None)
+                else:  # still sending: kept until the send completes and frees its place in the window
+                    keep.append(part)
             else:
                 keep.append(part)
         self._parts = keep
+        for queue in self._queued:
+            if any(part.job is job for part in queue):
+                kept = [part for part in queue if part.job is not job]
+                for part in queue:
+                    if part.job is job:
+                        self._by_slot.pop(part.slot, None)
+                queue.clear()
+                queue.extend(kept)
         job.handle.set_error(error)
 
     # -- waiting and closing ----------------------------------------------------------------------------

@@ -60,14 +60,31 @@ class Push:
         return f"{self.wire}[{self.total}] {ReduceOp(self.op).name.lower()} among {self.contributors} workers"
 
 
-def partition_count(count: int, per_partition: int) -> int:
-    """How many partitions a tensor of ``count`` elements has (0 for an empty tensor)."""
-    return -(-count // per_partition) if count else 0
+#: A tensor that spans several partitions gets at least this many per server (while partitions stay at
+#: least ``MIN_PARTITION_BYTES``): a server answers a partition once every worker has pushed it, so the
+#: answers overlap the pushes only from the second partition on; with k partitions per server the last
+#: answer ends about 1/k of the tensor's time after the last push.
+DEPTH = 8
+MIN_PARTITION_BYTES = 256 << 10
 
 
-def elements_per_partition(partition_bytes: int, itemsize: int) -> int:
-    """Elements of ``itemsize`` bytes in one partition of at most ``partition_bytes`` (at least 1)."""
-    return max(1, partition_bytes // itemsize)
+def partitions(count: int, itemsize: int, partition_bytes: int, servers: int) -> tuple[int, int]:
+    """``(elements per partition, number of partitions)`` of a tensor of ``count`` elements: partitions of
+    at most ``partition_bytes`` (at least one element); when there are several, at least ``DEPTH`` per
+    server (down to ``MIN_PARTITION_BYTES``) and as many as a multiple of ``servers``, of equal size, so
+    that a large tensor loads every server's link alike (17 partitions of 4 MB over 4 servers would give
+    one server 5, a quarter more than the others, and its link the whole tensor's time). The last
+    partition may be shorter; an empty tensor has none."""
+    if count == 0:
+        return 1, 0
+    per = max(1, partition_bytes // itemsize)
+    nparts = -(-count // per)
+    if nparts > 1:
+        nparts = max(nparts, min(DEPTH * servers, count * itemsize // MIN_PARTITION_BYTES))
+        if nparts % servers:
+            nparts += servers - nparts % servers
+    per = -(-count // nparts)
+    return per, -(-count // per)
 
 
 def server_of(key: str, part: int, servers: int) -> int:
