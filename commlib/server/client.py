@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernels
-from ..coordinator.backoff import Backoff
+from ..coordinator.backoff import Backoff, yield_core
 from ..coordinator.requests import Handle
 from ..dtypes import BY_NUMPY, HALF, dtype_name
 from ..errors import CollectiveError, CommlibError, InFlightError
@@ -201,6 +201,8 @@ class ServerClient:
                     checked = now
                 if moved:
                     last = now
+                elif self._parts:
+                    yield_core()  # transfers under way progress only while MPI is polled: never sleep then
                 else:
                     self._backoff.pause(now - last)
         except BaseException as exc:  # never leave a waiter blocked: fail everything in flight
