@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 ALLREDUCES = ("ring", "rabenseifner", "hierarchical_pipelined", "native", "auto")
 
 
-def worker(nbytes: int, rounds: int) -> None:
+def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
     import numpy as np
 
     import commlib as cl
@@ -43,7 +43,7 @@ def worker(nbytes: int, rounds: int) -> None:
     n = nbytes // 4
     data = np.random.default_rng(cl.rank()).standard_normal(n).astype(np.float32)
     buf = data.copy()
-    methods = ["push_pull"] + list(ALLREDUCES)
+    methods = ["push_pull"] + list(allreduces)
 
     def call(method: str) -> None:
         if method == "push_pull":
@@ -66,7 +66,7 @@ def worker(nbytes: int, rounds: int) -> None:
     # check: push_pull's sum equals the ring's on every worker (same data)
     buf[...] = data
     cl.push_pull_(buf, op=cl.Sum, name="bench")
-    ref = cl.allreduce(data, op=cl.Sum, name="bench.ref", algorithm="ring")
+    ref = cl.allreduce(data, op=cl.Sum, name="bench.ref")
     assert np.allclose(buf, ref, rtol=1e-4, atol=1e-4)
     if cl.rank() == 0:
         print("RESULT " + json.dumps({"times": times, "workers": cl.size(), "servers": cl.num_servers()}),
@@ -74,7 +74,8 @@ def worker(nbytes: int, rounds: int) -> None:
     cl.shutdown()
 
 
-def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rounds: int) -> dict:
+def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rounds: int,
+            allreduces: tuple[str, ...]) -> dict:
     from commlib.testing.cluster import Cluster
 
     hosts = workers + servers if layout == "own" else workers
@@ -82,7 +83,8 @@ def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rou
         [i % workers for i in range(servers)]
     env = dict(os.environ, PYTHONPATH=str(REPO))
     programs = [(list(range(workers)), [sys.executable, str(Path(__file__).resolve()), "--worker",
-                                        "--bytes", str(nbytes), "--rounds", str(rounds)]),
+                                        "--bytes", str(nbytes), "--rounds", str(rounds),
+                                        "--allreduces", ",".join(allreduces)]),
                 (server_hosts, [sys.executable, "-m", "commlib.server"])]
     with Cluster([1] * hosts, rate=rate) as cluster:
         command = cluster.mpmd_args(programs)
@@ -123,6 +125,7 @@ def main() -> int:
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layouts", default="own,beside")
+    parser.add_argument("--allreduces", default=",".join(ALLREDUCES), help="allreduce algorithms to compare")
     parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
     args = parser.parse_args()
     from commlib.config import parse_size
@@ -130,17 +133,20 @@ def main() -> int:
 
     nbytes = parse_size(args.bytes)
     if args.worker:
-        worker(nbytes, args.rounds)
+        worker(nbytes, args.rounds, tuple(args.allreduces.split(",")))
         return 0
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}",
+    partition = os.environ.get("COMMLIB_SERVER_PARTITION", "default")
+    lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}, "
+             f"COMMLIB_SERVER_PARTITION={partition}",
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
              f"{os.cpu_count()} cores (shared with other work while measured)",
              f"# {' '.join(sys.argv)}"]
     report = {}
     for layout in args.layouts.split(","):
-        result = run_job(layout, args.workers, args.servers, args.rate, nbytes, args.rounds)
+        result = run_job(layout, args.workers, args.servers, args.rate, nbytes, args.rounds,
+                         tuple(args.allreduces.split(",")))
         text, report[layout] = summarize(f"servers {'on hosts of their own' if layout == 'own' else 'on the worker hosts'}",
                                          result, nbytes, parse_rate(args.rate))
         lines += [""] + text + [f"command: {result['command']}"]
