@@ -280,7 +280,8 @@ class ServerClient:
         if not self.timeout_s:
             return
         with self._lock:
-            for part in self._parts:
+            # queued partitions too: behind a server that stopped taking pushes, they never leave
+            for part in self._parts + [q for queue in self._queued for q in queue]:
                 if part.job.failed:
                     continue
                 waited = now - max(part.since, self._heard[part.server])
@@ -340,14 +341,14 @@ class ServerClient:
         """Wait for what is in flight (bounded by the timeout), stop the thread, and tell every server
         this worker's runtime is shutting down."""
         deadline = time.monotonic() + (self.timeout_s or 10.0)
-        while self._parts and time.monotonic() < deadline and self._thread is not None \
+        while (self._parts or any(self._queued)) and time.monotonic() < deadline and self._thread is not None \
                 and self._thread.is_alive():
             time.sleep(1e-3)
         self._stop = True
         if self._thread is not None:
             self._thread.join()
         with self._lock:
-            for part in list(self._parts):
+            for part in self._parts + [q for queue in self._queued for q in queue]:
                 if not part.job.failed:
                     self._fail(part.job, ServerError(f"push_pull {part.job.key!r}: commlib shut down"))
         if MPI.Is_finalized():

@@ -9,7 +9,7 @@ process set count workers only. Servers are ranks of no set.
 
 The result is kept for the life of the process: a later ``init()`` (after ``shutdown()``) duplicates the
 workers' communicator again instead of involving the servers in a collective, so a server needs no
-start-up exchange per session.
+start-up exchange after each `init()`.
 """
 
 from __future__ import annotations

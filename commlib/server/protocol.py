@@ -14,7 +14,7 @@ every contributor has pushed that key's round; it answers every contributor with
 round cannot be reduced (the contributors declared it differently), it answers on ``TAG_ERROR`` with a
 pickled ``(slot, message)`` instead, and the worker cancels its receive.
 
-``TAG_BYE`` (worker -> server, ``None``): the worker's runtime shut down; a server ends its session once
+``TAG_BYE`` (worker -> server, ``None``): the worker's runtime shut down; a server drops the rounds still open once
 every worker has said it. ``TAG_EXIT`` (worker -> server, ``None``): the worker's
 process is exiting; a server exits once every worker has sent it.
 """

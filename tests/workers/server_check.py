@@ -165,7 +165,7 @@ if "lonely" in cases and size >= 2:
 
 cl.shutdown()
 if "reinit" in cases:
-    # init() after shutdown(): the servers serve the new session without a start-up exchange
+    # init() after shutdown(): the servers serve the new runtime without a start-up exchange
     cl.init()
     assert np.all(cl.push_pull(np.ones(5, np.int64), op=cl.Sum, name="again") == size)
     cl.shutdown()
