@@ -63,8 +63,10 @@ class Push:
 #: A tensor that spans several partitions gets at least this many per server (while partitions stay at
 #: least ``MIN_PARTITION_BYTES``): a server answers a partition once every worker has pushed it, so the
 #: answers overlap the pushes only from the second partition on; with k partitions per server the last
-#: answer ends about 1/k of the tensor's time after the last push.
-DEPTH = 8
+#: answer ends about 1/k of the tensor's time after the last push. On 4 + 4 emulated hosts at 1 Gbit/s,
+#: 64 MiB in 1 MiB partitions (16 per server) took 0.80 s, in 2 MiB (8 per server) 0.82-0.87 s, in
+#: 256 KiB 0.93 s (one run each, machine shared; scripts/bench_servers.py).
+DEPTH = 16
 MIN_PARTITION_BYTES = 256 << 10
 
 
