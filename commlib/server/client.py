@@ -27,7 +27,7 @@ from mpi4py import MPI
 from .. import kernels
 from ..coordinator.backoff import Backoff, yield_core
 from ..coordinator.requests import Handle
-from ..dtypes import BY_NUMPY, HALF, dtype_name
+from ..dtypes import BY_NUMPY, dtype_name
 from ..errors import CollectiveError, CommlibError, InFlightError
 from ..ops import ReduceOp
 from . import protocol
