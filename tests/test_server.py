@@ -55,3 +55,21 @@ def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, s
                PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'workers'}")
     out = run_mpmd(workers, servers, "torch_server.py", env=env, timeout=240)
     assert out.count("torch_server OK") == workers, out[-3000:]
+
+
+def test_push_pull_across_emulated_hosts(make_cluster):
+    """Workers on two emulated hosts, a server on a third and one beside worker 0: partitions cross real
+    (unshaped) links between network namespaces."""
+    import sys
+
+    from mpirun import job_env, worker_path
+
+    cluster = make_cluster([1, 1, 1])
+    programs = [([0, 1], [sys.executable, str(worker_path("server_check.py")), "values,orders,wire,ps"]),
+                ([2, 0], [sys.executable, "-m", "commlib.server"])]
+    try:
+        out = cluster.mpiexec_mpmd(programs, timeout=300, env=job_env(SMALL)).stdout
+    finally:
+        cluster.down()
+    for case in ("values", "orders", "wire", "ps"):
+        assert out.count(f"{case} ok on worker") == 2, out[-3000:]
