@@ -30,3 +30,4 @@ from .optimizer import DistributedOptimizer
 from .push_pull import declare, push_pull, push_pull_async, push_pull_async_inplace, push_pull_inplace
 from .sync_batch_norm import SyncBatchNorm
 from .tensors import DeviceNotSupportedError
+from . import elastic  # noqa: E402 (hvd.elastic.run, TorchState, ElasticSampler)
