@@ -36,7 +36,8 @@ from .discovery import Job
 log = logging.getLogger("commlib")
 
 
-#: Partitions a worker sends to one server at a time (see ``ServerClient._launch``).
+#: Partitions a worker sends to one server at a time (see ``ServerClient._launch``). 4 measured no
+#: better than 2 (64 MiB on 4 + 4 emulated hosts at 250 Mbit/s: 1.45x against 1.40x the S/B bound).
 WINDOW = 2
 
 
