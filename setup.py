@@ -43,5 +43,6 @@ setup(
         "bench": ["matplotlib"],
         "test": ["pytest", "hypothesis"],
     },
-    entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main"]},
+    entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main",
+                                     "commlib-server=commlib.server.__main__:main"]},
 )

@@ -628,3 +628,76 @@ def allgather_object(obj: Any, name: str | None = None, process_set=None) -> lis
     data = allgather(payload, name=f"{name}.data", process_set=process_set)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
     return [pickle.loads(data[bounds[i]:bounds[i + 1]].tobytes()) for i in range(len(lengths))]
+
+
+# ---- summation servers (docs/servers.md) --------------------------------------------------------------
+
+def num_servers() -> int:
+    """How many summation servers this job has (0: none; ``push_pull`` and ``algorithm="ps"`` need one)."""
+    servers = _rt().servers
+    return servers.num_servers if servers is not None else 0
+
+
+def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor,
+                      compression) -> Handle:
+    runtime = _rt()
+    if runtime.servers is None:
+        from .algorithms.ps import NO_SERVERS
+
+        raise CommlibError(NO_SERVERS.replace("algorithm 'ps'", "push_pull"))
+    from .engine import _scale_factors
+
+    name = name or runtime.sets.world.auto_name("push_pull")
+    op = as_op(op)
+    if inplace:
+        output = _in_place(tensor, name, "push_pull")
+    else:
+        output = np.array(np.asarray(tensor), copy=True, order="C")
+    codec = None if compression is Compression.none or compression is None else compression
+    if codec is not None and not isinstance(codec, WireCodec):
+        raise CommlibError(f"{name}: push_pull takes Compression.none, .fp16 or .bf16, not {codec!r}")
+    validation.check_contiguous(output, name)
+    validation.check_reducible(output, op, name)
+    validation.check_options(output.dtype, codec, prescale_factor, postscale_factor, name)
+    pre, post = _scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
+    return runtime.servers.push_pull_async(output.reshape(-1), name, op.kernel_op, codec, pre, post,
+                                           result=output)
+
+
+def push_pull_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none) -> Handle:
+    """Start reducing ``tensor`` over every worker through the summation servers, into a new array;
+    ``synchronize`` returns it. No negotiation: each worker pushes as soon as it calls, the servers sum
+    each partition when every worker has pushed it, so the workers may submit tensors in any order, but
+    every worker must push each ``name`` alike (shape, dtype, op). ``op``: Sum or Average (default;
+    Min, Max and Product also work). ``compression``: Compression.fp16/.bf16 sends float32 in half
+    precision; the servers accumulate in float32. Every worker receives the same bits."""
+    return _push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor, compression)
+
+
+def push_pull_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0,
+                     compression: WireCodec | None = Compression.none) -> Handle:
+    """In-place version of :func:`push_pull_async`."""
+    return _push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor, compression)
+
+
+def push_pull(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none) -> np.ndarray:
+    """Reduce ``tensor`` over every worker through the summation servers; returns a new array.
+
+    Example (``mpiexec -n 2 python this.py : -n 1 python -m commlib.server``)::
+
+        import commlib as cl, numpy as np
+        cl.init()
+        total = cl.push_pull(np.full(4, cl.rank(), np.float32), op=cl.Sum, name="x")   # [1, 1, 1, 1]
+    """
+    return synchronize(_push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor,
+                                         compression))
+
+
+def push_pull_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none) -> np.ndarray:
+    """In-place version of :func:`push_pull`."""
+    return synchronize(_push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor,
+                                         compression))

@@ -63,6 +63,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _positive_int_size(text: str) -> int:
+    value = parse_size(text)
+    if value < 1:
+        raise ValueError(f"{text!r} must be at least 1 byte")
+    return value
+
+
 def _switch(text: str) -> bool:
     value = str(text).strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -131,6 +138,8 @@ class Config:
     timeline_mark_cycles: bool = False
     tuning_file: str | None = None
     auto_learn: bool = True
+    server_partition_bytes: int = 4096000
+    server_timeout_s: float = 30.0
     elastic_dir: str | None = None
 
     @classmethod
@@ -178,7 +187,7 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm", "auto_learn")
+              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -274,6 +283,13 @@ FIELDS: dict[str, _Field] = {
                          "1: auto measures the algorithms the cost model is unsure between on the first "
                          "calls of each size class (agreed between ranks) and keeps the fastest; 0: auto is "
                          "the cost model's choice alone (default 1)"),
+    "server_partition_bytes": _Field("COMMLIB_SERVER_PARTITION", _positive_int_size,
+                                     "push_pull through summation servers: a tensor travels in partitions "
+                                     "of at most this many bytes, spread over the servers (K/M/G suffix; "
+                                     "default 4096000, BytePS's)"),
+    "server_timeout_s": _Field("COMMLIB_SERVER_TIMEOUT", _non_negative_float,
+                               "seconds a worker waits for a summation server that has stopped answering "
+                               "before failing the tensor, naming the server; 0 waits forever (default 30)"),
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),

@@ -20,6 +20,8 @@ from .coordinator.execution import Lane
 from .engine import Engine
 from .errors import ConfigError, ProcessSetError
 from .process_sets import ProcessSetTable
+from .server import discovery
+from .server.client import ServerClient, ServerLane
 from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
@@ -37,7 +39,9 @@ class Runtime:
             own = None
         except Exception as exc:  # the other ranks still come to the agreement below, and learn why
             own = exc
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
+        # workers only: summation servers launched in the same job (commlib.server) are split off here
+        self.job = discovery.job(comm if comm is not None else MPI.COMM_WORLD, discovery.WORKER)
+        self.comm = self.job.own.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
         reports = self.comm.allgather(("error", str(own)) if own else ("ok", self.config.agreed_values()))
@@ -59,6 +63,13 @@ class Runtime:
         if self.config.timeline:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank,
                                      self.config.timeline_mark_cycles)
+        self.servers = None
+        if self.job.servers:
+            if not self.thread_multiple:
+                self.comm.Free()
+                raise ConfigError("summation servers need MPI_THREAD_MULTIPLE (push_pull progresses in its own "
+                                  "thread); do not lower mpi4py.rc.thread_level")
+            self.servers = ServerClient(self.job, self.config.server_partition_bytes, self.config.server_timeout_s)
         self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,
@@ -86,6 +97,9 @@ class Runtime:
         topology = Topology.from_node_ids(set_rank, [self.topology.node_of_rank[r] for r in ranks])
         lanes = [Lane(i, Engine(MPITransport.duplicate(comm, self.kernel_ops, self.deadline), topology,
                                 self.config), self.timeline) for i in range(self.config.num_streams)]
+        if self.servers is not None:
+            for lane in lanes:
+                lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks))
         coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,
                                   world_ranks=ranks, label=label)
         return comm, topology, coordinator
@@ -134,6 +148,8 @@ class Runtime:
         try:
             self.sets.close(leaving=leaving)
         finally:
+            if self.servers is not None:
+                self.servers.close()
             if self.timeline is not None:
                 self.timeline.close()
             if self.lost is None and not MPI.Is_finalized():  # after a loss, nothing collective

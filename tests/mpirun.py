@@ -100,7 +100,7 @@ def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
-            env: dict[str, str] | None = None, expect_fail: bool = False) -> str:
+            env: dict[str, str] | None = None, expect_fail: bool = False, extra: list[str] = ()) -> str:
     """Run ``python script args`` on ``nprocs`` ranks; return combined stdout+stderr.
 
     ``script`` is a path, or a file name under ``tests/workers/``. On timeout the whole process group is
@@ -109,7 +109,7 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     """
     path = worker_path(script)
     full_env = job_env(env)
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args)]
+    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args), *extra]
     shm_before = _mpich_shm_files()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
                             start_new_session=True, text=True)
@@ -128,6 +128,14 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     elif proc.returncode != 0:
         raise MPIJobFailed(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}")
     return out
+
+
+def run_mpmd(workers: int, servers: int, script: str | Path, *args: str, timeout: float = 120.0,
+             env: dict[str, str] | None = None, expect_fail: bool = False) -> str:
+    """:func:`run_mpi` for an MPMD job: ``python script args`` on ``workers`` ranks, then ``servers``
+    summation servers (``python -m commlib.server``) as further ranks of the same job."""
+    return run_mpi(workers, script, *args, timeout=timeout, env=env, expect_fail=expect_fail,
+                   extra=[":", "-n", str(servers), sys.executable, "-m", "commlib.server"])
 
 
 def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120.0,

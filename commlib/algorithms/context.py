@@ -54,6 +54,9 @@ class AlgorithmContext:
         self.cost_model: CostModel = cost_model if cost_model is not None else DEFAULTS
         #: pipeline segment of the segmented schedules, bytes of data; ``auto`` sets it per call
         self.segment_bytes: int = config.ring_segment_bytes
+        #: this lane's way to the summation servers (``commlib.server.client.ServerLane``), or None: the job
+        #: has none (the ``ps`` algorithm needs it; the runtime sets it)
+        self.servers = None
         self._intra: Transport | None = None
         self._shard_groups: list[Transport | None] | None = None
         self._torus: TorusGrid | None = None

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..ops import ReduceOp
-from . import (cma, cost, hierarchical, native, pipelined, rabenseifner, recursive_doubling, ring, ring_many,
+from . import (cma, cost, hierarchical, native, pipelined, ps, rabenseifner, recursive_doubling, ring, ring_many,
                torus2d)
 from .scaling import with_scaling_passes
 
@@ -96,6 +96,9 @@ SPECS: tuple[AlgorithmSpec, ...] = (
                   "X-by-Y grid: rings along rows, then columns, then rows", segmented=True),
     AlgorithmSpec("cma", _cma_one, _cma_many, True, cma.requires_reason, cost.cma,
                   "one node: each rank reduces its share straight from its peers' memory"),
+    AlgorithmSpec("ps", ps.allreduce, None, True, ps.requires, ps.cost,
+                  "through summation servers (push_pull): each rank sends and receives its buffer once; needs "
+                  "servers in the job (docs/servers.md)"),
 )
 
 BY_NAME: dict[str, AlgorithmSpec] = {spec.name: spec for spec in SPECS}

@@ -28,7 +28,7 @@ YIELD_S = 2e-3
 #: The first sleep; later ones grow with the idle time, up to the cycle time.
 MIN_SLEEP_S = 20e-6
 
-_yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))  # where the OS has no sched_yield
+yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))  # where the OS has no sched_yield
 
 
 class Backoff:
@@ -41,6 +41,6 @@ class Backoff:
 
     def pause(self, idle_s: float) -> None:
         if idle_s < self.yield_s:
-            _yield_core()
+            yield_core()
             return
         time.sleep(min(self.max_sleep_s, max(MIN_SLEEP_S, (idle_s - self.yield_s) / 8)))

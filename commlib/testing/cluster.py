@@ -339,12 +339,48 @@ class Cluster:
     def mpiexec_args(self, nprocs: int | None = None, mpiexec: str | None = None) -> list[str]:
         """The hydra command line that starts ``nprocs`` (default: all) ranks on the cluster's hosts,
         filled host by host; append the program and its arguments."""
+        args = self._global_args(mpiexec) + [
+            "-hosts", ",".join(f"{h}:{k}" for h, k in zip(self.hosts, self.ranks_per_host))]
+        return args + ["-n", str(self.size if nprocs is None else nprocs)]
+
+    def _global_args(self, mpiexec: str | None = None) -> list[str]:
         args = [mpiexec or find_mpiexec(), "-launcher", "ssh", "-launcher-exec", str(self.shim),
-                "-localhost", self.bridge_address,
-                "-hosts", ",".join(f"{h}:{k}" for h, k in zip(self.hosts, self.ranks_per_host))]
+                "-localhost", self.bridge_address]
         for key, value in MPI_ENV.items():
             args += ["-genv", key, value]
-        return args + ["-n", str(self.size if nprocs is None else nprocs)]
+        return args
+
+    def mpmd_args(self, programs: Sequence[tuple[Sequence[int], Sequence[str]]],
+                  mpiexec: str | None = None) -> list[str]:
+        """The hydra command line of an MPMD job: ``programs`` is a list of ``(hosts, command)``, one rank
+        of ``command`` on each host index listed in ``hosts`` (repeat an index for several ranks there),
+        ranks numbered in that order, program after program. Servers on hosts of their own, for instance:
+        ``[([0, 1], train), ([2, 3], server)]``; beside the workers: ``[([0, 1], train), ([0, 1], server)]``."""
+        # hydra takes one host list for the whole job and gives each entry's slots to the next ranks in
+        # order: the list spells out every rank's host, runs of one host merged (h0:2)
+        order = [h for hosts, _ in programs for h in hosts]
+        for h in order:
+            if not 0 <= h < len(self.hosts):
+                raise ValueError(f"host index {h} is not a host of this cluster (0..{len(self.hosts) - 1})")
+        runs: list[list] = []
+        for h in order:
+            if runs and runs[-1][0] == h:
+                runs[-1][1] += 1
+            else:
+                runs.append([h, 1])
+        args = self._global_args(mpiexec) + ["-hosts", ",".join(f"{self.hosts[h]}:{k}" for h, k in runs)]
+        for i, (hosts, command) in enumerate(programs):
+            if i:
+                args.append(":")
+            args += ["-n", str(len(hosts))] + [str(c) for c in command]
+        return args
+
+    def mpiexec_mpmd(self, programs: Sequence[tuple[Sequence[int], Sequence[str]]], timeout: float = 300.0,
+                     env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """Run an MPMD job (:meth:`mpmd_args`), as :meth:`mpiexec` runs one program."""
+        if not self._up:
+            raise RuntimeError(f"cluster {self.name or '(not created)'} is not up; use `with Cluster(...)`")
+        return self._run(self.mpmd_args(programs), timeout, env, check)
 
     def mpiexec(self, command: Sequence[str], timeout: float = 300.0, env: dict[str, str] | None = None,
                 nprocs: int | None = None, check: bool = True,
@@ -355,7 +391,10 @@ class Cluster:
         library's own MPI build)."""
         if not self._up:
             raise RuntimeError(f"cluster {self.name or '(not created)'} is not up; use `with Cluster(...)`")
-        cmd = self.mpiexec_args(nprocs, mpiexec) + [str(c) for c in command]
+        return self._run(self.mpiexec_args(nprocs, mpiexec) + [str(c) for c in command], timeout, env, check)
+
+    def _run(self, cmd: list[str], timeout: float, env: dict[str, str] | None,
+             check: bool) -> subprocess.CompletedProcess:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env=env, start_new_session=True)
         try:

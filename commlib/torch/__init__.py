@@ -1,5 +1,8 @@
 """commlib's horovod.torch-compatible plug-in: ``import commlib.torch as hvd``.
 
+BytePS's names (``push_pull``, ``push_pull_async_inplace``, ...) reach the summation servers
+(:mod:`.push_pull`, docs/servers.md), so a ``byteps.torch`` script runs after changing its import.
+
 Collectives on CPU torch tensors (no copies: tensors share memory with the arrays commlib communicates),
 their autograd, ``DistributedOptimizer``, and the broadcast helpers. See docs/torch.md.
 """
@@ -24,6 +27,7 @@ from .collectives import (
 )
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
+from .push_pull import declare, push_pull, push_pull_async, push_pull_async_inplace, push_pull_inplace
 from .sync_batch_norm import SyncBatchNorm
 from .tensors import DeviceNotSupportedError
 from . import elastic  # noqa: E402 (hvd.elastic.run, TorchState, ElasticSampler)

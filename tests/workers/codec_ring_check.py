@@ -99,8 +99,8 @@ def main() -> None:
     # into the ring's last reduce-scatter step without a codec) is bit for bit that of separate passes
     # around run_allreduce
     for name in ALGORITHMS:
-        if name == "native" or (name == "cma" and engine.context.peer_memory is None):
-            continue  # cma: only where the kernel allows it (algo_check checks the probe's verdict)
+        if name in ("native", "ps") or (name == "cma" and engine.context.peer_memory is None):
+            continue  # cma: only where the kernel allows it (algo_check checks the probe's verdict); ps: servers
         for codec in (None, Compression.fp16, Compression.bf16):
             for n in (7, 257 * p - (p - 1), 5000, 20011) + ((600011,) if codec is None else ()):
                 x = (np.random.default_rng([rank, n, 7]).standard_normal(n) * 100).astype(F32)

@@ -1,0 +1,13 @@
+"""Summation servers (BytePS's architecture): extra ranks of the job that only sum.
+
+Each worker pushes every partition of a tensor once to the server that owns it and receives the sum
+once: S bytes out and S in per worker, against the ring allreduce's 2(n-1)/n S. That pays when the
+servers bring links of their own (extra hosts); on the workers' hosts it costs what an allreduce does.
+
+- :mod:`.protocol`: messages, tags and the rule that places a partition on a server (no MPI);
+- :mod:`.discovery`: who is a worker and who a server, found at the first ``init()``;
+- :mod:`.loop`: the server (``python -m commlib.server``, ``commlib-server``);
+- :mod:`.client`: the worker side: partitions pushed and answers received in a background thread.
+
+Importing this package does not import MPI. See docs/servers.md.
+"""

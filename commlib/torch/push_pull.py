@@ -1,0 +1,62 @@
+"""BytePS's torch names over commlib's summation servers: ``import commlib.torch as bps``.
+
+``push_pull``, ``push_pull_async``, ``push_pull_async_inplace``, ``push_pull_inplace`` and ``declare`` as
+``byteps.torch`` spells them; ``poll``, ``synchronize``, ``DistributedOptimizer``, ``broadcast_parameters``,
+``broadcast_optimizer_state``, ``init``, ``size``, ``rank``, ``local_rank`` are commlib.torch's own (the
+same signatures). The tensors go through the servers with no negotiation (docs/servers.md); the
+DistributedOptimizer's gradients go through them with ``algorithm="ps"`` (``COMMLIB_ALGORITHM=ps``).
+
+BytePS's ``version`` and ``priority`` arguments are accepted and have no effect: commlib sends partitions
+in submission order (priority scheduling is not implemented).
+"""
+
+from __future__ import annotations
+
+import commlib as _cl
+
+from .collectives import Compression, Handle, _same
+from .tensors import as_array, as_tensor
+
+__all__ = ["declare", "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace"]
+
+
+def _op(average: bool):
+    return _cl.Average if average else _cl.Sum
+
+
+def _async(tensor, inplace: bool, average: bool, name, compression) -> Handle:
+    array = as_array(tensor.contiguous() if not inplace else tensor, name, "push_pull")
+    kwargs = dict(op=_op(average), name=name, compression=compression)
+    if inplace:
+        return Handle(_cl.push_pull_async_(array, **kwargs), _same(tensor), tensor)
+    return Handle(_cl.push_pull_async(array, **kwargs), as_tensor, tensor)
+
+
+def push_pull_async(tensor, average: bool = True, name: str | None = None, version: int = 0, priority: int = 0,
+                    compression=Compression.none) -> Handle:
+    """Start summing (``average``: averaging) ``tensor`` over the workers through the servers into a new
+    tensor; ``synchronize`` returns it. Every worker must push each ``name`` with the same shape and dtype."""
+    return _async(tensor, False, average, name, compression)
+
+
+def push_pull_async_inplace(tensor, average: bool = True, name: str | None = None, version: int = 0,
+                            priority: int = 0, compression=Compression.none) -> Handle:
+    """In-place :func:`push_pull_async`: ``synchronize`` returns ``tensor``, now holding the result."""
+    return _async(tensor, True, average, name, compression)
+
+
+def push_pull(tensor, average: bool = True, name: str | None = None, version: int = 0, priority: int = 0,
+              compression=Compression.none):
+    """Sum (``average``: average) ``tensor`` over the workers through the servers; returns a new tensor."""
+    return push_pull_async(tensor, average, name, version, priority, compression).wait()
+
+
+def push_pull_inplace(tensor, average: bool = True, name: str | None = None, version: int = 0,
+                      priority: int = 0, compression=Compression.none):
+    """In-place :func:`push_pull`; returns ``tensor``."""
+    return push_pull_async_inplace(tensor, average, name, version, priority, compression).wait()
+
+
+def declare(name: str) -> None:
+    """BytePS declares each key before its first push; commlib's keys need no declaration (a partition's
+    server follows from its name), so this does nothing."""

@@ -1,0 +1,162 @@
+"""push_pull through summation servers against commlib's allreduces, on the emulated cluster.
+
+    flock /tmp/commlib-timing.lock .venv/bin/python scripts/bench_servers.py [--rate 1gbit] [--bytes 64M]
+        [--workers 4] [--servers 4] [--rounds 3] [--out docs/results/servers_4x4_1gbit]
+
+Two MPMD jobs, each on a fresh emulated cluster (commlib.testing.cluster) with every host's link at
+``--rate``, one worker rank per host:
+
+1. ``own``: the servers on hosts of their own (``workers + servers`` hosts);
+2. ``beside``: each server on a worker's host (``workers`` hosts).
+
+In each job the workers time, in rounds that rotate which method goes first: ``push_pull`` (float32,
+``--bytes``) and the allreduces ``ring``, ``rabenseifner``, ``hierarchical_pipelined``, ``native`` and
+``auto`` on the same workers (a barrier before each call; a call's time is the slowest worker's). Reports
+the median per method, the best allreduce, and the link bounds: push_pull S/B (each worker link carries
+S each way), allreduce 2(n-1)/n S/B. Writes ``OUT.txt`` and ``OUT.json``.
+
+Inside a job this script runs with ``--worker`` (it is the workers' program).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ALLREDUCES = ("ring", "rabenseifner", "hierarchical_pipelined", "native", "auto")
+
+
+def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
+    import numpy as np
+
+    import commlib as cl
+
+    cl.init()
+    n = nbytes // 4
+    data = np.random.default_rng(cl.rank()).standard_normal(n).astype(np.float32)
+    buf = data.copy()
+    methods = ["push_pull"] + list(allreduces)
+
+    def call(method: str) -> None:
+        if method == "push_pull":
+            cl.push_pull_(buf, op=cl.Sum, name="bench")
+        else:
+            cl.allreduce_(buf, op=cl.Sum, name=f"bench.{method}", algorithm=method)
+
+    for method in methods:  # warm-up: buffers, connections, the cost model's choices
+        call(method)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for r in range(rounds):
+        for method in methods[r % len(methods):] + methods[:r % len(methods)]:
+            buf[...] = data
+            cl.barrier()
+            start = time.perf_counter()
+            call(method)
+            elapsed = time.perf_counter() - start
+            slowest = cl.allreduce(np.array([elapsed]), op=cl.Max, name="bench.time")[0]
+            times[method].append(float(slowest))
+    # check: push_pull's sum equals the ring's on every worker (same data)
+    buf[...] = data
+    cl.push_pull_(buf, op=cl.Sum, name="bench")
+    ref = cl.allreduce(data, op=cl.Sum, name="bench.ref")
+    assert np.allclose(buf, ref, rtol=1e-4, atol=1e-4)
+    if cl.rank() == 0:
+        print("RESULT " + json.dumps({"times": times, "workers": cl.size(), "servers": cl.num_servers()}),
+              flush=True)
+    cl.shutdown()
+
+
+def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rounds: int,
+            allreduces: tuple[str, ...]) -> dict:
+    from commlib.testing.cluster import Cluster
+
+    hosts = workers + servers if layout == "own" else workers
+    server_hosts = list(range(workers, workers + servers)) if layout == "own" else \
+        [i % workers for i in range(servers)]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    programs = [(list(range(workers)), [sys.executable, str(Path(__file__).resolve()), "--worker",
+                                        "--bytes", str(nbytes), "--rounds", str(rounds),
+                                        "--allreduces", ",".join(allreduces)]),
+                (server_hosts, [sys.executable, "-m", "commlib.server"])]
+    with Cluster([1] * hosts, rate=rate) as cluster:
+        command = cluster.mpmd_args(programs)
+        done = cluster.mpiexec_mpmd(programs, timeout=900, env=env)
+    line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT "):])
+    result["command"] = " ".join(command)
+    return result
+
+
+def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[list[str], dict]:
+    n = result["workers"]
+    link = rate_bps / 8
+    ps_bound = nbytes / link
+    ar_bound = 2 * (n - 1) / n * nbytes / link
+    med = {m: statistics.median(t) for m, t in result["times"].items()}
+    best = min((m for m in med if m != "push_pull"), key=med.get)
+    lines = [f"## {name}: {n} workers, {result['servers']} servers",
+             f"{'method':24s} {'median s':>9s} {'min s':>8s} {'/ own bound':>12s}  all (s)"]
+    for m, t in result["times"].items():
+        bound = ps_bound if m == "push_pull" else ar_bound
+        lines.append(f"{m:24s} {med[m]:9.3f} {min(t):8.3f} {med[m] / bound:12.2f}  "
+                     + " ".join(f"{x:.3f}" for x in t))
+    lines += [f"bounds: push_pull S/B = {ps_bound:.3f} s, allreduce 2(n-1)/n S/B = {ar_bound:.3f} s",
+              f"best allreduce: {best} {med[best]:.3f} s; push_pull {med['push_pull']:.3f} s = "
+              f"{med['push_pull'] / ps_bound:.2f}x its bound, {med[best] / med['push_pull']:.2f}x faster than "
+              f"{best}"]
+    return lines, {"median_s": med, "best_allreduce": best, "push_pull_bound_s": ps_bound,
+                   "allreduce_bound_s": ar_bound, **result}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--bytes", default="64M")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layouts", default="own,beside")
+    parser.add_argument("--allreduces", default=",".join(ALLREDUCES), help="allreduce algorithms to compare")
+    parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
+    args = parser.parse_args()
+    from commlib.config import parse_size
+    from commlib.testing.cluster import parse_rate
+
+    nbytes = parse_size(args.bytes)
+    if args.worker:
+        worker(nbytes, args.rounds, tuple(args.allreduces.split(",")))
+        return 0
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    partition = os.environ.get("COMMLIB_SERVER_PARTITION", "default")
+    lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}, "
+             f"COMMLIB_SERVER_PARTITION={partition}",
+             f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
+             f"{os.cpu_count()} cores (shared with other work while measured)",
+             f"# {' '.join(sys.argv)}"]
+    report = {}
+    for layout in args.layouts.split(","):
+        result = run_job(layout, args.workers, args.servers, args.rate, nbytes, args.rounds,
+                         tuple(args.allreduces.split(",")))
+        text, report[layout] = summarize(f"servers {'on hosts of their own' if layout == 'own' else 'on the worker hosts'}",
+                                         result, nbytes, parse_rate(args.rate))
+        lines += [""] + text + [f"command: {result['command']}"]
+        print("\n".join(text), flush=True)
+    if args.out:
+        Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
+        Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}.txt and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

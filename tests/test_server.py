@@ -1,0 +1,75 @@
+"""Summation servers and push_pull (docs/servers.md): real MPMD jobs, workers then servers.
+
+A small partition (4 KiB) makes modest tensors span several partitions and servers."""
+
+import time
+
+import pytest
+
+from mpirun import run_mpi, run_mpmd
+
+SMALL = {"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "3"}
+EVERYTHING = "values,orders,wire,ps,sets,mismatch,lonely,reinit"
+
+
+@pytest.mark.parametrize("workers, servers, cases", [
+    (1, 1, "values,orders,wire,ps"),
+    (2, 2, EVERYTHING),
+    (3, 3, "values,orders,ps,sets,mismatch"),
+    (4, 2, "orders,wire,ps,sets,mismatch,reinit"),
+])
+def test_push_pull(workers, servers, cases):
+    out = run_mpmd(workers, servers, "server_check.py", cases, env=SMALL, timeout=240)
+    for case in cases.split(","):
+        if case in ("sets",) and workers < 3 or case in ("mismatch", "lonely") and workers < 2:
+            continue
+        assert out.count(f"{case} ok on worker") == workers, out[-3000:]
+    assert out.count("done") == workers
+
+
+def test_no_servers_is_a_clear_error():
+    out = run_mpi(2, "server_failure.py", "none", env=SMALL)
+    assert out.count("none ok on rank") == 2, out
+
+
+def test_a_stopped_server_fails_every_worker_naming_it():
+    out = run_mpmd(3, 2, "server_failure.py", "stopped", env=SMALL, expect_fail=True, timeout=90)
+    assert out.count("failed after") == 3, out[-3000:]
+    assert "COMMLIB_SERVER_TIMEOUT=3" in out and "(rank " in out, out[-3000:]
+
+
+def test_a_killed_server_ends_the_job_within_seconds():
+    start = time.monotonic()
+    out = run_mpmd(2, 2, "server_failure.py", "killed", env=SMALL, expect_fail=True, timeout=90)
+    assert time.monotonic() - start < 60
+    # mpiexec's clean-up ends every process of the job (MPICH's hydra reports the signal)
+    assert "signal 9" in out.lower() or "failed after" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("workers, servers", [(2, 2)])
+def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, servers):
+    pytest.importorskip("torch")
+    from mpirun import REPO
+
+    env = dict(SMALL, COMMLIB_ALGORITHM="ps", PYTHONWARNINGS="ignore::DeprecationWarning",
+               PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'workers'}")
+    out = run_mpmd(workers, servers, "torch_server.py", env=env, timeout=240)
+    assert out.count("torch_server OK") == workers, out[-3000:]
+
+
+def test_push_pull_across_emulated_hosts(make_cluster):
+    """Workers on two emulated hosts, a server on a third and one beside worker 0: partitions cross real
+    (unshaped) links between network namespaces."""
+    import sys
+
+    from mpirun import job_env, worker_path
+
+    cluster = make_cluster([1, 1, 1])
+    programs = [([0, 1], [sys.executable, str(worker_path("server_check.py")), "values,orders,wire,ps"]),
+                ([2, 0], [sys.executable, "-m", "commlib.server"])]
+    try:
+        out = cluster.mpiexec_mpmd(programs, timeout=300, env=job_env(SMALL)).stdout
+    finally:
+        cluster.down()
+    for case in ("values", "orders", "wire", "ps"):
+        assert out.count(f"{case} ok on worker") == 2, out[-3000:]

@@ -1,0 +1,173 @@
+"""push_pull through summation servers against numpy, on every worker of an MPMD job.
+
+argv: the cases to run (comma-separated): values, orders, wire, ps, sets, mismatch, lonely.
+Runs with a small COMMLIB_SERVER_PARTITION so that modest sizes span several partitions.
+"""
+
+import sys
+import time
+
+import ml_dtypes
+import numpy as np
+
+import commlib as cl
+from commlib.server.client import ServerError
+
+cases = sys.argv[1].split(",")
+cl.init()
+rank, size = cl.rank(), cl.size()
+assert cl.num_servers() >= 1
+PART = int(__import__("os").environ["COMMLIB_SERVER_PARTITION"])
+
+
+def same_on_every_worker(arr, what):
+    """The bytes of ``arr`` are equal on every worker."""
+    raw = np.frombuffer(np.ascontiguousarray(arr).tobytes(), np.uint8)
+    every = cl.allgather(raw[None, :] if raw.size else np.zeros((1, 0), np.uint8), name=f"bits.{what}")
+    for r in range(size):
+        assert np.array_equal(every[r], every[0]), f"{what}: worker {r}'s bits differ from worker 0's"
+
+
+def data(dtype, n, r, salt=0):
+    """Small integers (exact in every dtype and any summation order)."""
+    base = (np.arange(n, dtype=np.int64) * 7 + r * 3 + salt) % 11 - (0 if np.dtype(dtype).kind == "u" else 5)
+    return base.astype(dtype)
+
+
+if "values" in cases:
+    dtypes = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16, np.int32, np.int64, np.int8, np.uint8,
+              np.int16]
+    itemsize_max = 8
+    sizes = [0, 1, size - 1 if size > 1 else 2, 1000, 3 * PART // 4 + 5, 5 * PART // 4 + 3]
+    for dtype in dtypes:
+        for n in sizes:
+            for op in (cl.Sum, cl.Average):
+                if op is cl.Average and np.dtype(dtype).kind in "iu":
+                    continue  # integer averages truncate per worker order; checked by the allreduce tests
+                name = f"v.{np.dtype(dtype).name}.{n}.{op.name}"
+                x = data(dtype, n, rank).reshape(-1, 1) if n % 2 == 0 and n else data(dtype, n, rank)
+                expect = sum(data(dtype, n, r).astype(np.float64) for r in range(size)).reshape(x.shape)
+                if op is cl.Average:
+                    expect = expect / size
+                got = cl.push_pull(x, op=op, name=name)
+                assert got.dtype == x.dtype and got.shape == x.shape, (name, got.dtype, got.shape)
+                tol = 1e-2 if np.dtype(dtype) in (np.float16, ml_dtypes.bfloat16) else 1e-6
+                assert np.allclose(got.astype(np.float64), expect, rtol=tol, atol=tol), \
+                    (name, got.reshape(-1)[:5], expect.reshape(-1)[:5])
+                same_on_every_worker(got, name)
+                # in place, random floats: equal bits everywhere, close to numpy's sum
+                if np.dtype(dtype).kind == "f" and n:
+                    y = np.random.default_rng(rank * 100 + n).standard_normal(n).astype(dtype)
+                    ref = y.astype(np.float64)
+                    every = cl.allgather(ref, name=f"ref.{name}")
+                    cl.push_pull_(y, op=op, name=name + ".r")
+                    want = every.reshape(size, n).sum(0) / (size if op is cl.Average else 1)
+                    assert np.allclose(y.astype(np.float64), want, rtol=tol * 4, atol=tol * 4), name
+                    same_on_every_worker(y, name + ".r")
+    # Min / Max also reduce at the servers
+    x = data(np.float32, 2 * PART // 4, rank)
+    got = cl.push_pull(x, op=cl.Max, name="v.max")
+    assert np.array_equal(got, np.max([data(np.float32, x.size, r) for r in range(size)], 0))
+    print(f"values ok on worker {rank}", flush=True)
+
+if "orders" in cases:
+    # many tensors in flight at once, submitted in a different order on every worker, synchronized in yet
+    # another order; the same name pushed again afterwards (next round of each key)
+    rng = np.random.default_rng(rank)
+    shapes = [(i * 97) % (3 * PART // 4 + 11) + 1 for i in range(24)]
+    for rnd in range(2):
+        order = rng.permutation(len(shapes))
+        handles = {}
+        for i in order:
+            handles[i] = cl.push_pull_async(data(np.float32, shapes[i], rank, salt=i + rnd), op=cl.Sum,
+                                            name=f"o.{i}")
+        for i in rng.permutation(len(shapes)):
+            got = cl.synchronize(handles[i])
+            expect = sum(data(np.float32, shapes[i], r, salt=i + rnd) for r in range(size))
+            assert np.array_equal(got, expect), (i, got[:4], expect[:4])
+    print(f"orders ok on worker {rank}", flush=True)
+
+if "wire" in cases:
+    for codec in (cl.Compression.fp16, cl.Compression.bf16):
+        for op in (cl.Sum, cl.Average):
+            n = 3 * PART // 4 + 17
+            x = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+            every = cl.allgather(x.astype(np.float64), name=f"w.ref.{codec.name}.{op.name}").reshape(size, n)
+            want = every.sum(0) / (size if op is cl.Average else 1)
+            got = cl.push_pull(x, op=op, name=f"w.{codec.name}.{op.name}", compression=codec)
+            assert got.dtype == np.float32
+            tol = 2e-2 if codec is cl.Compression.bf16 else 4e-3
+            assert np.allclose(got, want, rtol=tol, atol=tol * size), (codec, op, np.abs(got - want).max())
+            same_on_every_worker(got, f"w.{codec.name}.{op.name}")
+            # every value is a wire value times the scale the worker applied (one rounding at the server)
+    # fp16 Sum beyond fp16's range per worker is still in range after the division by the workers
+    big = np.full(10, 40000.0, np.float32)
+    got = cl.push_pull(big, op=cl.Sum, name="w.range", compression=cl.Compression.fp16)
+    assert np.allclose(got, 40000.0 * size, rtol=1e-3), got
+    print(f"wire ok on worker {rank}", flush=True)
+
+if "ps" in cases:
+    # algorithm="ps" through the coordinator: fusion, grouped calls, scaling, fp16, every rank the same bits
+    xs = [data(np.float32, n, rank, salt=n) for n in (1, 5, 300, PART // 4 * 3 + 2)]
+    got = cl.grouped_allreduce(xs, op=cl.Sum, algorithm="ps", name="g")
+    for x, g in zip(xs, got):
+        assert np.array_equal(g, sum(data(np.float32, x.size, r, salt=x.size) for r in range(size)))
+    y = cl.allreduce(np.full(1000, float(rank + 1), np.float64), op=cl.Average, algorithm="ps",
+                     prescale_factor=2.0, postscale_factor=0.5, name="s")
+    assert np.allclose(y, (size + 1) / 2), y[:3]
+    z = cl.allreduce(np.full(2 * PART, rank + 0.25, np.float32), op=cl.Sum, algorithm="ps", name="z",
+                     compression=cl.Compression.fp16)
+    assert np.allclose(z, size * (size - 1) / 2 + 0.25 * size, rtol=1e-3), z[:3]
+    same_on_every_worker(z, "ps.z")
+    print(f"ps ok on worker {rank}", flush=True)
+
+if "sets" in cases and size >= 3:
+    # a process set of workers 0 and 1: the servers count its two contributors, not every worker
+    pair = cl.add_process_set([0, 1])
+    if rank in (0, 1):
+        got = cl.allreduce(np.full(PART, rank + 1, np.int32), op=cl.Sum, algorithm="ps", process_set=pair,
+                           name="pair")
+        assert np.all(got == 3), got[:3]
+    cl.barrier()
+    cl.remove_process_set(pair)
+    print(f"sets ok on worker {rank}", flush=True)
+
+if "mismatch" in cases and size >= 2:
+    # rank 0 declares the key with another size or dtype: an error on every worker, never a hang
+    for what, x in (("size", np.ones(10 + (rank == 0), np.float32)),
+                    ("dtype", np.ones(10, np.float32 if rank else np.float64))):
+        try:
+            cl.push_pull(x, op=cl.Sum, name=f"m.{what}")
+        except ServerError as exc:
+            assert "declare every key alike" in str(exc) and "worker 0" in str(exc), str(exc)
+            print(f"mismatch {what} refused on worker {rank}: {exc}", flush=True)
+        else:
+            raise AssertionError(f"mismatched {what} accepted")
+    # the library keeps working
+    assert np.all(cl.push_pull(np.ones(7, np.float32), op=cl.Sum, name="m.after") == size)
+    print(f"mismatch ok on worker {rank}", flush=True)
+
+if "lonely" in cases and size >= 2:
+    # a key only worker 0 pushes: worker 0 fails within the timeout, naming the server and the key
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            cl.push_pull(np.ones(3, np.float32), name="only-zero")
+        except ServerError as exc:
+            took = time.monotonic() - start
+            assert "only-zero" in str(exc) and "server" in str(exc) and "COMMLIB_SERVER_TIMEOUT" in str(exc)
+            assert took < 10, took
+            print(f"lonely refused after {took:.1f} s: {exc}", flush=True)
+        else:
+            raise AssertionError("a key no other worker pushed completed")
+    cl.barrier()
+    print(f"lonely ok on worker {rank}", flush=True)
+
+cl.shutdown()
+if "reinit" in cases:
+    # init() after shutdown(): the servers serve the new runtime without a start-up exchange
+    cl.init()
+    assert np.all(cl.push_pull(np.ones(5, np.int64), op=cl.Sum, name="again") == size)
+    cl.shutdown()
+    print(f"reinit ok on worker {rank}", flush=True)
+print(f"worker {rank} done", flush=True)
