@@ -234,12 +234,15 @@ def check_helpers(r, n):
         cj.remove_process_set(pair)
 
 
+CHECKS = (check_allreduce, check_grouped, check_other_collectives, check_control_flow, check_gradients,
+          check_order_and_errors, check_helpers)
+
+
 def main():
     cj.init()
     r, n = cj.rank(), cj.size()
     assert 0 <= cj.local_rank() < cj.local_size()
-    for check in (check_allreduce, check_grouped, check_other_collectives, check_control_flow, check_gradients,
-                  check_order_and_errors, check_helpers):
+    for check in CHECKS:
         check(r, n)
     cj.shutdown()
     print(f"[rank {r}] jax_collectives OK", flush=True)
