@@ -56,3 +56,9 @@ def test_across_two_emulated_hosts(make_cluster):
     finally:
         cluster.down()
     assert out.count("jax_all OK") == 2, out[-4000:]
+
+
+def test_example_trains_to_its_target_accuracy():
+    out = run_mpi(2, REPO / "examples" / "train_digits_jax.py", timeout=400, env={"PYTHONPATH": str(REPO)})
+    assert "reached target accuracy 0.95" in out, out[-4000:]
+    assert out.count("samples/s") == 8, out[-4000:]
