@@ -38,6 +38,20 @@ WIDTHS = (1024, 4096, 4096, 1024)
 
 # ---- the job on every rank ------------------------------------------------------------------------------
 
+def use_own_address_for_gloo(coordinator: str) -> None:
+    """XLA's gloo binds to the address its host name resolves to, and an emulated host's name resolves to
+    none; JAX offers no setting for it, so give gloo this host's address towards the coordinator."""
+    import socket
+
+    from jax._src.lib import _jax
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((coordinator, 9))
+        address = s.getsockname()[0]
+    make = _jax.make_gloo_tcp_collectives
+    _jax.make_gloo_tcp_collectives = lambda **kwargs: make(hostname=address, **kwargs)
+
+
 def worker(args) -> None:
     import numpy as np
 
@@ -46,6 +60,7 @@ def worker(args) -> None:
     import commlib.jax as cj
     cj.init()
     rank, size = cj.rank(), cj.size()
+    use_own_address_for_gloo(args.coordinator)
     jax.distributed.initialize(coordinator_address=f"{args.coordinator}:{args.port}", num_processes=size,
                                process_id=rank)
     import jax.numpy as jnp
