@@ -10,6 +10,8 @@ Modes, each a jitted SGD training step of a 25.2 M-parameter MLP (1024-4096-4096
 - ``commlib``: ``cj.DistributedOptimizer(optax.sgd)``: the gradient pytree crosses into commlib inside
   the jitted step as one grouped allreduce;
 - ``commlib-fp16``: the same with ``Compression.fp16``;
+- ``numpy-allreduce``: not a step: the gradients' grouped allreduce alone through commlib's numpy API
+  (what the crossing adds is ``commlib`` minus ``local`` minus this);
 - ``gloo-psum``: the step under ``shard_map`` over every process's CPU device, gradients averaged with
   ``lax.pmean`` (XLA's CPU collectives, gloo), as a JAX user would without commlib.
 
@@ -32,7 +34,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("local", "commlib", "commlib-fp16", "gloo-psum")
+MODES = ("local", "commlib", "commlib-fp16", "gloo-psum", "numpy-allreduce")
 WIDTHS = (1024, 4096, 4096, 1024)
 
 
@@ -113,7 +115,17 @@ def worker(args) -> None:
     gy = jax.make_array_from_process_local_data(split, y)
     runners["gloo-psum"] = [gloo, global_params, None, gx, gy]
 
+    import commlib as cl
+    host_grads = [np.ones_like(a) for a in jax.tree_util.tree_leaves(params)]
+
     def run_steps(mode, steps):
+        if mode == "numpy-allreduce":  # the gradients' grouped allreduce alone, through the numpy API
+            times = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                cl.grouped_allreduce(host_grads, name="numpy.grads")
+                times.append(time.perf_counter() - start)
+            return times
         state = runners[mode]
         step, p, s, xx, yy = state
         times = []
@@ -141,7 +153,6 @@ def worker(args) -> None:
 
     # crossing into commlib for a 4 KiB allreduce
     small = np.ones(1024, np.float32)
-    import commlib as cl
     per_call = jax.jit(lambda v: cj.allreduce(v, op=cj.Sum, name="small.jit"))
     in_loop = jax.jit(lambda v: jax.lax.fori_loop(0, 100, lambda i, a: cj.allreduce(a, op=cj.Sum) * 0.5, v))
     jsmall = jnp.asarray(small)
