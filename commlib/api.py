@@ -143,9 +143,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return _rt().sets.remove(process_set)
 
 
-def start_timeline(path: str) -> None:
-    """Start writing a Chrome-trace timeline to ``path`` (one file per rank: ``name.rankN.json``)."""
-    _rt().start_timeline(path)
+def start_timeline(path: str, mark_cycles: bool | None = None) -> None:
+    """Start writing a Chrome-trace timeline with Horovod's activity names to ``path`` (one file per rank:
+    rank 0 writes ``path``, rank r > 0 ``name.rankR.json``). ``mark_cycles``: mark each coordinator cycle
+    that did something with ``CYCLE_START`` (default: ``COMMLIB_TIMELINE_MARK_CYCLES``)."""
+    _rt().start_timeline(path, mark_cycles)
 
 
 def stop_timeline() -> None:
