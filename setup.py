@@ -37,6 +37,8 @@ setup(
     extras_require={
         "mpich": ["mpich"],
         "torch": ["torch"],
+        # commlib.jax (docs/jax.md): JAX on the CPU (jaxlib comes with jax) and optax for the optimizer wrappers.
+        "jax": ["jax>=0.4.35", "optax>=0.2.3"],
         # GPU tensors (docs/gpu.md): CuPy for the device side, NCCL's wheel for the NCCL transport.
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],

@@ -24,18 +24,19 @@ IMPORT_ALL = """
 import importlib, importlib.util, pkgutil, sys
 import commlib
 assert not commlib.__file__.startswith(sys.argv[1]), f"imported from the source tree: {commlib.__file__}"
-have_torch = importlib.util.find_spec("torch") is not None
+# a framework plug-in imports its framework: without it installed, its modules are not imported
+plugins = {"commlib.torch": "torch", "commlib.jax": "jax"}
+absent = {p for p, framework in plugins.items() if importlib.util.find_spec(framework) is None}
 imported, skipped = [], []
 for info in pkgutil.walk_packages(commlib.__path__, "commlib."):
     if info.name.endswith(".__main__"):
         continue  # importing it would run the command (commlib.bench's CLI)
-    if info.name.startswith("commlib.torch") and not have_torch:
-        skipped += [info.name] + [f"{info.name}.{m.name}" for m in pkgutil.iter_modules(
-            [commlib.__path__[0] + "/torch"])]
+    if any(info.name == p or info.name.startswith(p + ".") for p in absent):
+        skipped.append(info.name)
         continue
     importlib.import_module(info.name)
     imported.append(info.name)
-print(f"imported {len(imported)} modules from {commlib.__path__[0]}; without torch, not imported: {skipped}")
+print(f"imported {len(imported)} modules from {commlib.__path__[0]}; frameworks absent, not imported: {skipped}")
 """
 
 ALLREDUCE = """

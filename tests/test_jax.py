@@ -1,0 +1,64 @@
+"""commlib.jax on real MPI jobs: collectives eagerly and under jit against numpy, gradients, differing
+orders, errors on every rank, the optax wrappers against single-process training; across 2 emulated hosts.
+
+Each test launches one job that runs many checks (tests/workers/jax_*.py): JAX's import and compilations
+dominate, so the cases are batched. CI runs a representative subset; ``JAX_TESTS=all`` (scripts/test_jax.sh)
+runs every rank count.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("optax")
+
+from mpirun import REPO, run_mpi, run_on_cluster  # noqa: E402
+
+ENV = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+ALL = os.environ.get("JAX_TESTS") == "all"
+full_only = pytest.mark.skipif(not ALL, reason="CI runs 2 ranks; JAX_TESTS=all (scripts/test_jax.sh) runs it")
+
+
+def test_import_commlib_does_not_import_jax_and_commlib_jax_says_what_to_install():
+    check = ("import sys, commlib, commlib.torch\n"
+             "assert 'jax' not in sys.modules, 'import commlib imported jax'\n"
+             "sys.modules['jax'] = None  # as if JAX were not installed\n"
+             "try:\n    import commlib.jax\n"
+             "except ImportError as exc:\n    print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "pip install 'commlib[jax]'" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
+def test_collectives_eager_jit_scan_vmap_gradients_order_and_errors(nprocs):
+    out = run_mpi(nprocs, "jax_collectives.py", timeout=300, env=ENV)
+    assert out.count("jax_collectives OK") == nprocs, out[-4000:]
+    if nprocs > 1:  # a shape differing between ranks under jit failed on every rank, naming the tensor
+        for rank in range(nprocs):
+            assert f"[rank {rank}] mismatched shape -> error naming 'mismatched.shape'" in out, out[-4000:]
+
+
+@pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
+def test_distributed_optimizer_matches_one_process_on_the_combined_batch(nprocs):
+    out = run_mpi(nprocs, "jax_optimizer.py", timeout=300, env=ENV)
+    assert out.count("jax_optimizer OK") == nprocs, out[-4000:]
+
+
+def test_across_two_emulated_hosts(make_cluster):
+    """The collectives and the optax equivalence on 2 hosts x 1 rank (commlib.testing.cluster)."""
+    cluster = make_cluster([1, 1])
+    try:
+        out = run_on_cluster(cluster, "jax_all.py", timeout=400, env=ENV)
+    finally:
+        cluster.down()
+    assert out.count("jax_all OK") == 2, out[-4000:]
+
+
+def test_example_trains_to_its_target_accuracy():
+    out = run_mpi(2, REPO / "examples" / "train_digits_jax.py", timeout=400, env={"PYTHONPATH": str(REPO)})
+    assert "reached target accuracy 0.95" in out, out[-4000:]
+    assert out.count("samples/s") == 8, out[-4000:]
