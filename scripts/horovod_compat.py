@@ -146,7 +146,20 @@ def list_tests(test_file: Path) -> list[str]:
             if isinstance(item, ast.FunctionDef) and item.name.startswith("test"):
                 expanded = any("expand" in ast.unparse(d) for d in item.decorator_list)
                 out.append(f"{test_file.name}::{node.name}::{item.name}{'*' if expanded else ''}")
+                LINES.append((test_file.name, item.lineno, item.end_lineno, f"{test_file.name}::{node.name}::{item.name}"))
     return out
+
+
+#: (file, first line, last line, test) of every test listed: pytest names a skip by file and line only.
+LINES: list[tuple[str, int, int, str]] = []
+
+
+def test_at(file: str, line: int) -> str | None:
+    """The test whose body holds ``file:line``."""
+    for name, first, last, test in LINES:
+        if name == file and first <= line <= last:
+            return test
+    return None
 
 
 def build_tree(parallel: Path, suite: Suite, root: Path) -> Path:
@@ -206,15 +219,31 @@ def hung_at(logs, files) -> str:
 
 
 def per_test(log: str) -> dict[str, str]:
-    """``{test: passed/failed/skipped}`` from one rank's ``pytest -rA`` summary lines."""
-    seen = {}
+    """``{test: passed/failed/skipped}`` from one rank's ``pytest -rA`` summary lines.
+
+    TensorFlow's ``run_all_in_graph_and_eager_modes`` runs each test as two subtests: a failing subtest
+    (``SUBFAILED[graph_mode] node``) fails the test, a skipped one (``SUBSKIPPED[...] [n] file:line``,
+    which names a line, not the test, and counts the skips there) skips the test when both halves skipped;
+    when one half skipped, the other half decides."""
+    seen, skipped, subskipped = {}, set(), set()
     for line in log.splitlines():
-        m = re.match(r"^(PASSED|FAILED|ERROR|SKIPPED)(?: \[\d+\])? (\S+?)(?::\d+)?(?: - .*|: .*)?$", line)
+        m = re.match(r"^(PASSED|FAILED|ERROR|SUBFAILED\[\w+\]) (\S+?::\S+?)(?: - .*)?$", line)
         if m:
-            kind = {"PASSED": "passed", "SKIPPED": "skipped"}.get(m.group(1), "failed")
-            seen.setdefault(m.group(2), kind)
-            if kind == "failed":
-                seen[m.group(2)] = "failed"
+            kind = "passed" if m.group(1) == "PASSED" else "failed"
+            if seen.get(m.group(2)) != "failed":
+                seen[m.group(2)] = kind
+            continue
+        m = re.match(r"^(SKIPPED|SUBSKIPPED\[\w+\]) \[(\d+)\] ([^:]+):(\d+)", line)
+        if m:
+            test = test_at(Path(m.group(3)).name, int(m.group(4)))
+            if test is not None:  # (pytest counts the skips at one line: 2 subtests are both halves)
+                both = m.group(1) == "SKIPPED" or int(m.group(2)) >= 2
+                (skipped if both else subskipped).add(test)
+    for test in skipped | subskipped:
+        # skipped as a whole (eager mode, or no subtests); only a graph-mode half skipped: what the other
+        # half did (passed or failed), else skipped
+        if seen.get(test) != "failed" and (test in skipped or test not in seen):
+            seen[test] = "skipped"
     return seen
 
 

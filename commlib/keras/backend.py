@@ -59,7 +59,8 @@ def to_numpy(value) -> np.ndarray:
         value = value.numpy()
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().cpu().numpy()
-    return np.ascontiguousarray(np.asarray(value))
+    array = np.asarray(value)
+    return array if array.flags.c_contiguous else array.copy(order="C")  # (ascontiguousarray makes 0-d 1-d)
 
 
 def broadcast_values(values, root_rank: int, name: str, process_set=None) -> list[np.ndarray]:

@@ -52,6 +52,8 @@ def tf_error(exc: BaseException) -> BaseException:
     if isinstance(exc, tf.errors.OpError):
         return exc
     if isinstance(exc, CollectiveError):
+        if " is invalid on some ranks: " in str(exc):  # an argument every rank checked and some refused
+            return tf.errors.InvalidArgumentError(None, None, str(exc))
         return tf.errors.FailedPreconditionError(None, None, str(exc))
     if isinstance(exc, (ValueError, TypeError)) or (isinstance(exc, CommlibError)
                                                    and not isinstance(exc, NotImplementedError)):
@@ -120,6 +122,8 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dtypes: S
             outs = [np.asarray(o, dtype=numpy_dtype(d)) for o, d in zip(fn(*arrays), out_dtypes)]
             return outs + [np.int32(0)]
         except CollectiveError as exc:
+            if " is invalid on some ranks: " in str(exc):
+                raise ValueError(str(exc)) from None  # TensorFlow's InvalidArgument
             print(f"commlib: FailedPreconditionError: {exc}", file=sys.stderr, flush=True)
             return [np.zeros([0], numpy_dtype(d)) for d in out_dtypes] + [np.int32(1)]
         except Exception as exc:

@@ -17,6 +17,11 @@ from .collectives import _excluded, grouped_allreduce
 from .compression import Compression
 
 
+def key(variable):
+    """A hashable key of a TensorFlow or Keras 3 variable (Keras 3's have no ``ref()``)."""
+    return variable.ref() if hasattr(variable, "ref") else id(variable)
+
+
 class GradientReducer:
     """Horovod's gradient options, applied to a list of gradients (None entries stay None)."""
 
@@ -35,10 +40,10 @@ class GradientReducer:
         if self.groups is None:
             return [indices]
         if isinstance(self.groups, list):
-            position = {sources[i].ref(): i for i in indices if hasattr(sources[i], "ref")}
+            position = {key(sources[i]): i for i in indices if sources[i] is not None}
             units, seen = [], set()
             for group in self.groups:
-                unit = [position[v.ref()] for v in group if v.ref() in position and position[v.ref()] not in seen]
+                unit = [position[key(v)] for v in group if key(v) in position and position[key(v)] not in seen]
                 seen.update(unit)
                 if unit:
                     units.append(unit)
@@ -78,13 +83,13 @@ class _DistributedGradientTape(tf.GradientTape):
     def register_local_source(self, source):
         """Keep ``source``'s gradient local to this rank (it is not reduced; scaled by 1/size unless
         ``scale_local_gradients=False``)."""
-        self._local_sources.add(source.ref())
+        self._local_sources.add(key(source))
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False, **kwargs):
         flat_sources = tf.nest.flatten(sources)
         gradients = tf.nest.flatten(super().gradient(target, flat_sources, output_gradients, **kwargs),
                                     expand_composites=False)
-        is_local = [getattr(s, "ref", None) is not None and s.ref() in self._local_sources for s in flat_sources]
+        is_local = [key(s) in self._local_sources for s in flat_sources]
         shared = [i for i, local in enumerate(is_local) if not local]
         reduced = self._reducer([gradients[i] for i in shared], [flat_sources[i] for i in shared],
                                 use_generic_names)
@@ -105,7 +110,7 @@ class _DistributedGradientTape(tf.GradientTape):
         gradients = self.gradient(target, sources, output_gradients, use_generic_names)
         local, shared = [], []
         for s, g in zip(sources, gradients):
-            (local if s.ref() in self._local_sources else shared).append((s, g))
+            (local if key(s) in self._local_sources else shared).append((s, g))
         return local, shared
 
 
@@ -159,11 +164,11 @@ class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer):
 
     def register_local_var(self, var):
         """Keep ``var``'s gradient local to this rank."""
-        self._local_vars.add(var.ref())
+        self._local_vars.add(key(var))
 
     def compute_gradients(self, *args, **kwargs):
         grads_and_vars = list(self._optimizer.compute_gradients(*args, **kwargs))
-        shared = [i for i, (_, v) in enumerate(grads_and_vars) if v.ref() not in self._local_vars]
+        shared = [i for i, (_, v) in enumerate(grads_and_vars) if key(v) not in self._local_vars]
         reduced = self._reducer([grads_and_vars[i][0] for i in shared], [grads_and_vars[i][1] for i in shared])
         out = list(grads_and_vars)
         for i, g in zip(shared, reduced):

@@ -31,6 +31,18 @@ Adasum = _adasum.Adasum
 _DIFFERENTIABLE_REDUCTIONS = (Sum, Average, Adasum)
 
 
+def check_set(process_set, operation: str) -> None:
+    """An unregistered process set is a ValueError at once, where the op is built (as Horovod's); a set
+    this rank is not in fails when the op runs (InvalidArgumentError)."""
+    if process_set is None or process_set is _cl.global_process_set:
+        return
+    try:
+        _cl.api._rt().sets.member(process_set, operation)
+    except _cl.ProcessSetError as exc:
+        if "not registered" in str(exc) or "must be a ProcessSet" in str(exc):
+            raise
+
+
 def _tensor(value) -> tf.Tensor:
     if isinstance(value, tf.IndexedSlices):
         raise TypeError("this collective takes dense tensors; an IndexedSlices goes to allreduce or "
@@ -69,6 +81,7 @@ def _grouped_allreduce(tensors: Sequence, name=None, op=Sum, prescale_factor=1.0
                        process_set=None, compression=None, ignore_name_scope=False) -> list:
     """Allreduce dense tensors together (one collective, one graph op); differentiable for Sum, Average
     and Adasum."""
+    check_set(process_set, "allreduce")
     tensors = [_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -104,6 +117,7 @@ def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=
 
 def grouped_allgather(tensors: Sequence, name=None, ignore_name_scope=False, process_set=None) -> list:
     """Concatenate every rank's tensors along the first dimension (which may differ between ranks)."""
+    check_set(process_set, "allgather")
     tensors = [_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -125,8 +139,8 @@ def grouped_allgather(tensors: Sequence, name=None, ignore_name_scope=False, pro
                        for i, dy in enumerate(dys)]
             counts = grouped_allgather([tf.shape(x, out_type=tf.int64)[:1] for x in xs],
                                        _grad_name(name, "grad_rows"), process_set=process_set)
-            me = set_rank(process_set)
-            return [tf.split(r, c, axis=0)[me] for r, c in zip(reduced, counts)]
+            me, ranks = set_rank(process_set), set_size(process_set)
+            return [tf.split(r, tf.reshape(c, [ranks]), num=ranks, axis=0)[me] for r, c in zip(reduced, counts)]
         return outs, grad
 
     return list(forward(*tensors))
@@ -139,6 +153,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None) -> t
 # --- broadcast ------------------------------------------------------------------------------------------
 
 def _grouped_broadcast(tensors: Sequence, root_rank: int, name=None, process_set=None) -> list:
+    check_set(process_set, "broadcast")
     tensors = [_tensor(t) for t in tensors]
     name = op_name(name, "broadcast")
     kwargs = set_kwargs(process_set)
@@ -185,8 +200,9 @@ def broadcast_(variables, root_rank: int, name=None, process_set=None) -> list:
 # --- alltoall -------------------------------------------------------------------------------------------
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None):
-    """Send ``splits[i]`` rows of ``tensor`` to rank i of the set (equal parts by default); returns
-    ``(received, received_splits)``."""
+    """Send ``splits[i]`` rows of ``tensor`` to rank i of the set (equal parts by default). Returns the
+    received tensor, and with ``splits`` given ``(received, received_splits)`` (as Horovod)."""
+    check_set(process_set, "alltoall")
     tensor = _tensor(tensor)
     name = op_name(name, "alltoall")
     kwargs = set_kwargs(process_set)
@@ -208,13 +224,15 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
             return back
         return (out, received), grad
 
-    return forward(tensor)
+    out, received = forward(tensor)
+    return (out, received) if given else out
 
 
 # --- reducescatter --------------------------------------------------------------------------------------
 
 def _grouped_reducescatter(tensors: Sequence, name=None, op=Sum, ignore_name_scope=False, process_set=None,
                            prescale_factor=1.0, postscale_factor=1.0) -> list:
+    check_set(process_set, "reducescatter")
     tensors = [_tensor(t) for t in tensors]
     if not tensors:
         return []

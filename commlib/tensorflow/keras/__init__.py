@@ -14,7 +14,8 @@ import commlib as _cl
 from .. import (Adasum, Average, Compression, Max, Min, Product, Sum, allgather, allgather_object,  # noqa: F401
                 allreduce, alltoall, barrier, broadcast, broadcast_object, cross_rank, cross_size, init,
                 is_initialized, join, local_rank, local_size, rank, reducescatter, shutdown, size, elastic)
-from ...keras import callbacks as _callbacks_module
+from ...keras.callbacks import broadcast_variables as _broadcast_variables
+from ...keras.callbacks import make as _make_callbacks
 from ...keras.optimizer import GradientOptions, wrap
 from .. import collectives as _collectives
 
@@ -22,7 +23,7 @@ _keras = _tf.keras
 #: True when tf.keras is Keras 3 (wrapped at ``apply``), False for tf-keras (at ``apply_gradients``).
 KERAS3 = getattr(_keras, "__version__", "3").split(".")[0] >= "3" and not _keras.__name__.startswith("tf_keras")
 
-callbacks = _callbacks_module.make(_keras)
+callbacks = _make_callbacks(_keras)
 BroadcastGlobalVariablesCallback = callbacks.BroadcastGlobalVariablesCallback
 MetricAverageCallback = callbacks.MetricAverageCallback
 LearningRateScheduleCallback = callbacks.LearningRateScheduleCallback
@@ -60,7 +61,7 @@ def broadcast_global_variables(root_rank: int):
 
 def broadcast_variables(variables, root_rank: int = 0, process_set=None):
     """Give every rank ``root_rank``'s values of ``variables``."""
-    _callbacks_module.broadcast_variables(variables, root_rank, process_set)
+    _broadcast_variables(variables, root_rank, process_set)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
