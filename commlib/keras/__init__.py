@@ -13,8 +13,8 @@ except ImportError as _exc:
     raise ImportError("commlib.keras needs Keras 3: pip install 'commlib[keras]' (or pip install keras)") from _exc
 
 import commlib as _cl
-from commlib import (Average, Max, Min, Product, Sum, cross_rank, cross_size, init, is_initialized,  # noqa: F401
-                     local_rank, local_size, rank, shutdown, size)
+from commlib import (Average, Max, Min, Product, Sum, allgather_object, broadcast_object, cross_rank,  # noqa: F401
+                     cross_size, init, is_initialized, local_rank, local_size, rank, shutdown, size)
 
 from ..compression import Compression  # noqa: F401
 from . import backend as _backend
