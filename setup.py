@@ -47,5 +47,5 @@ setup(
         "bench": ["matplotlib"],
         "test": ["pytest"],
     },
-    entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main"]},
+    entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main"]},
 )

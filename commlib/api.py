@@ -31,24 +31,24 @@ if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import 
 log = logging.getLogger("commlib")
 
 
-class _Session:
+class _State:
     """Holds the runtime between init() and shutdown(); the single place commlib keeps state."""
 
     runtime: Runtime | None = None
 
 
-_session = _Session()
+_state = _State()
 
 
 def _rt() -> "Runtime":
-    runtime = _session.runtime
+    runtime = _state.runtime
     if runtime is None:
         raise CommlibError("commlib is not initialized; call commlib.init() first")
     return runtime
 
 
 #: The world as a process set (id 0): always registered while commlib is initialized.
-global_process_set = _GlobalProcessSet(lambda: _session.runtime.sets if _session.runtime is not None else None)
+global_process_set = _GlobalProcessSet(lambda: _state.runtime.sets if _state.runtime is not None else None)
 
 
 # ---- lifecycle and topology ---------------------------------------------------------------------------
@@ -62,11 +62,11 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
 
     Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
     other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
-    if _session.runtime is not None:
+    if _state.runtime is not None:
         return
     from .runtime import Runtime
 
-    _session.runtime = Runtime(comm, **settings)
+    _state.runtime = Runtime(comm, **settings)
     atexit.register(_leave)
     for process_set in process_sets or ():
         add_process_set(process_set)
@@ -74,7 +74,7 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
 
 def shutdown() -> None:
     """Stop commlib: pending operations fail with a clear error; ``init()`` may be called again."""
-    runtime, _session.runtime = _session.runtime, None
+    runtime, _state.runtime = _state.runtime, None
     atexit.unregister(_leave)
     if runtime is not None:
         runtime.close()
@@ -83,7 +83,7 @@ def shutdown() -> None:
 def _leave() -> None:
     """The exit hook: the process exits without ``shutdown()``. Tell the other ranks, without waiting for
     them (they may be waiting for this rank in their next collective)."""
-    runtime, _session.runtime = _session.runtime, None
+    runtime, _state.runtime = _state.runtime, None
     if runtime is None:
         return
     try:
@@ -93,7 +93,7 @@ def _leave() -> None:
 
 
 def is_initialized() -> bool:
-    return _session.runtime is not None
+    return _state.runtime is not None
 
 
 def rank() -> int:
@@ -143,9 +143,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return _rt().sets.remove(process_set)
 
 
-def start_timeline(path: str) -> None:
-    """Start writing a Chrome-trace timeline to ``path`` (one file per rank: ``name.rankN.json``)."""
-    _rt().start_timeline(path)
+def start_timeline(path: str, mark_cycles: bool | None = None) -> None:
+    """Start writing a Chrome-trace timeline with Horovod's activity names to ``path`` (one file per rank:
+    rank 0 writes ``path``, rank r > 0 ``name.rankR.json``). ``mark_cycles``: mark each coordinator cycle
+    that did something with ``CYCLE_START`` (default: ``COMMLIB_TIMELINE_MARK_CYCLES``)."""
+    _rt().start_timeline(path, mark_cycles)
 
 
 def stop_timeline() -> None:

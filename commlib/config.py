@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import warnings
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
@@ -117,7 +118,9 @@ class Config:
     cache_capacity: int = 1024
     direct_max_ranks: int = 16
     timeline: str | None = None
+    timeline_mark_cycles: bool = False
     tuning_file: str | None = None
+    elastic_dir: str | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -131,7 +134,7 @@ class Config:
                 f"unknown environment variable(s) {', '.join(unknown)}; commlib reads: {', '.join(sorted(known))}"
                 " (see docs/configuration.md)"
             )
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = horovod_values(environ)  # Horovod's twins first: COMMLIB_* wins
         for attr, field in FIELDS.items():
             if field.env in environ:
                 raw = environ[field.env]
@@ -144,7 +147,7 @@ class Config:
                 raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
             if value is None:
                 continue
-            if isinstance(value, str) and attr not in ("timeline", "tuning_file"):
+            if isinstance(value, str) and attr not in ("timeline", "tuning_file", "elastic_dir"):
                 try:
                     value = FIELDS[attr].parse(value)
                 except (TypeError, ValueError) as exc:
@@ -234,8 +237,145 @@ FIELDS: dict[str, _Field] = {
                                "other; above, through rank 0 (default 16)"),
     "timeline": _Field("COMMLIB_TIMELINE", _optional_path,
                        "write a Chrome-trace JSON timeline to this path (default: off)"),
+    "timeline_mark_cycles": _Field("COMMLIB_TIMELINE_MARK_CYCLES", _switch,
+                                   "1: the timeline marks each coordinator cycle that negotiated or ran "
+                                   "something with a CYCLE_START instant (default 0)"),
     "tuning_file": _Field("COMMLIB_TUNING_FILE", _optional_path,
                           "cost-model profile auto reads (commlib-bench --calibrate writes it); 'none': the "
                           "built-in defaults; default ~/.cache/commlib/tuning.json ($XDG_CACHE_HOME) if it "
                           "exists. Rank 0's profile is broadcast to every rank"),
+    "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
+                          "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
+                          "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
 }
+
+
+# ---- Horovod's environment -----------------------------------------------------------------------------
+# A job written for Horovod sets HOROVOD_* variables (horovodrun turns its flags into them). Each one with a
+# commlib meaning is read as the twin of a COMMLIB_* setting (the COMMLIB_* variable wins when both are
+# set); each one commlib cannot honour is a warning naming it, once per process. docs/configuration.md
+# lists both tables.
+
+
+class IgnoredSettingWarning(UserWarning):
+    """A HOROVOD_* variable commlib cannot honour is set."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Twin:
+    env: str
+    attr: str
+    parse: Callable[[str], Any]  # returns the field's value, or None: this value asks for nothing
+    doc: str
+
+
+def _horovod_timeline(text: str) -> str | None:
+    # DYNAMIC: Horovod's "no file now, start_timeline() later", which commlib always allows
+    return None if str(text).strip().upper() in ("", "DYNAMIC") else str(text)
+
+
+def _algorithm_switch(name: str) -> Callable[[str], str | None]:
+    return lambda text: name if _switch(text) else None
+
+
+def _stall_check_disable(text: str) -> float | None:
+    return 0.0 if _switch(text) else None
+
+
+HOROVOD_TWINS: tuple[_Twin, ...] = (
+    _Twin("HOROVOD_FUSION_THRESHOLD", "fusion_threshold_bytes", parse_size, "bytes; 0 disables fusion"),
+    _Twin("HOROVOD_CYCLE_TIME", "cycle_time_ms", _non_negative_float, "milliseconds"),
+    _Twin("HOROVOD_CACHE_CAPACITY", "cache_capacity", _positive_int,
+          "Horovod's 0 (no response cache) is an error: commlib's fast path always has a cache"),
+    _Twin("HOROVOD_TIMELINE", "timeline", _horovod_timeline,
+          "rank 0 writes this file, rank r > 0 writes name.rankR.json; DYNAMIC: none until start_timeline()"),
+    _Twin("HOROVOD_TIMELINE_MARK_CYCLES", "timeline_mark_cycles", _switch, "1/0"),
+    _Twin("HOROVOD_STALL_CHECK_TIME_SECONDS", "stall_check_time_s", _non_negative_float, "seconds"),
+    _Twin("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time_s", _non_negative_float, "seconds"),
+    _Twin("HOROVOD_STALL_CHECK_DISABLE", "stall_check_time_s", _stall_check_disable,
+          "1: COMMLIB_STALL_CHECK_TIME=0 (wins over HOROVOD_STALL_CHECK_TIME_SECONDS, as in Horovod)"),
+    _Twin("HOROVOD_HIERARCHICAL_ALLREDUCE", "algorithm", _algorithm_switch("hierarchical"),
+          "1: COMMLIB_ALGORITHM=hierarchical; 0: no effect"),
+    _Twin("HOROVOD_TORUS_ALLREDUCE", "algorithm", _algorithm_switch("torus2d"),
+          "1: COMMLIB_ALGORITHM=torus2d; 0: no effect"),
+    _Twin("HOROVOD_NUM_NCCL_STREAMS", "num_streams", _positive_int,
+          "execution lanes, each with its own communicator (on the host as on the GPU)"),
+)
+
+#: HOROVOD_* variables commlib cannot honour -> why (the warning's text). Switches warn only when on.
+HOROVOD_IGNORED: dict[str, str] = {
+    "HOROVOD_AUTOTUNE": "commlib does not search fusion threshold and cycle time at run time; COMMLIB_ALGORITHM=auto "
+                        "picks the algorithm per size from the cost model (commlib-bench --calibrate fits it)",
+    "HOROVOD_AUTOTUNE_LOG": "no autotuning, so no autotune log",
+    "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "no autotuning",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "no autotuning",
+    "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "no autotuning",
+    "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE": "no autotuning",
+    "HOROVOD_HIERARCHICAL_ALLGATHER": "commlib's allgather has one schedule (MPI's)",
+    "HOROVOD_MPI_THREADS_DISABLE": "commlib's coordinator thread calls MPI: it always asks for MPI_THREAD_MULTIPLE",
+    "HOROVOD_BATCH_D2D_MEMCOPIES": "commlib packs fusion buffers with its own kernels",
+    "HOROVOD_THREAD_AFFINITY": "commlib does not pin its coordinator thread",
+    "HOROVOD_DISABLE_GROUP_FUSION": "commlib fuses grouped tensors like any others",
+    "HOROVOD_ENABLE_ASYNC_COMPLETION": "commlib completes a handle when its collective has finished",
+    "HOROVOD_ENABLE_XLA_OPS": "no XLA ops",
+    "HOROVOD_ADASUM_MPI_CHUNK_SIZE": "commlib's Adasum has no chunk-size setting",
+    "HOROVOD_GLOO_IFACE": "commlib runs on MPI, not Gloo: choose the interface with commlib-run --network-interface",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "commlib runs on MPI, not Gloo",
+    "HOROVOD_CCL_CACHE": "commlib does not use oneCCL",
+    "HOROVOD_LOG_LEVEL": "commlib logs through Python's logging module (logging.getLogger('commlib'))",
+    "HOROVOD_LOG_HIDE_TIME": "commlib logs through Python's logging module",
+}
+_IGNORED_SWITCHES = frozenset(("HOROVOD_AUTOTUNE", "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_MPI_THREADS_DISABLE",
+                               "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_DISABLE_GROUP_FUSION",
+                               "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_ENABLE_XLA_OPS"))
+#: HOROVOD_* variables that choose what commlib always does: accepted, nothing to change.
+HOROVOD_INHERENT: dict[str, Callable[[str], bool]] = {
+    "HOROVOD_CONTROLLER": lambda v: v.strip().upper() in ("", "MPI"),
+    "HOROVOD_CPU_OPERATIONS": lambda v: v.strip().upper() in ("", "MPI"),
+    "HOROVOD_DISABLE_NVTX_RANGES": lambda v: True,   # commlib emits no NVTX ranges
+    "HOROVOD_DYNAMIC_PROCESS_SETS": lambda v: True,  # commlib's add_process_set works at any time
+}
+
+_warned: set[str] = set()
+
+
+def horovod_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings Horovod's variables in ``environ`` ask for (field name -> value); warns, once per process
+    and variable, about each set variable commlib cannot honour. An invalid value is a ConfigError naming it."""
+    values: dict[str, Any] = {}
+    asked: dict[str, str] = {}
+    for twin in HOROVOD_TWINS:
+        if twin.env not in environ:
+            continue
+        raw = environ[twin.env]
+        try:
+            value = twin.parse(raw)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{twin.env}={raw!r} is invalid: {exc} (commlib reads it as "
+                              f"{FIELDS[twin.attr].env})") from None
+        if value is None:
+            continue
+        if twin.attr == "algorithm" and "algorithm" in values and values["algorithm"] != value:
+            raise ConfigError(f"{asked['algorithm']} and {twin.env} ask for two allreduce algorithms; set one")
+        if twin.attr == "stall_check_time_s" and asked.get("stall_check_time_s") == "HOROVOD_STALL_CHECK_DISABLE":
+            continue  # disable wins, whichever order
+        values[twin.attr] = value
+        asked[twin.attr] = twin.env
+    for name, why in HOROVOD_IGNORED.items():
+        raw = environ.get(name)
+        if raw is None or not raw.strip():
+            continue
+        if name in _IGNORED_SWITCHES and raw.strip().lower() in ("0", "false", "no", "off"):
+            continue
+        _warn_once(name, f"{name}={raw} is not honoured by commlib: {why}")
+    for name, accepted in HOROVOD_INHERENT.items():
+        raw = environ.get(name)
+        if raw is not None and not accepted(raw):
+            _warn_once(name, f"{name}={raw} is not honoured by commlib: commlib runs its collectives on MPI")
+    return values
+
+
+def _warn_once(name: str, message: str) -> None:
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(message, IgnoredSettingWarning, stacklevel=3)

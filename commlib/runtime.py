@@ -54,7 +54,8 @@ class Runtime:
         self.topology = Topology.detect(self.comm, self.config.local_size)
         self.timeline = None
         if self.config.timeline:
-            self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank)
+            self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank,
+                                     self.config.timeline_mark_cycles)
         self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,
@@ -97,9 +98,10 @@ class Runtime:
                                   "from its own thread); do not lower mpi4py.rc.thread_level")
         return self.sets.add(process_set)
 
-    def start_timeline(self, path: str) -> None:
+    def start_timeline(self, path: str, mark_cycles: bool | None = None) -> None:
         self.stop_timeline()
-        self.timeline = Timeline(rank_path(path, self.rank, self.size), self.rank)
+        marks = self.config.timeline_mark_cycles if mark_cycles is None else mark_cycles
+        self.timeline = Timeline(rank_path(path, self.rank, self.size), self.rank, marks)
         for member in self.sets.members():
             member.coordinator.set_timeline(self.timeline)
 

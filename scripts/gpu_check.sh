@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# commlib's GPU checks, for a machine with an NVIDIA GPU, CuPy, torch (CUDA) and mpi4py (the H100 lent to
-# some sessions: docs/gpu.md says how to carry the mpich wheel there). Never run in CI.
+# commlib's GPU checks, for a machine with an NVIDIA GPU, CuPy, torch (CUDA) and mpi4py (on a machine
+# without an MPI library, docs/gpu.md says how to carry the mpich wheel there). Never run in CI.
 #
 #   bash scripts/gpu_check.sh [OUTDIR] [tests|bench|all]   (default $OUT, else /tmp/commlib-gpu-check; all)
 #

@@ -24,8 +24,8 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def make_cluster():
-    """Factory ``make_cluster(hosts, rate=None)`` -> an up Cluster; every cluster made in the session is
-    torn down at its end, and the teardown asserts that none left anything behind. Skips (saying what is
+    """Factory ``make_cluster(hosts, rate=None)`` -> an up Cluster; every cluster made during the pytest
+    run is torn down at its end, and the teardown asserts that none left anything behind. Skips (saying what is
     missing) where this machine cannot run namespaces."""
     from commlib.testing import netns
     from commlib.testing.cluster import Cluster, leftovers

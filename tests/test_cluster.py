@@ -43,9 +43,10 @@ def test_mismatch_errors_name_the_tensor(cluster, case):
     assert out.count("raised as expected") == cluster.size and out.count(f"case {case} OK") == cluster.size, out
 
 
-def test_init_after_shutdown_hears_nothing_of_the_last_session(cluster):
-    """Across hosts a session's last control messages could still be in flight when its communicator was
-    freed, and reached the next session (MPI reuses context ids): "rank 2 shut down" in a later session.
+def test_init_after_shutdown_hears_nothing_of_the_previous_cycle(cluster):
+    """Across hosts the last control messages of an init/shutdown cycle could still be in flight when its
+    communicator is freed, and reach the next cycle (MPI reuses context ids): "rank 2 shut down" after a
+    new init().
     The coordinator's goodbyes at shutdown prevent it (docs/coordinator.md)."""
     out = run_on_cluster(cluster, "cluster_check.py", "reinit", "15", timeout=180)
     assert out.count("cluster reinit OK") == cluster.size, out[-2000:]

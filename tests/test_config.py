@@ -57,3 +57,80 @@ def test_every_variable_is_documented_with_its_default():
         assert f"`{field.env}`" in text, f"{field.env} missing from docs/configuration.md"
         line = next(l for l in text.splitlines() if f"`{field.env}`" in l)
         assert f"`{getattr(defaults, attr)}`" in line, f"{field.env}: default not stated in its row"
+
+
+# ---- Horovod's variables --------------------------------------------------------------------------------
+
+def _fresh_warnings(monkeypatch):
+    from commlib import config
+
+    monkeypatch.setattr(config, "_warned", set())
+
+
+def test_horovod_twins_are_read_and_commlib_wins(monkeypatch):
+    _fresh_warnings(monkeypatch)
+    env = {"HOROVOD_FUSION_THRESHOLD": str(32 << 20), "HOROVOD_CYCLE_TIME": "3.5", "HOROVOD_CACHE_CAPACITY": "7",
+           "HOROVOD_TIMELINE": "/tmp/t.json", "HOROVOD_TIMELINE_MARK_CYCLES": "1",
+           "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "9",
+           "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_NUM_NCCL_STREAMS": "2"}
+    config = Config.load(env)
+    assert (config.fusion_threshold_bytes, config.cycle_time_ms, config.cache_capacity) == (32 << 20, 3.5, 7)
+    assert config.timeline == "/tmp/t.json" and config.timeline_mark_cycles
+    assert (config.stall_check_time_s, config.stall_shutdown_time_s) == (5, 9)
+    assert config.algorithm == "hierarchical" and config.num_streams == 2
+    both = Config.load({**env, "COMMLIB_FUSION_THRESHOLD": "1M", "COMMLIB_ALGORITHM": "ring"})
+    assert both.fusion_threshold_bytes == 1 << 20 and both.algorithm == "ring"
+    assert Config.load(env, cycle_time_ms=0.5).cycle_time_ms == 0.5
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0"}, {"algorithm": "auto"}),
+    ({"HOROVOD_TORUS_ALLREDUCE": "1"}, {"algorithm": "torus2d"}),
+    ({"HOROVOD_TIMELINE": "DYNAMIC"}, {"timeline": None}),
+    ({"HOROVOD_STALL_CHECK_DISABLE": "1", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30"}, {"stall_check_time_s": 0}),
+    ({"HOROVOD_STALL_CHECK_DISABLE": "0", "HOROVOD_STALL_CHECK_TIME_SECONDS": "30"}, {"stall_check_time_s": 30}),
+])
+def test_horovod_switches(monkeypatch, env, expect):
+    _fresh_warnings(monkeypatch)
+    config = Config.load(env)
+    for attr, value in expect.items():
+        assert getattr(config, attr) == value, attr
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"HOROVOD_FUSION_THRESHOLD": "much"}, "HOROVOD_FUSION_THRESHOLD.*COMMLIB_FUSION_THRESHOLD"),
+    ({"HOROVOD_CACHE_CAPACITY": "0"}, "HOROVOD_CACHE_CAPACITY"),
+    ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_TORUS_ALLREDUCE": "1"}, "two allreduce algorithms"),
+])
+def test_horovod_invalid_values_name_the_variable(monkeypatch, env, needle):
+    _fresh_warnings(monkeypatch)
+    with pytest.raises(ConfigError, match=needle):
+        Config.load(env)
+
+
+def test_horovod_variables_commlib_cannot_honour_warn_once(monkeypatch):
+    from commlib.config import IgnoredSettingWarning
+
+    _fresh_warnings(monkeypatch)
+    env = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_GLOO_IFACE": "eth0", "HOROVOD_CONTROLLER": "gloo",
+           "HOROVOD_MPI_THREADS_DISABLE": "0", "HOROVOD_CPU_OPERATIONS": "MPI", "HOROVOD_DISABLE_NVTX_RANGES": "1"}
+    with pytest.warns(IgnoredSettingWarning) as caught:
+        Config.load(env)
+    names = sorted(str(w.message).split("=")[0] for w in caught)
+    assert names == ["HOROVOD_AUTOTUNE", "HOROVOD_CONTROLLER", "HOROVOD_GLOO_IFACE"], names
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Config.load(env)  # once per process
+
+
+def test_every_horovod_variable_is_documented():
+    from commlib.config import HOROVOD_IGNORED, HOROVOD_INHERENT, HOROVOD_TWINS
+
+    text = DOCS.read_text()
+    for name in [t.env for t in HOROVOD_TWINS] + list(HOROVOD_INHERENT):
+        assert f"`{name}`" in text, f"{name} missing from docs/configuration.md"
+    for name in HOROVOD_IGNORED:
+        short = name.replace("HOROVOD_AUTOTUNE_", "_")
+        assert f"`{name}`" in text or f"`{short}`" in text, f"{name} missing from docs/configuration.md"

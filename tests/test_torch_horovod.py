@@ -39,3 +39,29 @@ def test_adasum_order_powers_of_two_and_the_others():
     assert np.allclose(adasum.reduce(g[:7]),
                        c(c(c(g[0], g[4]), c(g[1], g[5])), c(c(g[2], g[6]), g[3])))
     assert adasum.reduce([x.astype(np.float32) for x in g[:3]]).dtype == np.float32
+
+
+def test_horovod_import_paths_exist():
+    """The modules a Horovod script imports directly (horovod.torch.mpi_ops, horovod.common.util)."""
+    import os
+
+    from commlib.torch import mpi_ops, util
+
+    assert mpi_ops.synchronize is not None and mpi_ops.allreduce_async_ is not None
+    assert util.mpi_built() and not util.gloo_built()
+    assert util.split_list(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert util.split_list([], 2) == [[], []]
+    assert util.num_rank_is_power_2(4) and not util.num_rank_is_power_2(6) and not util.num_rank_is_power_2(0)
+    assert util.is_version_greater_equal_than("2.13.0+cpu", "2.13") and not util.is_version_greater_equal_than("1.4", "1.10")
+    assert util.is_iterable([1]) and not util.is_iterable(3)
+    os.environ.pop("COMMLIB_TEST_ENV_A", None)
+    os.environ["COMMLIB_TEST_ENV_B"] = "before"
+    try:
+        with pytest.raises(RuntimeError):
+            with util.env(COMMLIB_TEST_ENV_A="1", COMMLIB_TEST_ENV_B="2", COMMLIB_TEST_ENV_C=None):
+                assert os.environ["COMMLIB_TEST_ENV_A"] == "1" and os.environ["COMMLIB_TEST_ENV_B"] == "2"
+                assert "COMMLIB_TEST_ENV_C" not in os.environ
+                raise RuntimeError
+        assert "COMMLIB_TEST_ENV_A" not in os.environ and os.environ["COMMLIB_TEST_ENV_B"] == "before"
+    finally:
+        os.environ.pop("COMMLIB_TEST_ENV_B", None)

@@ -61,6 +61,7 @@ from .progress import REPLY_POLLS, Progress
 from .requests import Entry, Handle, Kind, Response
 from .rounds import make_rounds
 from .stalls import StallInspector
+from ..timeline import CYCLE_START, negotiate_name
 
 log = logging.getLogger("commlib")
 
@@ -166,6 +167,8 @@ class Coordinator(Lifecycle):
         and execute every complete round. True if any progress was made."""
         rounds = self._rounds
         busy = False
+        timeline = self._timeline
+        marked = timeline.now() if timeline is not None and timeline.mark_cycles else 0.0
         now = time.monotonic()
         if now - self._last_cycle > self._away_s:
             self._catch_up()
@@ -196,6 +199,8 @@ class Coordinator(Lifecycle):
         stalls = self._stalls
         if stalls.waiting(rounds.sent > rounds.completed, now):
             self._check_stalls()
+        if busy and marked:  # idle cycles (thousands a second) are not marked
+            timeline.instant(CYCLE_START, marked)
         return busy
 
     def _contribute(self, last: bool = False) -> None:
@@ -288,7 +293,8 @@ class Coordinator(Lifecycle):
                 now = self._timeline.now()
                 for entry in entries:
                     if entry is not None:
-                        self._timeline.span("negotiate", entry.submitted, now, 0, tensor=entry.meta.name)
+                        kind = entry.meta.kind.name
+                        self._timeline.span(negotiate_name(kind), entry.submitted, now, kind, entry.meta.name)
             if response.error:
                 for meta in metas:
                     self._eager.discard(meta.name)
@@ -305,11 +311,15 @@ class Coordinator(Lifecycle):
     def _run_eager(self, response: Response, entries: list) -> None:
         """A tensor whose every contribution came with the rounds (:mod:`.eager`): reduce it here."""
         entry = entries[0]
+        start = self._timeline.now() if self._timeline is not None else 0.0
         try:
             output = self._eager.run(self._engine, response, entry)
         except Exception as exc:  # noqa: BLE001 - as a lane reports it: the tensor fails, commlib goes on
             self._finish(response, entries, exc)
             return
+        if self._timeline is not None:  # reduced by every rank from the round's data: no MPI call of its own
+            kind = response.kind.name
+            self._timeline.span(kind, start, self._timeline.now(), kind, response.metas[0].name, eager=True)
         self._finish(response, entries, None)
         if entry is not None:
             entry.handle.set_result(output)

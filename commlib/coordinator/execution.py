@@ -22,6 +22,7 @@ from ..cache import BoundedCache
 from ..compression import Compression, codec_for
 from ..errors import CollectiveError
 from ..ops import ReduceOp
+from ..timeline import COMMUNICATION, MEMCPY_IN_FUSION_BUFFER, MEMCPY_OUT_FUSION_BUFFER, QUEUE
 from .fusion import pack, unpack
 from .requests import Entry, Kind, Response
 
@@ -41,13 +42,25 @@ class Lane:
     def execute(self, response: Response, entries: list[Entry | None]) -> None:
         """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
         joined rank, which contributes zeros)."""
+        if self.timeline is None:
+            self._run(response, entries)
+            return
+        start = self.timeline.now()
+        try:
+            self._run(response, entries)
+        finally:  # the collective's top-level event (Horovod's ALLREDUCE, ...) around its activities
+            kind = response.kind.name
+            self.timeline.spans(kind, start, self.timeline.now(), kind, [m.name for m in response.metas],
+                                **_args(response, self.index))
+
+    def _run(self, response: Response, entries: list[Entry | None]) -> None:
         kind = response.kind
         if kind is _ALLREDUCE:
             self._allreduce(response, entries)
             return
         entry = entries[0]
         meta = response.metas[0]
-        with self._span("communicate", meta.name, response):
+        with self._span(COMMUNICATION[kind.name], response):
             engine = self.engine
             if kind is Kind.ALLGATHER:
                 entry.handle.set_result(engine.allgather(entry.array))
@@ -77,7 +90,7 @@ class Lane:
             if self.timeline is None:
                 plan[1](flat)
             else:
-                with self._span("communicate", meta.name, response):
+                with self._span(MPI_ALLREDUCE, response):
                     plan[1](flat)
             if entry is not None:
                 entry.handle.set_result(output)
@@ -86,22 +99,21 @@ class Lane:
         codec = _codec(meta)
         outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
                    for e, m in zip(entries, response.metas)]
-        names = ",".join(m.name for m in response.metas[:4]) + ("..." if len(outputs) > 4 else "")
         inplace_bytes = self.engine.fusion_inplace_bytes
         small = [o for o in outputs if o.nbytes < inplace_bytes]
         buffers = [o.reshape(-1) for o in outputs if o.nbytes >= inplace_bytes]
         if len(small) > 1:
             fused = self._scratch.get("fusion", sum(o.size for o in small), meta.dtype)
-            with self._span("pack", names, response, tensors=len(small)):
+            with self._span(MEMCPY_IN_FUSION_BUFFER, response, tensors=len(small)):
                 pack(small, fused)
             buffers.insert(0, fused)
         else:
             buffers[:0] = [o.reshape(-1) for o in small]
-        with self._span("communicate", names, response, tensors=len(outputs)):
+        with self._span(MPI_ALLREDUCE, response, tensors=len(outputs)):
             self.engine.allreduce_many_(buffers, op, meta.algorithm or None, meta.prescale, meta.postscale, codec,
                                         meta.name)
         if len(small) > 1:
-            with self._span("unpack", names, response, tensors=len(small)):
+            with self._span(MEMCPY_OUT_FUSION_BUFFER, response, tensors=len(small)):
                 unpack(fused, small)
         for entry, output in zip(entries, outputs):
             if entry is not None:
@@ -115,17 +127,22 @@ class Lane:
                                                   _codec(meta), meta.name))
         return self._plans.put(id(meta), plan)
 
-    def _span(self, phase: str, name: str, response: Response, **args):
-        """A timeline event around a phase; without a timeline, a context manager that does nothing (a
-        small call's latency budget has no room for building the event's arguments)."""
+    def _span(self, activity: str, response: Response, **args):
+        """A timeline event around an activity, for every tensor of the response; without a timeline, a
+        context manager that does nothing (a small call's latency budget has no room for building the
+        event's arguments)."""
         if self.timeline is None:
             return _NO_SPAN
-        meta = response.metas[0]
-        return _Span(self.timeline, phase, 1 + self.index, tensor=name, algorithm=meta.algorithm or "auto",
-                     compression=meta.compression, lane=self.index, **args)
+        return _Span(self.timeline, activity, response.kind.name, [m.name for m in response.metas],
+                     **_args(response, self.index), **args)
 
     def close(self) -> None:
         self.engine.close()
+
+
+def _args(response: Response, lane: int) -> dict:
+    meta = response.metas[0]
+    return {"algorithm": meta.algorithm or "auto", "compression": meta.compression, "lane": lane}
 
 
 def _codec(meta):
@@ -134,25 +151,27 @@ def _codec(meta):
     return codec_for(getattr(Compression, meta.compression), np.dtype(meta.dtype), meta.name)
 
 
+MPI_ALLREDUCE = COMMUNICATION["ALLREDUCE"]
 _ALLREDUCE = Kind.ALLREDUCE  # a global: an enum member costs an attribute lookup on the hot path
 _PLANS = 4096  # plans kept per lane; emptied when full (auto-named tensors make a new Meta per call)
 _NO_SPAN = contextlib.nullcontext()  # stateless: safe to share between lanes and calls
 
 
 class _Span:
-    """Context manager recording one timeline event."""
+    """Context manager recording one timeline activity for a response's tensors."""
 
-    __slots__ = ("_timeline", "_phase", "_row", "_args", "_start")
+    __slots__ = ("_timeline", "_activity", "_kind", "_names", "_args", "_start")
 
-    def __init__(self, timeline, phase, row, **args):
-        self._timeline, self._phase, self._row, self._args = timeline, phase, row, args
+    def __init__(self, timeline, activity, kind, names, **args):
+        self._timeline, self._activity, self._kind, self._names, self._args = timeline, activity, kind, names, args
 
     def __enter__(self):
         self._start = self._timeline.now()
         return self
 
     def __exit__(self, *exc):
-        self._timeline.span(self._phase, self._start, self._timeline.now(), self._row, **self._args)
+        self._timeline.spans(self._activity, self._start, self._timeline.now(), self._kind, self._names,
+                             **self._args)
         return False
 
 
@@ -191,8 +210,8 @@ class LaneSet:
     def _execute(self, lane: Lane, response: Response, entries: list[Entry | None],
                  queued_at: float = 0.0) -> None:
         if queued_at and lane.timeline is not None:
-            lane.timeline.span("queue", queued_at, lane.timeline.now(), 1 + lane.index,
-                               tensor=response.metas[0].name, lane=lane.index)
+            lane.timeline.spans(QUEUE, queued_at, lane.timeline.now(), response.kind.name,
+                                [m.name for m in response.metas], lane=lane.index)
         try:
             lane.execute(response, entries)
         except BaseException as exc:  # reported on the handles, and to the coordinator

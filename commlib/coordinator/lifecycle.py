@@ -7,7 +7,7 @@
   every peer a goodbye and waits (at most ``_SHUTDOWN_GRACE_S``) for theirs. Messages from one sender on
   one tag never overtake each other, so once every goodbye is in, nothing of the peers' is in flight and
   the communicator can be freed: a stray message would otherwise reach a later communicator that reuses
-  its context (``shutdown()`` and ``init()`` again met exactly that).
+  its context (as ``shutdown()`` followed by ``init()`` across hosts would).
 - Leaving (the process exits without ``shutdown()``: ``init()`` registers an exit hook, ``shutdown()``
   removes it): the same path with the reason :data:`LEFT`, except that it waits only for its own sends
   (at most ``_LEAVE_FLUSH_S``), not for the others, who may be waiting for this rank. Its last message is

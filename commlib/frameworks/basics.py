@@ -73,15 +73,10 @@ def rocm_built() -> bool:
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Start writing a Chrome-trace timeline of the collectives to ``file_path``.
-
-    ``mark_cycles`` (Horovod marks coordinator cycles) is not supported: commlib's timeline has no cycle
-    marks, so asking for them is an error rather than silently ignored.
-    """
-    if mark_cycles:
-        raise NotImplementedError("commlib's timeline does not mark coordinator cycles; "
-                                  "call start_timeline(path) without mark_cycles")
-    _cl.start_timeline(file_path)
+    """Start writing a Chrome-trace timeline of the collectives to ``file_path`` (rank 0; rank r > 0 writes
+    ``name.rankR.json``), with Horovod's activity names; ``mark_cycles`` marks each coordinator cycle that
+    did something with ``CYCLE_START``."""
+    _cl.start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:

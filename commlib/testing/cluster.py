@@ -187,7 +187,7 @@ def leftovers(names: Sequence[str] | None = None) -> list[str]:
 
 
 def _interrupt_on_signal(signum, frame):
-    """SIGTERM/SIGHUP as Ctrl-C: every harness unwinds on KeyboardInterrupt (pytest stops the session and
+    """SIGTERM/SIGHUP as Ctrl-C: every harness unwinds on KeyboardInterrupt (pytest stops the whole run and
     runs its teardowns, where a SystemExit would only fail the current test and go on)."""
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 

@@ -26,3 +26,4 @@ from .functions import allgather_object, broadcast_object, broadcast_optimizer_s
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
 from .tensors import DeviceNotSupportedError
+from . import elastic  # noqa: E402 (hvd.elastic.run, TorchState, ElasticSampler)

@@ -92,7 +92,7 @@ def check_torch() -> None:
 
 
 def check_reinit() -> None:
-    """init/shutdown cycles back to back: a message of one session must never reach the next (MPI
+    """init/shutdown cycles back to back: a message of one cycle must never reach the next (MPI
     recycles a freed communicator's context id, so a message still in flight when it is freed would)."""
     import commlib as cl
 

@@ -1,0 +1,284 @@
+"""commlib-run's elastic driver: keep a job training while hosts come and go, by restarting it.
+
+MPI cannot replace a lost rank inside a running job (with MPICH, ``Comm.Revoke`` raises NotImplementedError,
+and hydra takes every rank down when one dies by a signal), so the driver works as torchrun does, with
+Horovod Elastic's state and flags on the workers' side (:mod:`commlib.elastic`):
+
+1. Discover the hosts: ``--host-discovery-script`` prints ``host`` or ``host:slots`` lines (without it:
+   ``-H``/``--hostfile``, or the emulated cluster's hosts); leave out blacklisted hosts.
+2. Wait until they have ``--min-np`` slots (at most ``--elastic-timeout`` seconds, then fail naming what
+   was found), and start ``min(slots, --max-np)`` ranks with ``COMMLIB_ELASTIC_DIR`` set.
+3. While the job runs, discover again every second; a change is flagged in that directory, and the
+   workers' next ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank, which ends the job with
+   the restart code.
+4. When the job ends: 0 is done. The restart code (hosts changed, or a collective failed) restarts it.
+   Any other failure blacklists the host hydra names as where a process died (``RUNNING AT host``), for
+   a cool-down drawn from ``--blacklist-cooldown-range`` (without it: for good), and restarts it.
+   Every restart counts against ``--reset-limit``.
+
+The restarted workers resume from the state rank 0 committed last (``state.pkl`` in the directory).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Sequence
+
+from ..elastic import control
+from .hosts import Host
+from .options import UsageError
+
+_DIED_AT = re.compile(r"RUNNING AT (\S+)")
+
+
+@dataclasses.dataclass
+class ElasticOptions:
+    min_np: int
+    max_np: int | None
+    discovery_script: str | None
+    slots_per_host: int | None
+    elastic_timeout: float
+    reset_limit: int | None
+    cooldown: tuple[float, float] | None
+    interval: float = 1.0
+
+
+def options(args) -> ElasticOptions | None:
+    """The elastic options of ``args``, or None for a fixed-size job."""
+    if args.min_np is None and args.max_np is None and args.host_discovery_script is None:
+        for flag, value in (("--reset-limit", args.reset_limit), ("--elastic-timeout", args.elastic_timeout),
+                            ("--blacklist-cooldown-range", args.blacklist_cooldown_range),
+                            ("--slots-per-host", args.slots_per_host)):
+            if value is not None:
+                raise UsageError(f"{flag} applies to elastic jobs: give --min-np (and --max-np or "
+                                 "--host-discovery-script)")
+        return None
+    min_np = int(args.min_np if args.min_np is not None else (args.np or 1))
+    max_np = int(args.max_np) if args.max_np is not None else None
+    if min_np < 1 or (max_np is not None and max_np < min_np):
+        raise UsageError(f"--min-np {min_np} and --max-np {max_np}: need 1 <= min-np <= max-np")
+    cooldown = None
+    if args.blacklist_cooldown_range is not None:
+        try:
+            low, high = (float(x) for x in args.blacklist_cooldown_range)
+        except ValueError:
+            raise UsageError("--blacklist-cooldown-range takes two numbers of seconds, e.g. 10 100") from None
+        if not 0 <= low <= high:
+            raise UsageError(f"--blacklist-cooldown-range {low:g} {high:g}: need 0 <= low <= high")
+        cooldown = (low, high)
+    return ElasticOptions(min_np=min_np, max_np=max_np, discovery_script=args.host_discovery_script,
+                          slots_per_host=int(args.slots_per_host) if args.slots_per_host else None,
+                          elastic_timeout=float(args.elastic_timeout) if args.elastic_timeout is not None else 600.0,
+                          reset_limit=int(args.reset_limit) if args.reset_limit is not None else None,
+                          cooldown=cooldown)
+
+
+def parse_discovered(text: str, slots_per_host: int | None) -> list[Host]:
+    """``host`` or ``host:slots`` per line (blank lines and ``#`` comments skipped)."""
+    hosts = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([^:\s]+)(?::(\d+))?", line)
+        if not match:
+            raise UsageError(f"host discovery printed {line!r}; each line must be host or host:slots")
+        slots = int(match.group(2)) if match.group(2) else (slots_per_host or 1)
+        if slots > 0:
+            hosts.append(Host(match.group(1), slots))
+    return hosts
+
+
+class Blacklist:
+    """Hosts left out after a failure, each until its cool-down ends (for good without a range)."""
+
+    def __init__(self, cooldown: tuple[float, float] | None, rng: random.Random | None = None):
+        self._cooldown = cooldown
+        self._until: dict[str, float] = {}
+        self._rng = rng or random.Random()
+
+    def add(self, host: str, now: float) -> float:
+        until = float("inf") if self._cooldown is None else now + self._rng.uniform(*self._cooldown)
+        self._until[host] = until
+        return until
+
+    def allows(self, host: str, now: float) -> bool:
+        return self._until.get(host, 0.0) <= now
+
+    def listed(self, now: float) -> list[str]:
+        return sorted(h for h, t in self._until.items() if t > now)
+
+
+def choose(hosts: Sequence[Host], max_np: int | None) -> tuple[list[Host], int]:
+    """The hosts to start on, in discovery order, and the number of ranks: all their slots up to max_np."""
+    chosen, np = [], 0
+    for host in hosts:
+        if max_np is not None and np >= max_np:
+            break
+        take = host.slots if max_np is None else min(host.slots, max_np - np)
+        chosen.append(Host(host.name, take))
+        np += take
+    return chosen, np
+
+
+@dataclasses.dataclass
+class Launcher:
+    """How the driver starts a job on ``hosts`` with ``np`` ranks: (mpiexec's environment, argv); how it
+    takes one down; and the environment the discovery script runs with."""
+
+    command: Callable[[list[Host], int, dict], tuple[dict, list[str]]]
+    kill: Callable[[subprocess.Popen], None]
+    static_hosts: list[Host]
+    discovery_env: dict = dataclasses.field(default_factory=dict)
+    check_hosts: Callable[[list[Host]], None] | None = None
+
+
+class Driver:
+    def __init__(self, opts: ElasticOptions, launcher: Launcher, settings: dict[str, str],
+                 out=None, clock=time.monotonic):
+        self.opts = opts
+        self.launcher = launcher
+        self.settings = dict(settings)
+        self.blacklist = Blacklist(opts.cooldown)
+        self.out = out or sys.stderr
+        self.clock = clock
+        self.resets = 0
+
+    def say(self, text: str) -> None:
+        print(f"commlib-run: elastic: {text}", file=self.out, flush=True)
+
+    def discover(self) -> list[Host]:
+        if not self.opts.discovery_script:
+            return list(self.launcher.static_hosts)
+        done = subprocess.run(self.opts.discovery_script, shell=True, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, **self.launcher.discovery_env))
+        if done.returncode != 0:
+            raise UsageError(f"host discovery script {self.opts.discovery_script!r} failed with exit code "
+                             f"{done.returncode}: {done.stderr.strip()[-300:]}")
+        return parse_discovered(done.stdout, self.opts.slots_per_host)
+
+    def usable(self) -> list[Host]:
+        now = self.clock()
+        return [h for h in self.discover() if self.blacklist.allows(h.name, now)]
+
+    def wait_for_hosts(self) -> tuple[list[Host], int]:
+        start = self.clock()
+        said = False
+        while True:
+            hosts = self.usable()
+            slots = sum(h.slots for h in hosts)
+            if slots >= self.opts.min_np:
+                return choose(hosts, self.opts.max_np)
+            waited = self.clock() - start
+            if waited >= self.opts.elastic_timeout:
+                listed = ", ".join(f"{h.name}:{h.slots}" for h in hosts) or "none"
+                raise UsageError(
+                    f"only {slots} slot(s) available (hosts: {listed}; blacklisted: "
+                    f"{', '.join(self.blacklist.listed(self.clock())) or 'none'}) after waiting "
+                    f"{waited:.0f} s; --min-np {self.opts.min_np} not reached within --elastic-timeout "
+                    f"{self.opts.elastic_timeout:g} s")
+            if not said:
+                self.say(f"waiting for --min-np {self.opts.min_np} slots (have {slots})")
+                said = True
+            time.sleep(self.opts.interval)
+
+    def run(self) -> int:
+        directory = os.environ.get("COMMLIB_ELASTIC_DIR") or tempfile.mkdtemp(prefix="commlib-elastic-")
+        owned = "COMMLIB_ELASTIC_DIR" not in os.environ
+        try:
+            return self._loop(directory)
+        finally:
+            if owned:
+                shutil.rmtree(directory, ignore_errors=True)
+
+    def _loop(self, directory: str) -> int:
+        settings = dict(self.settings, COMMLIB_ELASTIC_DIR=directory)
+        while True:
+            hosts, np = self.wait_for_hosts()
+            if self.launcher.check_hosts is not None:
+                try:
+                    self.launcher.check_hosts(hosts)
+                except UsageError as exc:
+                    self.say(f"{exc}; blacklisting those hosts")
+                    now = self.clock()
+                    for host in hosts:
+                        if f"{host.name}:" in str(exc):
+                            self.blacklist.add(host.name, now)
+                    continue
+            control.clear_hosts_updated(directory)
+            env, argv = self.launcher.command(hosts, np, settings)
+            self.say(f"starting {np} rank(s) on {', '.join(f'{h.name}:{h.slots}' for h in hosts)}"
+                     f" (restart {self.resets})")
+            code, died_at = self._run_job(env, argv, hosts, directory)
+            if code == 0:
+                self.say("job finished")
+                return 0
+            self.resets += 1
+            if code == control.RESTART_EXIT_CODE:
+                self.say("the workers asked for a restart (hosts changed, or a collective failed)")
+            else:
+                now = self.clock()
+                for host in died_at:
+                    until = self.blacklist.add(host, now)
+                    self.say(f"a process died on {host}: blacklisted "
+                             f"{'for good' if until == float('inf') else f'for {until - now:.0f} s'}")
+                if not died_at:
+                    self.say(f"the job failed with exit code {code} (no host named)")
+            if self.opts.reset_limit is not None and self.resets > self.opts.reset_limit:
+                self.say(f"--reset-limit {self.opts.reset_limit} reached; giving up")
+                return code or 1
+
+    def _run_job(self, env: dict, argv: list[str], hosts: list[Host], directory: str) -> tuple[int, list[str]]:
+        """Run one launch to its end, echoing its output, flagging host changes; return (exit code, hosts
+        hydra said a process died on)."""
+        print(f"commlib-run: {' '.join(argv)}", file=self.out, flush=True)
+        job = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True, bufsize=1)
+        tail: collections.deque = collections.deque(maxlen=400)
+
+        def pump():
+            for line in job.stdout:
+                tail.append(line)
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        running = {h.name for h in hosts}
+        flagged = False
+        try:
+            while job.poll() is None:
+                time.sleep(self.opts.interval)
+                if flagged or job.poll() is not None:
+                    continue
+                try:
+                    now_usable = self.usable()
+                except (UsageError, subprocess.TimeoutExpired) as exc:
+                    self.say(f"host discovery failed while the job runs: {exc}")
+                    continue
+                names = {h.name for h in now_usable}
+                _, could = choose(now_usable, self.opts.max_np)
+                launched = sum(h.slots for h in hosts)
+                if not running <= names or could > launched:
+                    control.flag_hosts_updated(directory, ",".join(sorted(names)))
+                    self.say(f"hosts changed ({', '.join(sorted(names))}); the workers stop at their next commit")
+                    flagged = True
+        except BaseException:
+            self.launcher.kill(job)
+            raise
+        reader.join(timeout=10)
+        code = job.returncode
+        if code != 0:
+            self.launcher.kill(job)  # what hydra left behind
+        died = sorted({m.group(1) for line in tail for m in [_DIED_AT.search(line)] if m})
+        return code, [h for h in died if h in running] or died

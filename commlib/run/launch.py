@@ -1,0 +1,234 @@
+"""commlib-run's main: parse, check the hosts, build the MPI command line, print it and run it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from ..config import parse_shape
+from . import elastic as _elastic
+from . import hosts as _hosts
+from . import mpi as _mpi
+from .options import UsageError, parse, settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``commlib-run`` (``python -m commlib.run``); returns the job's exit code (2 for a usage error)."""
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+        if args.check_build:
+            print(check_build(args.mpiexec))
+            return 0
+        env, warnings = settings(args)
+        for warning in warnings:
+            print(f"commlib-run: warning: {warning}", file=sys.stderr, flush=True)
+        opts = _elastic.options(args)
+        if args.emulate:
+            return _run_emulated(args, env, opts)
+        if opts is not None:
+            return _run_elastic(args, env, opts)
+        return _run(args, env)
+    except UsageError as exc:
+        print(f"commlib-run: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _mpiexec(given: str | None) -> str:
+    """``--mpiexec``, else the one beside this Python, else the one on PATH."""
+    if given:
+        return given
+    from ..testing.cluster import find_mpiexec
+
+    try:
+        return find_mpiexec()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _slots(args) -> tuple[list, int]:
+    """The hosts (empty: this machine) and the number of ranks."""
+    if args.hosts:
+        hosts = _hosts.parse_hosts(args.hosts)
+    elif args.hostfile:
+        hosts = _hosts.parse_hostfile(args.hostfile)
+    else:
+        hosts = []
+    slots = sum(h.slots for h in hosts)
+    if args.np is None:
+        if not hosts:
+            raise UsageError("give the number of ranks: commlib-run -np N ...")
+        return hosts, slots
+    if hosts and args.np > slots:
+        raise UsageError(f"-np {args.np} is more than the {slots} slots of the hosts "
+                         f"({', '.join(f'{h.name}:{h.slots}' for h in hosts)})")
+    return hosts, args.np
+
+
+def build(args, env: dict[str, str], environ=None) -> tuple[dict[str, str], list[str]]:
+    """The command line for ``args`` (the MPI is asked what it is; nothing else runs)."""
+    environ = os.environ if environ is None else environ
+    hosts, np = _slots(args)
+    mpiexec = _mpiexec(args.mpiexec)
+    flavor = _mpi.detect(mpiexec)
+    launch = _mpi.Launch(
+        flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=env,
+        forward=_mpi.forwarded(environ), nics=[n for n in (args.nics or "").split(",") if n],
+        ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
+        tcp=args.tcp, binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0)
+    return _mpi.command_line(launch)
+
+
+def _run(args, env: dict[str, str]) -> int:
+    launcher_env, argv = build(args, env)
+    hosts, _ = _slots(args)
+    remote = [h for h in hosts if not _hosts.is_local(h.name)]
+    nics = [n for n in (args.nics or "").split(",") if n]
+    if remote or nics:
+        _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
+        if args.verbose:
+            print(f"commlib-run: {len(hosts)} host(s) reachable", file=sys.stderr, flush=True)
+    print(f"commlib-run: {_mpi.printable(launcher_env, argv)}", file=sys.stderr, flush=True)
+    return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
+
+
+def _execute(argv: list[str], environ: dict[str, str], timeout: float | None) -> int:
+    """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down."""
+    job = subprocess.Popen(argv, env=environ, start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        return job.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"commlib-run: error: the job ran past --timeout {timeout:g} s; killed", file=sys.stderr)
+        _kill(job)
+        return 124
+    except KeyboardInterrupt:
+        _kill(job)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _kill(job: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGTERM)
+    try:
+        job.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+
+
+def _run_elastic(args, env: dict[str, str], opts) -> int:
+    """An elastic job on real hosts (or this machine): the driver restarts it as hosts come and go."""
+    given = _hosts.parse_hosts(args.hosts) if args.hosts else (
+        _hosts.parse_hostfile(args.hostfile) if args.hostfile else [])
+    if not given and not opts.discovery_script:
+        given = [_hosts.Host("localhost", opts.max_np or args.np or opts.min_np)]
+    mpiexec = _mpiexec(args.mpiexec)
+    flavor = _mpi.detect(mpiexec)
+    nics = [n for n in (args.nics or "").split(",") if n]
+
+    def command(hosts, np, settings):
+        return _mpi.command_line(_mpi.Launch(
+            flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=settings,
+            forward=_mpi.forwarded(os.environ), nics=nics, ssh_port=args.ssh_port,
+            ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename, tcp=args.tcp,
+            binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0))
+
+    def check(hosts):
+        if any(not _hosts.is_local(h.name) for h in hosts) or nics:
+            _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
+
+    launcher = _elastic.Launcher(command=command, kill=_kill, static_hosts=given, check_hosts=check)
+    return _elastic.Driver(opts, launcher, env).run()
+
+
+def _run_emulated(args, env: dict[str, str], opts=None) -> int:
+    """The job on an emulated cluster of H hosts x R ranks (commlib.testing.cluster), torn down after."""
+    from ..testing.cluster import Cluster, ClusterUnavailable, JobFailed
+
+    try:
+        nhosts, per_host = parse_shape(args.emulate)
+    except ValueError as exc:
+        raise UsageError(f"--emulate: {exc}") from None
+    np = nhosts * per_host if args.np is None else args.np
+    if np > nhosts * per_host:
+        raise UsageError(f"-np {np} is more than the {nhosts * per_host} ranks of --emulate {args.emulate}")
+    for flag, value in (("-H/--hostfile", args.hosts or args.hostfile), ("--ssh-port", args.ssh_port),
+                        ("--ssh-identity-file", args.ssh_identity_file), ("--network-interface", args.nics)):
+        if value:
+            raise UsageError(f"{flag} does not apply to --emulate: the emulated hosts are reached through their "
+                             "namespaces, over their eth0")
+    # local options (after -n) in hydra's syntax: the cluster's command line ends with -n
+    tail = ["-prepend-rank"] + [arg for name, value in sorted(env.items()) for arg in ("-env", name, value)]
+    tail += list(args.command)
+    timeout = 3600.0 if args.timeout is None else args.timeout
+    try:
+        with Cluster([per_host] * nhosts, rate=args.link_rate) as cluster:
+            print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks, "
+                  f"links {args.link_rate or 'unshaped'}", file=sys.stderr, flush=True)
+            if opts is not None:
+                return _elastic.Driver(opts, _emulated_launcher(cluster, args.command), env).run()
+            print(f"commlib-run: {_mpi.printable({}, cluster.mpiexec_args(np) + tail)}", file=sys.stderr, flush=True)
+            done = cluster.mpiexec(tail, timeout=timeout, nprocs=np, check=False)
+            sys.stdout.write(done.stdout)
+            sys.stdout.flush()
+            return done.returncode
+    except ClusterUnavailable as exc:
+        raise UsageError(f"--emulate: {exc}") from None
+    except JobFailed as exc:
+        sys.stdout.write(exc.completed.stdout or "")
+        print(f"commlib-run: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 124 if exc.completed.returncode == -9 else (exc.completed.returncode or 1)
+
+
+def _emulated_launcher(cluster, command: Sequence[str]):
+    """The elastic driver's launcher on an emulated cluster: any subset of its hosts."""
+    from ..testing import netns
+
+    def argv_for(hosts, np, settings):
+        argv = cluster.mpiexec_args(np)
+        argv[argv.index("-hosts") + 1] = ",".join(f"{h.name}:{h.slots}" for h in hosts)
+        tail = ["-prepend-rank"] + [a for name, value in sorted(settings.items()) for a in ("-env", name, value)]
+        return {}, argv + tail + list(command)
+
+    def kill(job):
+        _kill(job)
+        for host in cluster.hosts:
+            netns.kill_processes(host)
+
+    hosts = [_hosts.Host(name, k) for name, k in zip(cluster.hosts, cluster.ranks_per_host)]
+    return _elastic.Launcher(command=argv_for, kill=kill, static_hosts=hosts,
+                             discovery_env={"COMMLIB_RUN_HOSTS": ",".join(cluster.hosts)})
+
+
+def check_build(mpiexec: str | None = None) -> str:
+    """What this commlib supports, in horovodrun --check-build's layout."""
+    import commlib
+
+    def mark(ok) -> str:
+        return "[X]" if ok else "[ ]"
+
+    frameworks = [("PyTorch", "torch"), ("TensorFlow", "tensorflow"), ("JAX", "jax")]
+    plugins = {"torch": "commlib.torch", "tensorflow": "commlib.tensorflow", "jax": "commlib.jax"}
+    lines = ["commlib:", "", "Available Frameworks:"]
+    for label, module in frameworks:
+        ok = importlib.util.find_spec(module) is not None and importlib.util.find_spec(plugins[module]) is not None
+        lines.append(f"    {mark(ok)} {label}")
+    try:
+        path = _mpiexec(mpiexec)
+        flavor = _mpi.detect(path)
+        launcher = f"{flavor} ({path})"
+    except UsageError as exc:
+        launcher = f"none usable: {exc}"
+    lines += ["", "Available Controllers:", f"    {mark(True)} MPI", f"    {mark(False)} Gloo", "",
+              "Available Tensor Operations:", f"    {mark(commlib.nccl_built())} NCCL", f"    {mark(False)} DDL",
+              f"    {mark(False)} CCL", f"    {mark(True)} MPI", f"    {mark(False)} Gloo", "",
+              f"MPI launcher: {launcher}"]
+    return "\n".join(lines)

@@ -1,0 +1,165 @@
+"""The MPI that starts the job: which one it is (``mpiexec --version``), and its command line.
+
+MPICH's hydra (and Intel MPI, which is hydra too) and Open MPI spell the same job differently:
+
+| what | hydra | Open MPI |
+|---|---|---|
+| hosts | ``-hosts a:2,b:2`` | ``-H a:2,b:2`` |
+| a setting for every rank | ``-genv NAME VALUE`` | ``-x NAME=VALUE`` |
+| the caller's environment | passed whole by default | ``-x NAME`` for each variable to pass |
+| ssh port / identity | ``HYDRA_LAUNCHER_EXTRA_ARGS`` in mpiexec's own environment | ``-mca plm_rsh_args "-p P -i F"`` |
+| network interface | ``-iface NIC`` (one) | ``-mca btl_tcp_if_include NIC,...`` |
+| output per rank | ``-prepend-rank``; ``-outfile-pattern`` | ``--tag-output``; ``--output-filename`` |
+
+:func:`command_line` builds the command from a :class:`Launch` without running anything, so both forms are
+checked by golden tests on a machine that has only one of the two MPIs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import subprocess
+from typing import Sequence
+
+from .hosts import Host
+from .options import UsageError
+
+MPICH = "mpich"
+OPEN_MPI = "openmpi"
+
+#: Variables of the caller's environment Open MPI must be told to pass (hydra passes everything): the
+#: Python the ranks run, commlib's and Horovod's settings, the transports' settings.
+FORWARD_NAMES = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "OMP_NUM_THREADS",
+                 "CUDA_VISIBLE_DEVICES", "XDG_CACHE_HOME")
+FORWARD_PREFIXES = ("COMMLIB_", "HOROVOD_", "UCX_", "NCCL_", "MPI4PY_", "FI_", "PYTHON")
+
+
+def classify(version_text: str) -> str:
+    """MPICH or OPEN_MPI from what ``mpiexec --version`` printed; UsageError for anything else."""
+    if "Open MPI" in version_text or "OpenRTE" in version_text or "Open RTE" in version_text:
+        return OPEN_MPI
+    if "HYDRA" in version_text or "MPICH" in version_text or "Intel(R) MPI" in version_text:
+        return MPICH
+    first = (version_text.strip().splitlines() or ["(nothing)"])[0]
+    raise UsageError(f"cannot tell which MPI this is from `mpiexec --version` ({first[:100]!r}); commlib-run "
+                     "knows MPICH (hydra), Intel MPI and Open MPI: pass one with --mpiexec")
+
+
+def detect(mpiexec: str) -> str:
+    """Run ``mpiexec --version`` and classify it."""
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"cannot run {mpiexec} --version: {exc}") from None
+    return classify(done.stdout + done.stderr)
+
+
+def forwarded(environ) -> list[str]:
+    """The names of ``environ`` Open MPI is asked to pass to the ranks."""
+    return sorted(k for k in environ if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))
+
+
+@dataclasses.dataclass
+class Launch:
+    """Everything the command line depends on."""
+
+    flavor: str
+    mpiexec: str
+    np: int
+    command: Sequence[str]
+    hosts: Sequence[Host] = ()             # empty: this machine
+    settings: dict = dataclasses.field(default_factory=dict)  # NAME -> value for every rank
+    forward: Sequence[str] = ()            # Open MPI: names of the caller's environment to pass
+    nics: Sequence[str] = ()
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+    output_filename: str | None = None
+    tcp: bool = False
+    binding_args: str | None = None
+    mpi_args: str | None = None
+    as_root: bool = False                  # Open MPI refuses root without --allow-run-as-root
+
+
+def command_line(launch: Launch) -> tuple[dict[str, str], list[str]]:
+    """(variables for mpiexec's own environment, the argument vector)."""
+    if launch.flavor == MPICH:
+        return _hydra(launch)
+    if launch.flavor == OPEN_MPI:
+        return _open_mpi(launch)
+    raise UsageError(f"unknown MPI flavour {launch.flavor!r}")
+
+
+def _settings(launch: Launch) -> dict[str, str]:
+    settings = dict(launch.settings)
+    if launch.nics:
+        settings.setdefault("NCCL_SOCKET_IFNAME", ",".join(launch.nics))
+    if launch.tcp:
+        settings.setdefault("NCCL_IB_DISABLE", "1")
+    return settings
+
+
+def _ssh_args(launch: Launch) -> str:
+    args = []
+    if launch.ssh_port:
+        args += ["-p", str(launch.ssh_port)]
+    if launch.ssh_identity_file:
+        args += ["-i", launch.ssh_identity_file]
+    return shlex.join(args)
+
+
+def _hydra(launch: Launch) -> tuple[dict[str, str], list[str]]:
+    env = {}
+    argv = [launch.mpiexec, "-prepend-rank"]
+    if launch.hosts:
+        argv += ["-hosts", ",".join(f"{h.name}:{h.slots}" for h in launch.hosts)]
+    ssh = _ssh_args(launch)
+    if ssh:
+        env["HYDRA_LAUNCHER_EXTRA_ARGS"] = ssh  # hydra's ssh launcher adds these to every ssh call
+    settings = _settings(launch)
+    if launch.nics:
+        if len(launch.nics) > 1:
+            raise UsageError(f"MPICH's hydra takes one network interface, got {', '.join(launch.nics)}")
+        argv += ["-iface", launch.nics[0]]
+        settings.setdefault("UCX_NET_DEVICES", launch.nics[0])
+    if launch.tcp:
+        settings.setdefault("UCX_TLS", "tcp,sm,self")
+    if launch.output_filename:
+        argv += ["-outfile-pattern", f"{launch.output_filename}.rank%r.out",
+                 "-errfile-pattern", f"{launch.output_filename}.rank%r.err"]
+    for name, value in sorted(settings.items()):
+        argv += ["-genv", name, str(value)]
+    argv += shlex.split(launch.mpi_args or "")
+    return env, argv + ["-n", str(launch.np), *launch.command]
+
+
+def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
+    argv = [launch.mpiexec]
+    if launch.as_root:
+        argv.append("--allow-run-as-root")
+    argv += ["--tag-output", "-np", str(launch.np)]
+    if launch.hosts:
+        argv += ["-H", ",".join(f"{h.name}:{h.slots}" for h in launch.hosts)]
+    argv += shlex.split(launch.binding_args) if launch.binding_args else ["-bind-to", "none", "-map-by", "slot"]
+    argv += ["-mca", "pml", "ob1", "-mca", "btl", "tcp,vader,self" if launch.tcp else "^openib"]
+    ssh = _ssh_args(launch)
+    if ssh:
+        argv += ["-mca", "plm_rsh_args", ssh]
+    if launch.nics:
+        argv += ["-mca", "btl_tcp_if_include", ",".join(launch.nics)]
+    if launch.output_filename:
+        argv += ["--output-filename", launch.output_filename]
+    settings = _settings(launch)
+    for name, value in sorted(settings.items()):
+        argv += ["-x", f"{name}={value}"]
+    for name in launch.forward:
+        if name not in settings:
+            argv += ["-x", name]
+    argv += shlex.split(launch.mpi_args or "")
+    return {}, argv + list(launch.command)
+
+
+def printable(env: dict[str, str], argv: Sequence[str]) -> str:
+    """The command as a shell would take it: ``NAME=value mpiexec ...``."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return (prefix + " " if prefix else "") + shlex.join(argv)

@@ -1,0 +1,204 @@
+"""commlib-run's command line: horovodrun's flags, and what each one sets for the ranks.
+
+A flag with a commlib meaning becomes the ``COMMLIB_*`` variable of its setting (:mod:`commlib.config`),
+passed to every rank on the MPI command line, so it wins over the same setting in the caller's environment
+as a flag should. A flag commlib cannot honour is a warning naming it (the same reasons as the
+``HOROVOD_*`` variables it would set, :data:`commlib.config.HOROVOD_IGNORED`); one that cannot work at all
+(``--gloo``, ``--jsrun``, ``--config-file``) is an error saying what to do instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from ..config import HOROVOD_IGNORED
+
+
+class UsageError(ValueError):
+    """A command line commlib-run cannot run; the message says what to change."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="commlib-run",
+        description="Start a data-parallel job on MPI: horovodrun's flags, the right command line for the MPI "
+                    "found (MPICH/hydra or Open MPI), hosts checked first. See docs/launcher.md.",
+        usage="commlib-run [-h] -np N [-H HOSTS | --hostfile FILE | --emulate HxR] [options] command ...")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks (default: the hosts' slots)")
+    p.add_argument("-H", "--hosts", dest="hosts", default=None,
+                   help="host:slots,... (e.g. a:2,b:2); default: this host")
+    p.add_argument("-hostfile", "--hostfile", dest="hostfile", default=None,
+                   help="file with one host per line, as 'host slots=N' (horovodrun's form) or 'host:N'")
+    p.add_argument("--network-interface", "--network-interfaces", dest="nics", default=None,
+                   help="network interface(s) the ranks talk over, comma-separated (MPICH takes one)")
+    p.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, default=None, help="ssh port of the hosts")
+    p.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None, help="ssh identity file")
+    p.add_argument("--start-timeout", type=float, default=30.0,
+                   help="seconds each host check (ssh) may take (default 30)")
+    p.add_argument("--output-filename", default=None, help="write each rank's output to files under this name")
+    p.add_argument("--verbose", action="count", default=0, help="say what is checked and run")
+    p.add_argument("--mpiexec", default=None,
+                   help="the mpiexec/mpirun to run (default: the one beside this Python, else on PATH)")
+    p.add_argument("--mpi-args", default=None, help="extra arguments for mpiexec, as one string")
+    p.add_argument("--binding-args", default=None, help="Open MPI's binding flags (default -bind-to none -map-by slot)")
+    p.add_argument("--tcp", dest="tcp", action="store_true", help="TCP only, no RDMA transports")
+    p.add_argument("--disable-cache", action="store_true", help="accepted; commlib-run keeps no host-check cache")
+    p.add_argument("-cb", "--check-build", action="store_true", help="print what this commlib supports, and exit")
+    p.add_argument("--mpi", action="store_true", help="run on MPI (the only controller commlib has)")
+    p.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--jsrun", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--timeout", type=float, default=None,
+                   help="kill the job after this many seconds (default: none; --emulate: 3600)")
+    # the emulated cluster (commlib.testing.cluster)
+    p.add_argument("--emulate", default=None, metavar="HxR",
+                   help="run on an emulated cluster of H hosts with R ranks each (network namespaces, one "
+                        "machine; needs root), e.g. 2x2")
+    p.add_argument("--link-rate", default=None, help="with --emulate: each host's link rate, e.g. 1gbit")
+
+    tune = p.add_argument_group("settings (each sets a COMMLIB_* variable; docs/configuration.md)")
+    tune.add_argument("--fusion-threshold-mb", type=float, default=None, help="largest fused buffer, MiB")
+    tune.add_argument("--cycle-time-ms", type=float, default=None, help="coordinator cycle time, ms")
+    tune.add_argument("--cache-capacity", type=int, default=None, help="response cache entries")
+    for name, text in (("hierarchical-allreduce", "allreduce with the hierarchical schedule"),
+                       ("torus-allreduce", "allreduce with the torus2d schedule")):
+        group = tune.add_mutually_exclusive_group()
+        group.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=None, help=text)
+        group.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_false",
+                           help="leave the choice to auto (the default)")
+    tune.add_argument("--timeline-filename", default=None, help="Chrome-trace timeline (rank 0 writes this file)")
+    marks = tune.add_mutually_exclusive_group()
+    marks.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles", action="store_true", default=None,
+                       help="mark coordinator cycles in the timeline")
+    marks.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_false")
+    stall = tune.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", dest="stall_check", action="store_false", default=None,
+                       help="no stall warnings")
+    stall.add_argument("--stall-check", dest="stall_check", action="store_true")
+    tune.add_argument("--stall-check-warning-time-seconds", type=float, default=None,
+                      help="seconds before a stalled tensor is reported")
+    tune.add_argument("--stall-check-shutdown-time-seconds", type=float, default=None,
+                      help="seconds after which a stalled tensor fails the job's collectives")
+    tune.add_argument("--num-nccl-streams", type=int, default=None,
+                      help="execution lanes (COMMLIB_NUM_STREAMS)")
+
+    ignored = p.add_argument_group("horovodrun flags commlib cannot honour (a warning each)")
+    autotune = ignored.add_mutually_exclusive_group()
+    autotune.add_argument("--autotune", dest="autotune", action="store_true", default=None)
+    autotune.add_argument("--no-autotune", dest="autotune", action="store_false")
+    for flag in ("--autotune-log-file", "--autotune-warmup-samples", "--autotune-steps-per-sample",
+                 "--autotune-bayes-opt-max-samples", "--autotune-gaussian-process-noise", "--thread-affinity",
+                 "--gloo-timeout-seconds", "--log-level"):
+        ignored.add_argument(flag, default=None)
+    for name in ("hierarchical-allgather", "mpi-threads-disable"):
+        group = ignored.add_mutually_exclusive_group()
+        group.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=None)
+        group.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_false")
+    for flag in ("--log-with-timestamp", "--log-without-timestamp", "--log-hide-timestamp",
+                 "--no-log-hide-timestamp", "-prefix-timestamp", "--prefix-output-with-timestamp"):
+        ignored.add_argument(flag, action="store_true", default=False)
+
+    elastic = p.add_argument_group("elastic training (docs/elastic.md): the driver restarts the job from the "
+                                   "last commit when a host is lost or added")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, default=None,
+                         help="fewest ranks to train with (wait for them, at most --elastic-timeout)")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, default=None,
+                         help="most ranks to start")
+    elastic.add_argument("--host-discovery-script", default=None,
+                         help="prints the available hosts, one 'host' or 'host:slots' per line")
+    elastic.add_argument("--slots-per-host", type=int, default=None, help="slots of a discovered host without :slots")
+    elastic.add_argument("--elastic-timeout", type=float, default=None,
+                         help="seconds to wait for --min-np slots (default 600)")
+    elastic.add_argument("--reset-limit", type=int, default=None, help="most restarts before the job fails")
+    elastic.add_argument("--blacklist-cooldown-range", nargs=2, default=None, metavar=("LOW", "HIGH"),
+                         help="a failed host comes back after a random LOW..HIGH seconds (default: never)")
+    p.add_argument("--config-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return p
+
+
+#: flags without a commlib meaning -> the HOROVOD_* variable whose reason the warning gives
+_IGNORED_FLAGS = {
+    "autotune": "HOROVOD_AUTOTUNE", "autotune_log_file": "HOROVOD_AUTOTUNE_LOG",
+    "autotune_warmup_samples": "HOROVOD_AUTOTUNE_WARMUP_SAMPLES",
+    "autotune_steps_per_sample": "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",
+    "autotune_bayes_opt_max_samples": "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+    "autotune_gaussian_process_noise": "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+    "hierarchical_allgather": "HOROVOD_HIERARCHICAL_ALLGATHER", "mpi_threads_disable": "HOROVOD_MPI_THREADS_DISABLE",
+    "thread_affinity": "HOROVOD_THREAD_AFFINITY", "gloo_timeout_seconds": "HOROVOD_GLOO_TIMEOUT_SECONDS",
+    "log_level": "HOROVOD_LOG_LEVEL", "log_with_timestamp": "HOROVOD_LOG_HIDE_TIME",
+    "log_without_timestamp": "HOROVOD_LOG_HIDE_TIME", "log_hide_timestamp": "HOROVOD_LOG_HIDE_TIME",
+    "no_log_hide_timestamp": "HOROVOD_LOG_HIDE_TIME",
+}
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse and check ``argv``; raise :class:`UsageError` for what cannot run."""
+    args = parser().parse_args(list(argv))
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if args.gloo or args.jsrun:
+        raise UsageError(f"commlib runs on MPI only; drop {'--gloo' if args.gloo else '--jsrun'} (commlib-run "
+                         "starts the job with the mpiexec it finds)")
+    if args.config_file is not None:
+        raise UsageError("--config-file (horovodrun's YAML) is not read by commlib-run; pass the settings as "
+                         "flags or COMMLIB_* variables")
+    if args.check_build:
+        return args
+    if not args.command:
+        raise UsageError("no command given: commlib-run -np 2 python train.py")
+    if args.np is not None and args.np < 1:
+        raise UsageError(f"-np must be at least 1, got {args.np}")
+    given = [f for f, v in (("-H", args.hosts), ("--hostfile", args.hostfile), ("--emulate", args.emulate)) if v]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} both name the hosts; give one")
+    if args.link_rate and not args.emulate:
+        raise UsageError("--link-rate shapes an emulated cluster's links: use it with --emulate HxR")
+    if args.stall_check is False and args.stall_check_warning_time_seconds is not None:
+        raise UsageError("--no-stall-check and --stall-check-warning-time-seconds contradict each other")
+    if args.hierarchical_allreduce and args.torus_allreduce:
+        raise UsageError("--hierarchical-allreduce and --torus-allreduce ask for two allreduce algorithms; give one")
+    return args
+
+
+def settings(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+    """The ``COMMLIB_*`` variables the flags set for every rank, and a warning for each flag commlib cannot
+    honour."""
+    env: dict[str, str] = {}
+    if args.fusion_threshold_mb is not None:
+        env["COMMLIB_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * (1 << 20)))
+    if args.cycle_time_ms is not None:
+        env["COMMLIB_CYCLE_TIME"] = _number(args.cycle_time_ms)
+    if args.cache_capacity is not None:
+        env["COMMLIB_CACHE_CAPACITY"] = str(args.cache_capacity)
+    if args.hierarchical_allreduce:
+        env["COMMLIB_ALGORITHM"] = "hierarchical"
+    if args.torus_allreduce:
+        env["COMMLIB_ALGORITHM"] = "torus2d"
+    if args.timeline_filename:
+        env["COMMLIB_TIMELINE"] = args.timeline_filename
+    if args.timeline_mark_cycles is not None:
+        env["COMMLIB_TIMELINE_MARK_CYCLES"] = "1" if args.timeline_mark_cycles else "0"
+    if args.stall_check is False:
+        env["COMMLIB_STALL_CHECK_TIME"] = "0"
+    if args.stall_check_warning_time_seconds is not None:
+        env["COMMLIB_STALL_CHECK_TIME"] = _number(args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        env["COMMLIB_STALL_SHUTDOWN_TIME"] = _number(args.stall_check_shutdown_time_seconds)
+    if args.num_nccl_streams is not None:
+        env["COMMLIB_NUM_STREAMS"] = str(args.num_nccl_streams)
+    warnings = []
+    for attr, variable in _IGNORED_FLAGS.items():
+        value = getattr(args, attr)
+        if value in (None, False):
+            continue
+        flag = "--" + attr.replace("_", "-")
+        warnings.append(f"{flag} is not honoured by commlib: {HOROVOD_IGNORED[variable]}")
+    if args.prefix_timestamp or args.prefix_output_with_timestamp:
+        warnings.append("--prefix-output-with-timestamp is not honoured: MPICH's hydra has no timestamp option "
+                        "(Open MPI's --timestamp-output can go in --mpi-args)")
+    return env, warnings
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

@@ -1,0 +1,238 @@
+"""Elastic training (commlib/elastic, commlib.torch.elastic, commlib-run's driver in commlib/run/elastic.py):
+the state's commit/restore/snapshot and the driver's pieces without MPI, then real elastic jobs on a 3-host
+emulated cluster: a worker killed with SIGKILL mid-epoch, a host added back through the discovery script,
+and too few hosts for --min-np."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpirun import REPO
+
+from commlib.elastic import HostsUpdatedInterrupt, ObjectState, control
+from commlib.run import elastic as driver
+from commlib.run.hosts import Host
+from commlib.run.options import UsageError, parse
+
+WORKER = str(REPO / "tests" / "workers" / "elastic_train.py")
+
+
+# ---- without MPI ----------------------------------------------------------------------------------------
+
+def _state(**kwargs):
+    return ObjectState(bcast_object=lambda obj, root_rank=0: obj, get_rank=lambda: 0, **kwargs)
+
+
+def test_object_state_commit_restore_and_the_driver_snapshot(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMMLIB_ELASTIC_DIR", raising=False)
+    state = _state(epoch=1, seen=[1])
+    state.epoch, state.seen = 2, [1, 2]
+    state.restore()
+    assert (state.epoch, state.seen) == (1, [1])
+    state.seen.append(5)  # a deep copy was saved: the live list changes alone
+    state.restore()
+    assert state.seen == [1]
+    state.epoch = 3
+    state.commit()  # no driver: nothing written, no host check
+    state.epoch = 4
+    state.restore()
+    assert state.epoch == 3 and not state.resume()
+
+    monkeypatch.setenv("COMMLIB_ELASTIC_DIR", str(tmp_path))
+    state.epoch = 7
+    state.commit()
+    assert pickle.loads((tmp_path / control.SNAPSHOT).read_bytes()) == {"epoch": 7, "seen": [1]}
+    fresh = _state(epoch=0, seen=[])
+    assert fresh.resume() and (fresh.epoch, fresh.seen) == (7, [1])
+    control.flag_hosts_updated(str(tmp_path), "a,b")
+    with pytest.raises(HostsUpdatedInterrupt):
+        state.commit()
+    control.clear_hosts_updated(str(tmp_path))
+    state.commit()
+
+
+def test_discovery_blacklist_and_choice():
+    assert driver.parse_discovered("a:2\n# comment\nb\n\nc:0\n", slots_per_host=3) == [Host("a", 2), Host("b", 3)]
+    with pytest.raises(UsageError, match="host or host:slots"):
+        driver.parse_discovered("a b\n", None)
+    assert driver.choose([Host("a", 2), Host("b", 2)], 3) == ([Host("a", 2), Host("b", 1)], 3)
+    assert driver.choose([Host("a", 2), Host("b", 2)], None) == ([Host("a", 2), Host("b", 2)], 4)
+    forever = driver.Blacklist(None)
+    forever.add("a", 10.0)
+    assert not forever.allows("a", 1e9) and forever.allows("b", 10.0)
+    cooling = driver.Blacklist((5, 5))
+    cooling.add("a", 10.0)
+    assert not cooling.allows("a", 14.0) and cooling.allows("a", 15.0) and cooling.listed(14.0) == ["a"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-np", "2", "--reset-limit", "3", "x"], "applies to elastic jobs"),
+    (["--min-np", "3", "--max-np", "2", "x"], "min-np <= max-np"),
+    (["--min-np", "1", "--blacklist-cooldown-range", "9", "3", "x"], "low <= high"),
+])
+def test_bad_elastic_flags(argv, needle):
+    with pytest.raises(UsageError, match=needle):
+        driver.options(parse(argv))
+
+
+def test_too_few_slots_fail_at_the_elastic_timeout(tmp_path):
+    """--min-np more than the discovered slots: the driver waits, then fails naming what it found."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:1\n")
+    script.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "commlib.run", "--min-np", "2", "--host-discovery-script",
+                           str(script), "--elastic-timeout", "2", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 2, done.stderr
+    assert "waiting for --min-np 2 slots (have 1)" in done.stderr
+    assert "only 1 slot(s) available (hosts: localhost:1" in done.stderr and "--elastic-timeout 2" in done.stderr
+
+
+# ---- on emulated hosts ----------------------------------------------------------------------------------
+
+def _remove_shared_memory_left(logdir: Path) -> None:
+    """The MPICH shared-memory files the workers mapped (they listed them) that a killed job left behind
+    and no live process maps any more."""
+    listed = {p for f in logdir.glob("shm.*.txt") for p in f.read_text().split() if p.startswith("/dev/shm/")}
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            mapped |= {line.split()[-1] for line in maps.read_text().splitlines() if "/dev/shm/" in line}
+        except OSError:
+            continue
+    for path in listed - mapped:
+        Path(path).unlink(missing_ok=True)
+
+
+def _elastic_run(argv, env, timeout=400):
+    return subprocess.run([sys.executable, "-m", "commlib.run", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO), **env), cwd=REPO)
+
+
+def _replay(logdir: Path):
+    """Read the workers' logs; return the launches (in order) and, per step, the index lists of the launch
+    that ran it last (a step a failed launch logged and the next one ran again counts once)."""
+    launches, steps = {}, {}
+    for path in sorted(logdir.glob("*.log")):
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        head = lines[0]
+        launches.setdefault(head["launch"], {"size": head["size"], "start_step": head["start_step"],
+                                             "start": head["time"], "first_step_time": None})
+        for entry in lines[1:]:
+            launch = launches[head["launch"]]
+            if launch["first_step_time"] is None or entry["time"] < launch["first_step_time"]:
+                launch["first_step_time"] = entry["time"]
+            steps.setdefault(entry["step"], {}).setdefault(head["launch"], {})[head["rank"]] = (entry["epoch"],
+                                                                                                  entry["indices"])
+    final = {}
+    for step, by_launch in steps.items():
+        last = max(by_launch)
+        final[step] = by_launch[last]
+    order = sorted(launches, key=float)
+    return [launches[k] for k in order], dict(sorted(final.items()))
+
+
+def _reference(final_steps):
+    """The same SGD as the worker, on the same samples per step, in one process (float64): each rank's mean
+    gradient, averaged over the ranks (what DistributedOptimizer does)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(7)
+    features = torch.randn(144, 4, generator=generator)
+    targets = features @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.25
+    x_all, y_all = features.double().numpy(), targets.double().numpy()
+    w, b = np.zeros(4), 0.0
+    for ranks in final_steps.values():
+        gw, gb = np.zeros(4), 0.0
+        for _, indices in ranks.values():
+            x, y = x_all[indices], y_all[indices]
+            r = x @ w + b - y
+            gw += 2 * x.T @ r / len(indices)
+            gb += 2 * r.mean()
+        w, b = w - 0.05 * gw / len(ranks), b - 0.05 * gb / len(ranks)
+    return w, b
+
+
+def _check_training(logdir: Path, final_steps):
+    # every epoch saw every sample (the sampler pads to a multiple of the ranks: a few twice at most)
+    for epoch in (0, 1):
+        seen = [i for ranks in final_steps.values() for e, indices in ranks.values() if e == epoch for i in indices]
+        assert set(seen) == set(range(144)) and len(seen) - 144 <= 3 * 4, (epoch, len(seen))
+    assert list(final_steps) == list(range(len(final_steps)))  # no step lost or run twice
+    final = json.loads((logdir / "final.json").read_text())
+    w, b = _reference(final_steps)
+    assert np.allclose(final["weight"], w, atol=1e-4) and abs(final["bias"] - b) < 1e-4, (final, w, b)
+    return final
+
+
+def _needs_cluster(make_cluster):
+    from commlib.testing import netns
+
+    missing = netns.missing_prerequisites(shaped=False)
+    if missing:
+        pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
+
+
+def test_worker_killed_mid_epoch_training_goes_on(make_cluster, tmp_path):
+    """3 hosts x 1 rank; rank 1 kills itself with SIGKILL at step 10 of 24 in epoch 0. hydra takes the job
+    down, the driver blacklists that host and restarts on the other 2 from the last commit; training ends
+    with every sample of both epochs processed once and the model of a run over those same samples."""
+    _needs_cluster(make_cluster)
+    try:
+        done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", sys.executable, WORKER,
+                             str(tmp_path)], {"ELASTIC_KILL_AT": "10"})
+    finally:
+        _remove_shared_memory_left(tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "blacklisted for good" in done.stderr and "starting 2 rank(s)" in done.stderr, done.stderr[-3000:]
+    launches, final_steps = _replay(tmp_path)
+    assert [(l["size"], l["start_step"]) for l in launches] == [(3, 0), (2, 10)], launches
+    final = _check_training(tmp_path, final_steps)
+    assert final["size"] == 2
+    killed = float((tmp_path / "killed").read_text())
+    resumed = launches[1]["first_step_time"] - killed
+    print(f"resumed training {resumed:.1f} s after the kill")
+    (tmp_path.parent / "elastic_resume_seconds").write_text(f"{resumed:.2f}\n")
+
+
+def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
+    """Discovery lists 2 of 3 hosts; at step 5 the worker makes it list all 3: the driver flags it, every
+    rank's next commit raises HostsUpdatedInterrupt, and the job restarts on 3 from that commit."""
+    _needs_cluster(make_cluster)
+    trigger = tmp_path / "all_hosts"
+    script = tmp_path / "discover.sh"
+    # the cluster's host names reach the script as COMMLIB_RUN_HOSTS; 2 of them until the worker's trigger
+    script.write_text(f'#!/bin/sh\nif [ -e {trigger} ]; then n=3; else n=2; fi\n'
+                      'echo "$COMMLIB_RUN_HOSTS" | tr , "\\n" | head -$n\n')
+    script.chmod(0o755)
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    try:
+        done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", "--host-discovery-script",
+                             str(script), sys.executable, WORKER, str(logdir)],
+                            {"ELASTIC_TRIGGER": str(trigger), "ELASTIC_ADD_HOST_AT": "5", "ELASTIC_STEP_SLEEP": "0.3"})
+    finally:
+        _remove_shared_memory_left(logdir)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    launches, final_steps = _replay(logdir)
+    assert [l["size"] for l in launches] == [2, 3], (launches, done.stderr[-3000:])
+    assert launches[1]["start_step"] >= 6
+    assert "hosts changed" in done.stderr and "the workers asked for a restart" in done.stderr
+    _check_training(logdir, final_steps)
+
+
+@pytest.mark.parametrize("nprocs", [3])
+def test_torch_state_and_sampler_across_ranks(nprocs):
+    """TorchState's sync/restore/commit of a model, an optimizer with momentum and attributes;
+    ObjectState's sync; ElasticSampler's split without overlap and its split of the rest after a restore
+    (tests/workers/elastic_state.py)."""
+    from mpirun import run_mpi
+
+    out = run_mpi(nprocs, "elastic_state.py", timeout=240, env={"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"})
+    assert out.count("elastic_state OK") == nprocs, out[-3000:]

@@ -1,0 +1,228 @@
+"""commlib-run (commlib/run/): the command lines for MPICH and Open MPI (golden), the flags' settings and
+errors, the host check, and real jobs through it on this host and on emulated hosts."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpirun import REPO
+
+from commlib.run import hosts as H
+from commlib.run import mpi
+from commlib.run.options import UsageError, parse, settings
+
+WORKER = str(REPO / "tests" / "workers" / "run_job.py")
+
+
+# ---- golden command lines -------------------------------------------------------------------------------
+
+def _launch(flavor, **kw):
+    base = dict(flavor=flavor, mpiexec="mpiexec", np=4, command=["python", "train.py", "--lr", "0.1"],
+                hosts=[H.Host("a", 2), H.Host("b", 2)],
+                settings={"COMMLIB_FUSION_THRESHOLD": "33554432", "COMMLIB_TIMELINE": "/tmp/t.json"})
+    base.update(kw)
+    return mpi.Launch(**base)
+
+
+def test_mpich_command_line():
+    env, argv = mpi.command_line(_launch(mpi.MPICH, ssh_port=2222, ssh_identity_file="/k/id", nics=["eth1"],
+                                         output_filename="/tmp/out", tcp=True, mpi_args="-bind-to core",
+                                         forward=["PATH", "PYTHONPATH"], as_root=True))
+    assert env == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222 -i /k/id"}
+    assert argv == ["mpiexec", "-prepend-rank", "-hosts", "a:2,b:2", "-iface", "eth1",
+                    "-outfile-pattern", "/tmp/out.rank%r.out", "-errfile-pattern", "/tmp/out.rank%r.err",
+                    "-genv", "COMMLIB_FUSION_THRESHOLD", "33554432", "-genv", "COMMLIB_TIMELINE", "/tmp/t.json",
+                    "-genv", "NCCL_IB_DISABLE", "1", "-genv", "NCCL_SOCKET_IFNAME", "eth1",
+                    "-genv", "UCX_NET_DEVICES", "eth1", "-genv", "UCX_TLS", "tcp,sm,self",
+                    "-bind-to", "core", "-n", "4", "python", "train.py", "--lr", "0.1"]
+    # this machine only: no hosts, nothing for ssh
+    env, argv = mpi.command_line(_launch(mpi.MPICH, hosts=[], settings={}, np=2))
+    assert env == {} and argv == ["mpiexec", "-prepend-rank", "-n", "2", "python", "train.py", "--lr", "0.1"]
+    assert mpi.printable({"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2"}, ["mpiexec", "-n", "2", "a b"]) == \
+        "HYDRA_LAUNCHER_EXTRA_ARGS='-p 2' mpiexec -n 2 'a b'"
+
+
+def test_open_mpi_command_line():
+    env, argv = mpi.command_line(_launch(mpi.OPEN_MPI, ssh_port=2222, ssh_identity_file="/k/id",
+                                         nics=["eth1", "eth2"], output_filename="/tmp/out",
+                                         forward=["PATH", "PYTHONPATH", "COMMLIB_TIMELINE"], as_root=True))
+    assert env == {}
+    assert argv == ["mpiexec", "--allow-run-as-root", "--tag-output", "-np", "4", "-H", "a:2,b:2",
+                    "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+                    "-mca", "plm_rsh_args", "-p 2222 -i /k/id", "-mca", "btl_tcp_if_include", "eth1,eth2",
+                    "--output-filename", "/tmp/out",
+                    "-x", "COMMLIB_FUSION_THRESHOLD=33554432", "-x", "COMMLIB_TIMELINE=/tmp/t.json",
+                    "-x", "NCCL_SOCKET_IFNAME=eth1,eth2", "-x", "PATH", "-x", "PYTHONPATH",
+                    "python", "train.py", "--lr", "0.1"]
+    env, argv = mpi.command_line(_launch(mpi.OPEN_MPI, hosts=[], settings={}, np=2, tcp=True,
+                                         binding_args="-bind-to socket"))
+    assert argv == ["mpiexec", "--tag-output", "-np", "2", "-bind-to", "socket", "-mca", "pml", "ob1",
+                    "-mca", "btl", "tcp,vader,self", "-x", "NCCL_IB_DISABLE=1", "python", "train.py", "--lr", "0.1"]
+
+
+def test_mpich_takes_one_interface():
+    with pytest.raises(UsageError, match="one network interface"):
+        mpi.command_line(_launch(mpi.MPICH, nics=["eth1", "eth2"]))
+
+
+@pytest.mark.parametrize("text, flavor", [
+    ("HYDRA build details:\n    Version:  5.0.2", mpi.MPICH),
+    ("mpiexec (OpenRTE) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/", mpi.OPEN_MPI),
+    ("mpirun (Open MPI) 5.0.3", mpi.OPEN_MPI),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.9", mpi.MPICH),
+])
+def test_mpi_flavour_from_version(text, flavor):
+    assert mpi.classify(text) == flavor
+
+
+def test_unknown_mpi_is_an_error():
+    with pytest.raises(UsageError, match="cannot tell which MPI"):
+        mpi.classify("srun: slurm 23.02")
+
+
+def test_forwarded_variables():
+    assert mpi.forwarded({"PATH": "/b", "COMMLIB_X": "1", "HOROVOD_Y": "2", "HOME": "/r", "UCX_TLS": "tcp"}) == \
+        ["COMMLIB_X", "HOROVOD_Y", "PATH", "UCX_TLS"]
+
+
+# ---- flags ----------------------------------------------------------------------------------------------
+
+def test_flags_become_commlib_settings():
+    args = parse(["-np", "4", "--fusion-threshold-mb", "32", "--cycle-time-ms", "2.5", "--cache-capacity", "99",
+                  "--hierarchical-allreduce", "--timeline-filename", "t.json", "--timeline-mark-cycles",
+                  "--stall-check-warning-time-seconds", "30", "--stall-check-shutdown-time-seconds", "90",
+                  "--num-nccl-streams", "2", "python", "train.py", "-np", "7"])
+    env, warnings = settings(args)
+    assert env == {"COMMLIB_FUSION_THRESHOLD": str(32 << 20), "COMMLIB_CYCLE_TIME": "2.5",
+                   "COMMLIB_CACHE_CAPACITY": "99", "COMMLIB_ALGORITHM": "hierarchical", "COMMLIB_TIMELINE": "t.json",
+                   "COMMLIB_TIMELINE_MARK_CYCLES": "1", "COMMLIB_STALL_CHECK_TIME": "30",
+                   "COMMLIB_STALL_SHUTDOWN_TIME": "90", "COMMLIB_NUM_STREAMS": "2"}
+    assert warnings == [] and args.command == ["python", "train.py", "-np", "7"] and args.np == 4
+    assert settings(parse(["-np", "1", "--no-stall-check", "--torus-allreduce", "x"]))[0] == \
+        {"COMMLIB_STALL_CHECK_TIME": "0", "COMMLIB_ALGORITHM": "torus2d"}
+    assert settings(parse(["-np", "1", "--no-hierarchical-allreduce", "x"]))[0] == {}
+
+
+def test_flags_commlib_cannot_honour_warn():
+    env, warnings = settings(parse(["-np", "2", "--autotune", "--autotune-log-file", "a.csv", "--mpi-threads-disable",
+                                    "--log-level", "DEBUG", "--no-hierarchical-allgather", "x"]))
+    flags = sorted(w.split(" ")[0] for w in warnings)
+    assert env == {} and flags == ["--autotune", "--autotune-log-file", "--log-level", "--mpi-threads-disable"]
+    assert all("not honoured" in w for w in warnings)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["-np", "2", "--gloo", "x"], "MPI only"),
+    (["-np", "2", "--config-file", "c.yaml", "x"], "--config-file"),
+    (["-np", "2"], "no command"),
+    (["-np", "0", "x"], "at least 1"),
+    (["-H", "a:2", "--hostfile", "h", "x"], "give one"),
+    (["-np", "2", "--link-rate", "1gbit", "x"], "--emulate"),
+    (["-np", "2", "--hierarchical-allreduce", "--torus-allreduce", "x"], "two allreduce"),
+    (["-np", "2", "--no-stall-check", "--stall-check-warning-time-seconds", "3", "x"], "contradict"),
+])
+def test_bad_command_lines_say_what_to_change(argv, needle):
+    with pytest.raises(UsageError, match=needle):
+        parse(argv)
+
+
+# ---- hosts ----------------------------------------------------------------------------------------------
+
+def test_hosts_and_hostfile(tmp_path):
+    assert H.parse_hosts("a:2,b,a:1") == [H.Host("a", 3), H.Host("b", 1)]
+    with pytest.raises(UsageError, match="host:slots"):
+        H.parse_hosts("a:0")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# workers\nnode1 slots=4\nnode2:2\nnode3   # one slot\n\n")
+    assert H.parse_hostfile(str(hostfile)) == [H.Host("node1", 4), H.Host("node2", 2), H.Host("node3", 1)]
+    hostfile.write_text("node1 slots=x\n")
+    with pytest.raises(UsageError, match="line 1"):
+        H.parse_hostfile(str(hostfile))
+    with pytest.raises(UsageError, match="No such file"):
+        H.parse_hostfile(str(tmp_path / "missing"))
+    assert H.is_local("localhost") and H.is_local("127.0.1.1") and not H.is_local("node1.invalid")
+
+
+def test_unreachable_host_is_named_before_mpi_starts():
+    """ssh to a host that does not resolve fails the check at once, naming the host and ssh's reason."""
+    import shutil
+
+    if not shutil.which("ssh"):
+        pytest.skip("no ssh client here")
+    with pytest.raises(UsageError) as error:
+        H.check([H.Host("localhost", 1), H.Host("nohost.invalid", 2)], port=2222, timeout=5)
+    text = str(error.value)
+    assert "nohost.invalid: ssh failed" in text and "localhost" not in text.split("\n", 1)[1], text
+
+
+def test_missing_local_interface_is_named():
+    with pytest.raises(UsageError, match="no network interface nonexist0"):
+        H.check([H.Host("localhost", 1)], nics=["nonexist0"])
+
+
+# ---- real jobs ------------------------------------------------------------------------------------------
+
+def _commlib_run(*argv, env=None, timeout=120):
+    environ = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "commlib.run", *argv], capture_output=True, text=True,
+                          timeout=timeout, env=environ, cwd=REPO)
+
+
+def _reports(stdout):
+    """Rank 0's report lines (another rank's output may follow on the same line: hydra writes what each
+    process wrote as it comes)."""
+    decoder = json.JSONDecoder()
+    return sorted((decoder.raw_decode(line.split("RUNJOB ", 1)[1])[0] for line in stdout.splitlines()
+                   if "RUNJOB " in line), key=lambda r: r["rank"])
+
+
+def test_job_on_this_host_with_settings_and_timeline(tmp_path):
+    timeline = tmp_path / "t.json"
+    done = _commlib_run("-np", "2", "-H", "localhost:2", "--fusion-threshold-mb", "8", "--cycle-time-ms", "3",
+                        "--timeline-filename", str(timeline), "--timeline-mark-cycles", "--autotune",
+                        sys.executable, WORKER, "--flag", "x y",
+                        env={"COMMLIB_FUSION_THRESHOLD": "1M", "HOROVOD_STALL_CHECK_TIME_SECONDS": "17"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = _reports(done.stdout)
+    assert [r["rank"] for r in reports] == [0, 1], done.stdout
+    for report in reports:
+        # the flag wins over the caller's COMMLIB_*; a HOROVOD_* variable of the caller still reaches commlib
+        assert report["fusion"] == 8 << 20 and report["cycle"] == 3 and report["stall"] == 17, report
+        assert report["marks"] and report["argv"] == ["--flag", "x y"], report
+    assert "[0] RUNJOB" in done.stdout  # hydra's rank prefix, as horovodrun asks for
+    assert "-genv COMMLIB_FUSION_THRESHOLD 8388608" in done.stderr and "--autotune is not honoured" in done.stderr
+    names = {e["name"] for e in json.loads(timeline.read_text())}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "CYCLE_START"} <= names, names
+    assert (tmp_path / "t.rank1.json").exists()
+
+
+def test_job_failure_is_the_exit_code():
+    done = _commlib_run("-np", "2", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert done.returncode != 0
+
+
+def test_usage_error_exit_code():
+    done = _commlib_run("-np", "2", "--gloo", "python", "x.py")
+    assert done.returncode == 2 and "commlib-run: error: commlib runs on MPI only" in done.stderr
+
+
+def test_job_on_emulated_hosts(make_cluster):
+    from commlib.testing import netns
+    from commlib.testing.cluster import leftovers
+
+    missing = netns.missing_prerequisites(shaped=True)
+    if missing:
+        pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
+    done = _commlib_run("--emulate", "2x2", "--link-rate", "1gbit", "--hierarchical-allreduce",
+                        sys.executable, WORKER, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    reports = _reports(done.stdout)
+    assert [r["rank"] for r in reports] == [0, 1, 2, 3], done.stdout
+    hosts = [r["host"] for r in reports]
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+    assert all(r["local_size"] == 2 and r["algorithm"] == "hierarchical" for r in reports), reports
+    name = done.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
+    assert not leftovers([name]), leftovers([name])
