@@ -80,7 +80,7 @@ _last_op: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def _in_order(inputs):
     """Control dependencies that run a TF1 graph's collectives in the order they were created.
 
-    A session runs independent ops on a few inter-op threads in any order, and each collective op
+    A TF1 graph runs independent ops on a few inter-op threads in any order, and each collective op
     blocks its thread until every rank submitted it: two ranks running different collectives on all
     their threads would wait for each other forever. Chained, every rank runs them in one order. (A
     ``tf.function`` needs no chain: it runs stateful ops in program order already.)"""
