@@ -1,4 +1,4 @@
-"""Keras ``model.fit`` step time on 2 ranks of one host: commlib.keras vs tf.distribute's
+"""Keras ``model.fit`` step time on 2 ranks of one host: commlib vs tf.distribute's
 MultiWorkerMirroredStrategy vs no communication, at the same global batch.
 
     flock /tmp/commlib-timing.lock .venv/bin/python scripts/bench_keras.py [--rounds 3] [--steps 8]
@@ -8,12 +8,13 @@ runs as its own 2-process job, per-rank batch ``--batch`` (global batch twice th
 
 - ``local``: two processes each fitting alone, no communication (the compute floor under the same CPU
   sharing);
-- ``commlib``: ``mpiexec -n 2``, ``commlib.keras.DistributedOptimizer`` (gradients averaged in one grouped
-  allreduce per step);
+- ``commlib``: ``mpiexec -n 2``, ``commlib.tensorflow.keras.DistributedOptimizer`` (gradients averaged in
+  one grouped allreduce per step);
 - ``mwms``: two processes with ``TF_CONFIG`` on 127.0.0.1, ``tf.distribute.MultiWorkerMirroredStrategy``
   (TensorFlow's own collective ops over gRPC), model built and compiled in the strategy's scope.
 
-Modes are interleaved round by round. A job reports the median of its step times after one warm-up
+Every mode runs on tf-keras (``TF_USE_LEGACY_KERAS=1``): Keras 3's ``fit`` does not take the strategy's
+distributed dataset. Modes are interleaved round by round. A job reports the median of its step times after one warm-up
 epoch (a Keras callback times each ``train_batch``); the table gives the median over rounds of the slowest
 rank. Run under the timing lock: only one measurement at a time.
 """
@@ -44,7 +45,8 @@ def build(keras):
 def worker(mode: str, batch: int, steps: int) -> None:
     import numpy as np
     import tensorflow as tf
-    import keras
+
+    keras = tf.keras  # tf-keras (TF_USE_LEGACY_KERAS=1): MultiWorkerMirroredStrategy needs Keras 2's fit
 
     class Timer(keras.callbacks.Callback):
         def __init__(self):
@@ -74,7 +76,7 @@ def worker(mode: str, batch: int, steps: int) -> None:
         data = data.with_options(options)
         fit = dict(x=data, steps_per_epoch=steps)
     else:
-        import commlib.keras as hvd
+        import commlib.tensorflow.keras as hvd
 
         hvd.init()
         rank = hvd.rank()
@@ -105,7 +107,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def run_mode(mode: str, args) -> float:
-    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", TF_USE_LEGACY_KERAS="1")
     me = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--batch", str(args.batch),
           "--steps", str(args.steps)]
     if mode == "mwms":

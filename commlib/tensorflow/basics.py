@@ -18,12 +18,13 @@ def is_homogeneous() -> bool:
 
 
 def _set(process_set_id: int):
+    """The registered process set with this id (also one this rank is not part of)."""
     if process_set_id == 0:
         return global_process_set
-    for candidate in _cl.api._rt().sets.members():
-        if candidate.process_set_id == process_set_id:
-            return candidate
-    raise ValueError(f"process set {process_set_id} is not registered on this rank")
+    found = _cl.api._rt().sets._sets.get(process_set_id)
+    if found is None:
+        raise ValueError(f"process set {process_set_id} is not registered")
+    return found
 
 
 def rank_op(name=None) -> tf.Tensor:
