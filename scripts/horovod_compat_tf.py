@@ -196,6 +196,15 @@ def per_test(log: str) -> dict[str, str]:
     return seen
 
 
+def skip_reason(log: str, test: str) -> str | None:
+    """Why ``test`` was skipped, from the ``SKIPPED``/``SUBSKIPPED`` line at a line of its body."""
+    for line in log.splitlines():
+        m = re.match(r"^(?:SKIPPED|SUBSKIPPED\[\w+\]) \[\d+\] ([^:]+):(\d+): (.*)$", line)
+        if m and test_at(Path(m.group(1)).name, int(m.group(2))) == test.rstrip("*"):
+            return m.group(3).strip()
+    return None
+
+
 def _node_ids(test: str) -> list[str]:
     """pytest arguments selecting ``test`` (a parameterized one through -k)."""
     if test.endswith("*"):
@@ -256,7 +265,7 @@ def run_job(tests: list[str], where: Path, args, suite: Suite, tag: str) -> list
         if all(r == "passed" for r in per_rank):
             results.append((test, "passed", "", seconds))
         elif all(r == "skipped" for r in per_rank):
-            results.append((test, "skipped", first_error(ranks[0], test), seconds))
+            results.append((test, "skipped", skip_reason(ranks[0], test) or first_error(ranks[0], test), seconds))
         else:
             bad = [r for r, res in enumerate(per_rank) if res != "passed"]
             r = bad[0] if bad else 0
