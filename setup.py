@@ -39,6 +39,10 @@ setup(
         "torch": ["torch"],
         # commlib.jax (docs/jax.md): JAX on the CPU (jaxlib comes with jax) and optax for the optimizer wrappers.
         "jax": ["jax>=0.4.35", "optax>=0.2.3"],
+        # commlib.tensorflow (docs/tensorflow.md); the GPU build "tensorflow" works as well for CPU tensors.
+        "tensorflow": ["tensorflow-cpu>=2.16"],
+        # commlib.keras (Keras 3 on any backend) and commlib.tensorflow.keras on tf-keras (TF_USE_LEGACY_KERAS=1)
+        "keras": ["keras>=3", "tf-keras"],
         # GPU tensors (docs/gpu.md): CuPy for the device side, NCCL's wheel for the NCCL transport.
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv at the repository root and install commlib with what the given purpose needs.
 #   bash scripts/venv.sh main   -> commlib + the embedded MPICH + matplotlib + torch (CPU) + scikit-learn
-#   bash scripts/venv.sh test   -> the same plus pytest and JAX (CPU) with optax
+#   bash scripts/venv.sh test   -> the same plus pytest, JAX (CPU) with optax, TensorFlow (CPU), Keras 3 and tf-keras
 # A cluster's own MPI: create the venv yourself and `pip install -e .` without the [mpich] extra.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +12,10 @@ fi
 py=.venv/bin/python
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build; 2.13.0 is a CPU build.
 extras="mpich,bench"
-[ "$purpose" = "test" ] && extras="$extras,test,jax"
-"$py" -m pip install -q --disable-pip-version-check -e ".[$extras]" "torch==2.13.0" scikit-learn
+pins=("torch==2.13.0")
+if [ "$purpose" = "test" ]; then
+    # TensorFlow is pinned as torch is (the CPU wheel, 2.21 with its tf-keras); about 3 minutes and 1.5 GB
+    extras="$extras,test,jax,tensorflow,keras"
+    pins+=("tensorflow-cpu==2.21.0" "tf-keras==2.21.0" "keras==3.15.1")
+fi
+"$py" -m pip install -q --disable-pip-version-check -e ".[$extras]" "${pins[@]}" scikit-learn

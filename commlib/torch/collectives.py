@@ -13,8 +13,6 @@ the work over (measured: 6 small named allreduces took 1.26 ms that way, against
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
@@ -22,10 +20,11 @@ import commlib as _cl
 
 from .. import adasum as _adasum
 from ..compression import WireCodec
-from ..compression import collective as _compressed
 from ..errors import CommlibError
 from .. import validation
 from ..ops import ReduceOp, as_op
+from ..frameworks import (compress, decompress, horovod_style, resolve_op, set_kwargs, set_rank,  # noqa: F401
+                          set_size, wire)
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
 Average = _cl.Average
@@ -70,34 +69,6 @@ class Handle:
         return self._result
 
 
-def resolve_op(op, average=None) -> ReduceOp:
-    """Horovod's rule: ``op`` wins; the deprecated ``average`` flag maps to Average/Sum; default Average."""
-    if average is not None:
-        if op is not None:
-            raise ValueError("pass either op or the deprecated average flag, not both")
-        warnings.warn("the average argument is deprecated; use op=Average or op=Sum", DeprecationWarning,
-                      stacklevel=3)
-        return Average if average else Sum
-    if op is None:
-        return Average
-    return op if op is Adasum else as_op(op)
-
-
-def set_kwargs(process_set) -> dict:
-    """The ``process_set=`` argument for commlib's calls: none for the global set (the default)."""
-    return {} if process_set is None else {"process_set": process_set}
-
-
-def set_rank(process_set) -> int:
-    """This rank's position within ``process_set`` (the world when None)."""
-    return _cl.rank() if process_set is None else process_set.rank()
-
-
-def set_size(process_set) -> int:
-    """The number of ranks in ``process_set`` (the world when None)."""
-    return _cl.size() if process_set is None else process_set.size()
-
-
 def _same(tensor):
     return lambda _result: tensor
 
@@ -122,31 +93,6 @@ def synchronize(handle: Handle):
     Raises :class:`HorovodInternalError` if the collective failed (for instance ranks submitted the same
     name with different shapes)."""
     return validation.check_handle(handle, "synchronize", Handle).wait()
-
-
-# --- compression ----------------------------------------------------------------------------------------
-
-def _horovod_style(compression) -> bool:
-    """A Horovod-style compressor, whose torch ``compress``/``decompress`` run here (commlib's wire codecs
-    and anything else go to commlib's collective as ``compression=``)."""
-    return _compressed.horovod_style(compression)
-
-
-def compress(compression, tensor):
-    """``(tensor to send, context)``: Horovod's order, ``compress`` before the collective, for a
-    Horovod-style compressor; others leave the tensor as it is."""
-    if not _horovod_style(compression):
-        return tensor, None
-    return compression.compress(tensor)
-
-
-def decompress(compression, tensor, context):
-    return compression.decompress(tensor, context) if _horovod_style(compression) else tensor
-
-
-def _wire(compression):
-    """What commlib's collective gets as ``compression``: none after a Horovod-style compressor."""
-    return None if _horovod_style(compression) else compression
 
 
 # --- allreduce ------------------------------------------------------------------------------------------
@@ -175,7 +121,7 @@ def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_facto
                              into=tensor if inplace else None)
     sent, context = compress(compression, tensor)
     kwargs = dict(op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  compression=_wire(compression), **set_kwargs(process_set))
+                  compression=wire(compression), **set_kwargs(process_set))
     array = as_array(sent.contiguous(), name, "allreduce")
     if sent is tensor and inplace:
         return Handle(_cl.allreduce_async_(array, **kwargs), _same(tensor), tensor)
@@ -213,7 +159,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
                process_set=None, compression=Compression.none):
     """Reduce ``tensor`` over the ranks in place and return it."""
     op = resolve_op(op, average)
-    if op is Adasum or _horovod_style(compression):
+    if op is Adasum or horovod_style(compression):
         return synchronize(_allreduce_async(tensor, True, name, op, prescale_factor, postscale_factor,
                                             compression, process_set))
     _cl.allreduce_(as_array(tensor, name, "allreduce"), op=op, name=name, prescale_factor=prescale_factor,
@@ -224,7 +170,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, po
 def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_factor=1.0,
                   compression=Compression.none, process_set=None):
     """Reduce ``tensor`` over the ranks into a new tensor, synchronously (``tensor`` is unchanged)."""
-    if op is Adasum or _horovod_style(compression):
+    if op is Adasum or horovod_style(compression):
         return synchronize(_allreduce_async(tensor, False, name, op, prescale_factor, postscale_factor,
                                             compression, process_set))
     result = _cl.allreduce(as_array(tensor, name, "allreduce"), op=op, name=name,
@@ -238,7 +184,7 @@ def _grouped_allreduce(tensors, inplace, name, op, prescale_factor, postscale_fa
     tensors = validation.check_tensor_list(tensors, "grouped_allreduce")
     if not tensors:
         raise ValueError("grouped_allreduce takes a non-empty list of tensors")
-    if op is Adasum or _horovod_style(compression):
+    if op is Adasum or horovod_style(compression):
         parts = [_allreduce_async(t, inplace, None if name is None else f"{name}.{i}", op, prescale_factor,
                                   postscale_factor, compression, process_set) for i, t in enumerate(tensors)]
         return Handle(None, lambda _none: [p.wait() for p in parts], tensors, parts=parts)

@@ -31,6 +31,7 @@ import commlib as _cl
 
 from .. import validation
 from . import collectives as C
+from ..frameworks import split_evenly
 from .collectives import Average, Compression, Sum, resolve_op, set_kwargs, set_size
 
 
@@ -450,11 +451,4 @@ def _form_units(params, names, groups, process_set):
                                  **set_kwargs(process_set))
     position = {name: i for i, name in enumerate(order)}
     ordered = sorted(params, key=lambda p: position.get(names[p], len(position)))
-    base, extra = divmod(len(ordered), groups)
-    units, start = [], 0
-    for g in range(groups):
-        stop = start + base + (1 if g < extra else 0)
-        if stop > start:
-            units.append(tuple(ordered[start:stop]))
-        start = stop
-    return units
+    return [tuple(group) for group in split_evenly(ordered, groups)]

@@ -1,0 +1,24 @@
+"""``horovod.tensorflow.util``'s helpers that scripts and Horovod's tests import."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def _executing_eagerly() -> bool:
+    """True when TensorFlow runs eagerly (not while building a graph or a ``tf.function``)."""
+    return tf.executing_eagerly()
+
+
+def vars_to_refs(variables):
+    """Hashable references of ``variables`` (a list, or nested lists, of variables)."""
+    if isinstance(variables, list):
+        return tuple(vars_to_refs(v) for v in variables)
+    return variables.ref()
+
+
+def refs_to_vars(refs):
+    """The variables behind :func:`vars_to_refs`' references."""
+    if isinstance(refs, tuple):
+        return [refs_to_vars(r) for r in refs]
+    return refs.deref()
