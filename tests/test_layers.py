@@ -46,6 +46,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("commlib.engine",)),
     # negotiation, fusion, lanes, stalls
     ("coordinator", ("commlib.coordinator",)),
+    # the worker's side of the summation servers: finding them in the job, pushing partitions to them
+    ("server-client", ("commlib.server.protocol", "commlib.server.discovery", "commlib.server.client")),
     # the state object and its process sets
     ("runtime", ("commlib.process_sets", "commlib.runtime")),
     # the public functions (they hand the compressors their collectives), and Adasum over them
@@ -54,7 +56,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("package", ("commlib",)),
     # tools over the public API
     ("tools", ("commlib.bench", "commlib.testing")),
-    # services above the core
+    # services above the core (the summation server's own loop and command line)
     ("services", ("commlib.server", "commlib.run", "commlib.elastic")),
     # what every framework plug-in shares
     ("frameworks", ("commlib.frameworks",)),

@@ -11,9 +11,15 @@ import tensorflow as _tf
 
 import commlib as _cl
 
-from .. import (Adasum, Average, Compression, Max, Min, Product, Sum, allgather, allgather_object,  # noqa: F401
-                allreduce, alltoall, barrier, broadcast, broadcast_object, cross_rank, cross_size, init,
-                is_initialized, join, local_rank, local_size, rank, reducescatter, shutdown, size, elastic)
+# from the modules that define them, not the package: commlib.tensorflow's DistributedOptimizer hands a
+# Keras optimizer on to this module, which must not import its importer back
+from .. import elastic  # noqa: F401
+from ..basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,  # noqa: F401
+                      shutdown, size)
+from ..collectives import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce,  # noqa: F401
+                           alltoall, barrier, broadcast, join, reducescatter)
+from ..compression import Compression  # noqa: F401
+from ..functions import allgather_object, broadcast_object  # noqa: F401
 from ...keras.callbacks import broadcast_variables as _broadcast_variables
 from ...keras.callbacks import make as _make_callbacks
 from ...keras.optimizer import GradientOptions, wrap
