@@ -102,7 +102,7 @@ def test_algo_all_leaves_out_what_the_shape_refuses_with_a_note(tmp_path):
                       "--algo", "all", "--compression", "fp16")
     expected = [a for a in ALL if a not in ("native", "torus2d", "cma")]
     assert_all_right(data, expected, 3)
-    assert set(data["metadata"]["skipped"]) == {"native", "torus2d", "cma"}
+    assert set(data["metadata"]["skipped"]) == {"native", "torus2d", "cma", "ps"}  # ps: this job has no servers
     assert "# skipped torus2d: torus2d needs nodes of equal size" in out
 
 

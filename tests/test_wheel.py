@@ -25,7 +25,7 @@ import importlib, importlib.util, pkgutil, sys
 import commlib
 assert not commlib.__file__.startswith(sys.argv[1]), f"imported from the source tree: {commlib.__file__}"
 # a framework plug-in imports its framework: without it installed, its modules are not imported
-plugins = {"commlib.torch": "torch", "commlib.jax": "jax"}
+plugins = {"commlib.torch": "torch", "commlib.jax": "jax", "commlib.tensorflow": "tensorflow", "commlib.keras": "keras"}
 absent = {p for p, framework in plugins.items() if importlib.util.find_spec(framework) is None}
 imported, skipped = [], []
 for info in pkgutil.walk_packages(commlib.__path__, "commlib."):

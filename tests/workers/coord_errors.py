@@ -60,15 +60,27 @@ elif case == "readonly":
     x.flags.writeable = rank != 0
     expect_error(lambda: cl.allreduce_(x, name="w"), "'w'", "read-only", "rank 0")
 elif case == "reuse":
-    h = cl.allreduce_async(np.zeros(3), name="w")
-    expect_error(lambda: cl.allreduce_async(np.zeros(3), name="w"), "'w'", "already in flight")
-    try:  # a ValueError too, as Horovod raises
-        cl.allreduce_async(np.zeros(3), name="w")
-    except ValueError as exc:
-        assert isinstance(exc, cl.CommlibError) and "already in flight" in str(exc)
-    else:
-        raise AssertionError("no ValueError")
-    cl.synchronize(h)
+    # The check is local to the calling rank. Each rank in turn submits a name and tries again while the
+    # others hold theirs back (told over the world communicator), so it cannot have completed in between.
+    from mpi4py import MPI
+    for checker in range(size):
+        name = f"w{checker}"
+        if rank == checker:
+            h = cl.allreduce_async(np.zeros(3), name=name)
+            expect_error(lambda: cl.allreduce_async(np.zeros(3), name=name), f"'{name}'", "already in flight")
+            try:  # a ValueError too, as Horovod raises
+                cl.allreduce_async(np.zeros(3), name=name)
+            except ValueError as exc:
+                assert isinstance(exc, cl.CommlibError) and "already in flight" in str(exc)
+            else:
+                raise AssertionError("no ValueError")
+            for peer in range(size):
+                if peer != rank:
+                    MPI.COMM_WORLD.send("go", dest=peer, tag=77)
+        else:
+            MPI.COMM_WORLD.recv(source=checker, tag=77)
+            h = cl.allreduce_async(np.zeros(3), name=name)
+        cl.synchronize(h)
 elif case == "stall":
     # rank 0 never submits 'w': the others must fail after COMMLIB_STALL_SHUTDOWN_TIME
     if rank != 0:
