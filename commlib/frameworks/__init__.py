@@ -6,5 +6,6 @@ the deprecated ``average`` flag resolve, the ``process_set=`` plumbing, Horovod-
 collective, ``gradient_predivide_factor``, and how gradients form Horovod's ``groups``.
 """
 
-from .common import (check_predivide, compress, decompress, horovod_style, predivide_factors, resolve_op,
-                     set_kwargs, set_rank, set_size, split_evenly, wire)
+from .common import (Adasum, Average, Max, Min, Product, Sum, check_predivide, compress, decompress,
+                     horovod_style, predivide_factors, resolve_op, set_kwargs, set_rank, set_size, split_evenly,
+                     wire)

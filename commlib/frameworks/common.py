@@ -13,6 +13,10 @@ from ..ops import ReduceOp, as_op
 
 T = TypeVar("T")
 
+#: The reduction ops every plug-in exports under Horovod's names (``hvd.Average``, ``hvd.Adasum``, ...).
+Average, Sum, Min, Max, Product = _cl.Average, _cl.Sum, _cl.Min, _cl.Max, _cl.Product
+Adasum = _adasum.Adasum
+
 
 def resolve_op(op, average=None) -> ReduceOp:
     """Horovod's rule: ``op`` wins; the deprecated ``average`` flag maps to Average/Sum; default Average."""

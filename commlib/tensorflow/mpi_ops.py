@@ -21,12 +21,7 @@ from .. import adasum as _adasum
 from ..frameworks import set_kwargs, set_rank, set_size
 from .bridge import executing_eagerly, numpy_dtype, op_name, run
 
-Average = _cl.Average
-Sum = _cl.Sum
-Min = _cl.Min
-Max = _cl.Max
-Product = _cl.Product
-Adasum = _adasum.Adasum
+from ..frameworks import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (Horovod's names)
 
 _DIFFERENTIABLE_REDUCTIONS = (Sum, Average, Adasum)
 

@@ -27,12 +27,7 @@ from ..frameworks import (compress, decompress, horovod_style, resolve_op, set_k
                           set_size, wire)
 from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
-Average = _cl.Average
-Sum = _cl.Sum
-Min = _cl.Min
-Max = _cl.Max
-Product = _cl.Product
-Adasum = _adasum.Adasum
+from ..frameworks import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (Horovod's names)
 Compression = _cl.Compression
 HorovodInternalError = _cl.CollectiveError
 
