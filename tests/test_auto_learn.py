@@ -42,9 +42,10 @@ def ranking(times: dict[str, float]):
     return lambda: sorted((Choice(n, 1 << 20, t) for n, t in times.items()), key=lambda c: c.predicted_s)
 
 
-def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, None, False),)):
+def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, None, False),), noise=0.3):
     """Run ``calls`` calls per key on ``ranks`` threaded learners; a call of algorithm A takes ``truth[A]``
-    (+ noise per rank) on that rank's clock. Returns (picks per rank, learners)."""
+    (+ noise per rank) on that rank's clock; ``truth`` may be a function of the call's index returning
+    such a dict (the machine changes during the job). Returns (picks per rank, learners)."""
     agreement = Agreement(ranks)
     picks = [[] for _ in range(ranks)]
     learners = []
@@ -57,7 +58,8 @@ def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, N
 
     def rank_main(r):
         learner, state, rng, scale = learners[r]
-        for _ in range(calls):
+        for call in range(calls):
+            now = truth(call) if callable(truth) else truth
             for key in keys:
                 bucket = learner.bucket(key, ranking(predicted))
                 name = learner.pick(bucket)
@@ -65,7 +67,7 @@ def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, N
                 picks[r].append((key, ran))
                 if name is not None:
                     start = learner.clock()
-                    state["t"] += truth[ran] * scale * (1 + 0.3 * rng.random())
+                    state["t"] += now[ran] * scale * (1 + noise * rng.random())
                     learner.record(bucket, learner.clock() - start)
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ranks)]
     for t in threads:
@@ -111,14 +113,69 @@ def test_exploration_is_bounded():
     bucket = learner.buckets[(20, None, False)]
     ran = [name for _, name in picks[0]]
     exploring = ran[:bucket.explored]
-    assert bucket.explored <= 12 and bucket.settled is not None
+    assert bucket.explored <= 20 and bucket.settled is not None
     assert all(name == bucket.settled for name in ran[bucket.explored:])
     assert "recursive_doubling" not in ran  # predicted 50x the best: not a candidate
     assert len(bucket.candidates) <= learn.MAX_CANDIDATES + 1
     assert set(bucket.dropped) == {"rabenseifner", "native"}
     # dropped after the first measured round: its warm-up and one measured call, none in the second round
     assert exploring.count("rabenseifner") == 2
-    assert learner.agreements == learn.ROUNDS
+    # ring, hierarchical and torus2d tie in truth: the two best of them ran the near-tie rounds
+    assert learner.agreements == learn.ROUNDS + bucket.extra and bucket.extra == learn.EXTRA_ROUNDS
+
+
+@pytest.mark.parametrize("predicted_s", [1e-4, 4e-3], ids=["small", "large"])
+def test_near_ties_get_more_rounds_within_20_calls(predicted_s):
+    """Two candidates within NEAR of each other after the scheduled rounds: those two alone run up to
+    EXTRA_ROUNDS more rounds, every rank alike (one rank's clock 40x fast), all within 20 calls; a clear
+    winner gets none."""
+    predicted = {"ring": predicted_s, "rabenseifner": 1.2 * predicted_s, "native": 1.5 * predicted_s}
+    tied = {"ring": 1e-3, "rabenseifner": 1.02e-3, "native": 3e-3}
+    picks, learners = simulate(3, 30, tied, predicted, clocks=[1.0, 1.0, 40.0], noise=0.05)
+    assert all(p == picks[0] for p in picks)
+    bucket = learners[0].buckets[(20, None, False)]
+    assert bucket.extra == learn.EXTRA_ROUNDS and bucket.explored <= 20
+    assert bucket.settled in ("ring", "rabenseifner")
+    assert all(name == bucket.settled for _, name in picks[0][bucket.explored:])
+    assert "near-tie round(s)" in learners[0].summary()[0]
+    clear = {"ring": 1e-3, "rabenseifner": 2e-3, "native": 3e-3}
+    _, learners = simulate(2, 30, clear, predicted, noise=0.05)
+    assert learners[0].buckets[(20, None, False)].extra == 0
+
+
+def test_recheck_corrects_a_wrong_settle_on_every_rank_and_stays_bounded():
+    """The bucket settles on the ring (then the faster); from call 20 on, MPI's own is faster (the machine
+    changed, or the first calls were unlucky): a re-check after RECHECK_FIRST settled calls switches to it,
+    on every rank at the same call although one rank's clock runs 40x fast. Re-checks come after 4x as
+    many calls each time and run only algorithms measured near the settled one, so over 400 calls they
+    cost few calls; an algorithm measured far slower is never run again."""
+    predicted = {"ring": 1e-3, "rabenseifner": 1.1e-3, "native": 1.3e-3}
+    before = {"ring": 1.0e-3, "rabenseifner": 4e-3, "native": 1.15e-3}
+    after = {"ring": 1.0e-3, "rabenseifner": 4e-3, "native": 0.7e-3}
+    calls = 400
+    picks, learners = simulate(2, calls, lambda i: before if i < 20 else after, predicted, clocks=[1.0, 40.0],
+                               noise=0.05)
+    assert picks[0] == picks[1]
+    bucket = learners[0].buckets[(20, None, False)]
+    assert bucket.settled == "native" and bucket.switches == 1
+    ran = [name for _, name in picks[0]]
+    last_half = ran[calls // 2:]
+    assert last_half.count("native") >= len(last_half) - 12  # at most one re-check of 3 x 2 x 2 calls
+    settled_calls = calls - 20
+    assert bucket.checks <= 3 and bucket.explored <= 20 + bucket.checks * 3 * 2 * learn.CHECK_ROUNDS
+    assert (bucket.explored - 20) < 0.1 * settled_calls
+    assert ran[60:].count("rabenseifner") == 0  # measured 4x the ring: never re-checked
+    assert any("re-checked: was ring" in line for line in learners[0].take_notes())
+
+
+def test_recheck_keeps_a_right_choice():
+    """Nothing changed: the re-checks keep the settled algorithm (a rival must win by more than SWITCH)."""
+    predicted = {"ring": 1e-3, "native": 1.1e-3}
+    truth = {"ring": 1.0e-3, "native": 1.05e-3}
+    picks, learners = simulate(2, 200, truth, predicted, noise=0.01)
+    bucket = learners[0].buckets[(20, None, False)]
+    assert bucket.settled == "ring" and bucket.checks >= 1 and bucket.switches == 0
+    assert picks[0] == picks[1]
 
 
 def test_small_messages_settle_in_one_round():

@@ -19,14 +19,25 @@ whether the call reduces one buffer or several fused in place - the learner runs
    and after the first, candidates slower than ``DROP`` times the best are dropped. At the end of a round
    every rank's vector of per-call times is reduced with MAX over the lane's communicator (one small
    allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
-4. Settled: the candidate with the least agreed time (its fastest call; ties to the model's order) runs
+4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
+   closest such one alone run up to ``EXTRA_ROUNDS`` more rounds (a one-call difference between near-equal algorithms is mostly
+   noise; more calls separate them or show that either will do).
+5. Settled: the candidate with the least agreed time (its fastest call; ties to the model's order) runs
    every later call of the bucket, without timing.
+6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls, then after 4 times as
+   many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
+   times it (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
+   as in step 3, and the fastest of that check runs from then on if it beats the settled one by more
+   than ``SWITCH``. A choice settled on unlucky calls (the machine was busy, a near-tie fell the wrong
+   way) corrects itself; a right one costs a few calls of algorithms measured near it.
 
-Decisions are a function of agreed data only (the model's ranking and the MAX-reduced times), never of a
-rank's own clock, so ranks whose clocks disagree still choose alike. Exploration is bounded: at most
-``MAX_CANDIDATES + 1`` algorithms x 2 measured calls per bucket, plus one warm-up call per algorithm and
-lane (at most 12, usually 8 or fewer), only among algorithms the model predicts within ``SPREAD`` of the
-best, and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
+Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times and the count
+of calls, which every rank sees alike), never of a rank's own clock, so ranks whose clocks disagree still
+choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x 2 measured calls per
+bucket, plus one warm-up call per algorithm and lane, plus ``EXTRA_ROUNDS`` rounds of the two near-tied
+(at most 20 calls in all, usually 12 or fewer), only among algorithms the model predicts within
+``SPREAD`` of the best; a re-check runs at most 3 algorithms measured within ``RECHECK`` of the settled
+one, ``CHECK_ROUNDS`` x 2 calls each, after 4x as many calls each time; and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
 ``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
 ``auto`` is then the cost model's choice alone.
 """
@@ -48,6 +59,12 @@ LARGE_S = 20e-3      # predicted best at least this: no warm-up call (set-up cos
 TIE = 1e-6           # predicted times this close (relative) count as one candidate
 FREE_CALLS = 400     # exploring calls always allowed per learner
 BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of all calls
+NEAR = 0.10          # candidates within this (relative) of the best after the scheduled rounds: near-tied
+EXTRA_ROUNDS = 2     # more rounds, of the near-tied only
+RECHECK_FIRST = 32   # settled calls before the first re-check; each later one after 4x as many
+RECHECK = 1.25       # re-check the measured algorithms whose agreed time was within this of the settled one
+CHECK_ROUNDS = 2     # rounds per re-check
+SWITCH = 0.03        # a re-check switches to an algorithm faster than the settled one by more than this
 
 Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
 
@@ -68,6 +85,13 @@ class Bucket:
     dropped: list[str] = dataclasses.field(default_factory=list)
     settled: str | None = None
     explored: int = 0               # calls run while exploring
+    extra: int = 0                  # near-tie rounds run
+    since: int = 0                  # calls since the bucket settled or was last re-checked
+    next_check: int = RECHECK_FIRST  # re-check when ``since`` reaches this
+    checking: list[str] = dataclasses.field(default_factory=list)  # a re-check's algorithms, settled first
+    checked: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed times of this check
+    checks: int = 0                 # re-checks run
+    switches: int = 0               # of which changed the settled algorithm
 
     def best_times(self) -> dict[str, float]:
         """The agreed time of each candidate measured: its fastest agreed call."""
@@ -125,15 +149,65 @@ class Learner:
         self.buckets[key] = bucket
         return bucket
 
-    def _may_explore(self, bucket: Bucket, cold: int) -> bool:
-        cost = cold + len(bucket.candidates) * bucket.rounds * bucket.reps
+    def _may_explore(self, bucket: Bucket, cold: int, calls: int | None = None) -> bool:
+        cost = cold + (len(bucket.candidates) * bucket.rounds * bucket.reps if calls is None else calls)
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
+
+    # -- re-checks ---------------------------------------------------------------------------------------
+    def _start_check(self, bucket: Bucket) -> bool:
+        """Begin a re-check of a settled bucket (True), or put it off when nothing qualifies or the budget
+        has no room (False)."""
+        bucket.since = 0
+        bucket.next_check *= 4
+        times = bucket.best_times()
+        mine = times.get(bucket.settled)
+        if mine is None:
+            return False
+        rivals = sorted((n for n in times if n != bucket.settled and times[n] <= RECHECK * mine),
+                        key=lambda n: (times[n], bucket.candidates.index(n)))
+        if "native" in rivals[2:]:  # MPI's own, the baseline, is checked whenever it qualifies
+            rivals.remove("native")
+            rivals.insert(1, "native")
+        rivals = rivals[:2]
+        if not rivals or not self._may_explore(bucket, 0, (1 + len(rivals)) * bucket.reps * CHECK_ROUNDS):
+            return False
+        bucket.checking = [bucket.settled] + rivals
+        bucket.checked = {}
+        bucket.local = []
+        bucket.slots = [name for name in bucket.checking for _ in range(bucket.reps)]
+        return True
+
+    def _end_check_round(self, bucket: Bucket) -> None:
+        agreed = self.agree(np.asarray(bucket.local, np.float64))
+        self.agreements += 1
+        for name, seconds in zip(bucket.slots, agreed.tolist()):
+            bucket.checked.setdefault(name, []).append(seconds)
+        bucket.local = []
+        rounds = len(bucket.checked[bucket.checking[0]]) // bucket.reps
+        if rounds < CHECK_ROUNDS:
+            order = bucket.checking[rounds % len(bucket.checking):] + bucket.checking[:rounds % len(bucket.checking)]
+            bucket.slots = [name for name in order for _ in range(bucket.reps)]
+            return
+        best = {name: min(times) for name, times in bucket.checked.items()}
+        old = bucket.settled
+        winner = min(bucket.checking, key=lambda n: (best[n], bucket.checking.index(n)))
+        if winner != old and best[winner] < best[old] * (1 - SWITCH):
+            bucket.settled = winner
+            bucket.switches += 1
+        for name, times in bucket.checked.items():  # what the check measured replaces the older times
+            bucket.agreed[name] = list(times)
+        bucket.checks += 1
+        bucket.checking, bucket.checked, bucket.slots = [], {}, []
+        self.notes.append(describe(bucket) + (f" (re-checked: was {old})" if bucket.settled != old
+                                              else " (re-checked: kept)"))
 
     def pick(self, bucket: Bucket) -> str | None:
         """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``)."""
         self.calls += 1
-        if bucket.settled is not None:
-            return None
+        if bucket.settled is not None and not bucket.checking:
+            bucket.since += 1
+            if bucket.since < bucket.next_check or not self._start_check(bucket):
+                return None
         return bucket.slots[len(bucket.local)]
 
     def record(self, bucket: Bucket, seconds: float) -> None:
@@ -143,7 +217,10 @@ class Learner:
         bucket.explored += 1
         self.explored += 1
         if len(bucket.local) == len(bucket.slots):
-            self._end_phase(bucket)
+            if bucket.checking:
+                self._end_check_round(bucket)
+            else:
+                self._end_phase(bucket)
 
     def _end_phase(self, bucket: Bucket) -> None:
         if bucket.phase > 0:  # a measured round: agree on its times, then keep them
@@ -157,6 +234,16 @@ class Learner:
         bucket.phase += 1
         bucket.local = []
         alive = [n for n in bucket.candidates if n not in bucket.dropped]
+        if bucket.phase > bucket.rounds and len(alive) > 1 and bucket.extra < EXTRA_ROUNDS:
+            times = bucket.best_times()
+            best = min(times[n] for n in alive)
+            near = sorted((n for n in alive if times[n] <= best * (1 + NEAR)),
+                          key=lambda n: (times[n], bucket.candidates.index(n)))[:2]  # the best and its closest
+            if len(near) > 1 and self._may_explore(bucket, 0, len(near) * bucket.reps):
+                bucket.extra += 1
+                bucket.rounds += 1
+                bucket.dropped += [n for n in alive if n not in near]
+                alive = near
         if bucket.phase > bucket.rounds or len(alive) == 1:
             times = bucket.best_times()
             bucket.settled = min(alive, key=lambda n: (times[n], bucket.candidates.index(n)))
@@ -213,5 +300,7 @@ def describe(bucket: Bucket) -> str:
     for name in sorted(times, key=lambda n: times[n]):
         mark = " dropped" if name in bucket.dropped else ""
         parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
-    return (f"auto learned {bucket_label(bucket.key)} in {bucket.explored} calls: " + ", ".join(parts)
-            + f" -> {bucket.settled}")
+    extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
+    checks = f", {bucket.checks} re-check(s), {bucket.switches} switch(es)" if bucket.checks else ""
+    return (f"auto learned {bucket_label(bucket.key)} in {bucket.explored} calls{extra}{checks}: "
+            + ", ".join(parts) + f" -> {bucket.settled}")
