@@ -53,7 +53,7 @@ def check_tensor(tensor, name: str | None, what: str) -> None:
 def as_array(tensor: torch.Tensor, name: str | None = None, what: str = "collective") -> np.ndarray:
     """The numpy array sharing ``tensor``'s memory, after :func:`check_tensor`."""
     check_tensor(tensor, name, what)
-    data = tensor.detach()
+    data = tensor.detach() if tensor.requires_grad else tensor  # (detach costs a GIL release)
     if data.is_cuda:  # commlib's API takes device tensors as they are
         return data
     if data.dtype is torch.bfloat16:
