@@ -10,7 +10,8 @@ complete, and reduces them itself, in rank order, with the engine's kernels
 Which tensors go eagerly is a rule on the agreed request and the set's shape alone (:func:`eligible`),
 so every rank sends the bytes of the same tensors and treats the same responses as eager: an allreduce
 on the host, without compression, with ``auto`` as its algorithm (a named algorithm is honoured), whose
-bytes times the number of peers are at most ``COMMLIB_EAGER_BYTES``, on a set that spans more than one
+bytes times the number of peers are at most ``COMMLIB_EAGER_BYTES`` and that is itself at most
+``TENSOR_BYTES`` (16 KiB), on a set that spans more than one
 node and whose rounds go directly from rank to rank (not relayed through rank 0). Within one node the
 allreduce it saves costs ~10 us of shared memory, less than reducing the contributions in Python (2
 ranks, 4 KiB: 100 us per call eager against 80 us without); between nodes it saves a network latency
@@ -29,10 +30,19 @@ from ..cache import BoundedCache
 from .requests import Entry, Kind, Meta, Response
 
 
+#: The largest tensor that travels eagerly, whatever ``COMMLIB_EAGER_BYTES`` allows: a larger one is
+#: bandwidth-bound between hosts (64 KiB takes ~0.5 ms at 1 Gbit/s, against a latency of ~0.1 ms saved),
+#: and an eager tensor is reduced alone, never fused with the tensors ready beside it. On 2 hosts x 1 rank
+#: at 1 Gbit/s the 160-tensor model's 64 KiB gradients (scripts/horovod_train.py, small-160) took
+#: 77-132 ms per step eagerly against 61-70 ms fused (two alternating rounds on the loaded machine).
+TENSOR_BYTES = 16 << 10
+
+
 def eligible(meta: Meta, peers: int, limit_bytes: int, default_algorithm: str, nodes: int,
              relayed: bool) -> bool:
     """Whether ``meta``'s data travels in the negotiation round (equal on every rank: agreed inputs)."""
-    return (meta.kind is Kind.ALLREDUCE and nodes > 1 and not relayed and meta.nbytes * peers <= limit_bytes
+    return (meta.kind is Kind.ALLREDUCE and nodes > 1 and not relayed and meta.nbytes <= TENSOR_BYTES
+            and meta.nbytes * peers <= limit_bytes
             and meta.compression == "none" and meta.device == "cpu" and not meta.error
             and (meta.algorithm or default_algorithm) == "auto")
 

@@ -11,12 +11,13 @@ from mpi4py import MPI
 
 import commlib as cl
 from commlib.api import _rt
+from commlib.coordinator.eager import TENSOR_BYTES
 
 cl.init()
 rank, size = cl.rank(), cl.size()
 world = MPI.COMM_WORLD
 eager = _rt().coordinator._eager
-limit = _rt().config.eager_bytes // (size - 1)  # the largest eager tensor, bytes
+limit = min(_rt().config.eager_bytes // (size - 1), TENSOR_BYTES)  # the largest eager tensor, bytes
 
 
 def same_everywhere(name, arr):
