@@ -4,13 +4,14 @@
         [--rounds 3] [--steps 4] [--out docs/results/priority_2x1_1gbit]
 
 One MPI job on a fresh emulated cluster (every host's link at ``--rate``, torn down afterwards). For each
-model, three DistributedOptimizers over three copies of it (same seed, same data, SGD with momentum):
+model, four DistributedOptimizers over four copies of it (same seed, same data, SGD with momentum):
 
 - ``plain``: gradients reduced in the order backward produces them (commlib's default);
 - ``priority``: ``priority="forward", model=...``: the coordinator sends the gradients the next forward pass
   needs first, large ones in partitions (COMMLIB_PRIORITY_PARTITION / _CREDIT);
-- ``priority+overlap``: the same plus ``overlap_forward=True``: ``step()`` returns at once and each
-  layer's forward waits only for its own update.
+- ``overlap``: ``overlap_forward=True`` without priorities: ``step()`` returns at once and each layer's
+  forward waits only for its own update (and those of the layers before it), sent in backward's order;
+- ``priority+overlap``: both.
 
 Rounds rotate which variant goes first; in a round each variant runs ``--steps`` steps back to back
 (zero_grad, forward, backward, step) and then ``synchronize()`` (overlap_forward's last updates), after a
@@ -37,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("plain", "priority", "priority+overlap")
+VARIANTS = ("plain", "priority", "overlap", "priority+overlap")
 
 
 def make_model(name: str):
@@ -68,8 +69,9 @@ def worker(models: list[str], rounds: int, steps: int, warmup: int) -> None:
         for variant in VARIANTS:
             torch.manual_seed(0)
             model, batch, width = make_model(model_name)
-            kwargs = {} if variant == "plain" else dict(priority="forward", model=model,
-                                                        overlap_forward=variant == "priority+overlap")
+            kwargs = {} if variant == "plain" else dict(model=model, overlap_forward="overlap" in variant)
+            if variant.startswith("priority"):
+                kwargs["priority"] = "forward"
             named = [(f"{model_name}.{variant}.{n}", p) for n, p in model.named_parameters()]
             optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9),
                                                  named_parameters=named, **kwargs)
