@@ -1,7 +1,7 @@
 """A training step with and without priority scheduling, on 2 emulated hosts x 1 rank (commlib.testing.cluster).
 
-    /work/notes/bin/quiet .venv/bin/python scripts/bench_priority.py [--rate 1gbit] [--models mlp-25M,deep-24]
-        [--rounds 3] [--steps 4] [--out docs/results/priority_2x1_1gbit]
+    .venv/bin/python scripts/bench_priority.py [--rate 1gbit] [--models mlp-25M,deep-24]
+        [--rounds 3] [--steps 4] [--out docs/results/priority_2x1_1gbit.txt]   (and .json beside it)
 
 One MPI job on a fresh emulated cluster (every host's link at ``--rate``, torn down afterwards). For each
 model, four DistributedOptimizers over four copies of it (same seed, same data, SGD with momentum):
@@ -135,9 +135,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="steps per variant and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per variant first")
-    parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
+    parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (OUT may end in .txt; "
+                        "default: print only)")
     args = parser.parse_args()
     models = args.models.split(",")
+    if args.out and args.out.endswith(".txt"):
+        args.out = args.out[:-len(".txt")]
     if args.worker:
         worker(models, args.rounds, args.steps, args.warmup)
         return 0
