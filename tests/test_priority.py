@@ -64,6 +64,13 @@ def test_order_results_and_agreement_on_two_ranks(tmp_path):
     assert out.count("priority_order OK") == 2, out
 
 
+def test_results_with_two_lanes(tmp_path):
+    out = run_mpi(2, "priority_order.py", str(tmp_path), "--results-only", timeout=120,
+                  env={"COMMLIB_NUM_STREAMS": "2", "COMMLIB_PRIORITY_PARTITION": "256K",
+                       "COMMLIB_PRIORITY_CREDIT": "600K"})
+    assert out.count("priority_order OK") == 2, out
+
+
 def test_torch_priority_and_overlap_forward_give_the_plain_weights():
     pytest.importorskip("torch")
     out = run_mpi(2, "torch_priority.py", timeout=240,
