@@ -8,6 +8,8 @@ whole tensor's (a + b), so the weights must be equal bit for bit.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 import commlib.torch as hvd
@@ -60,7 +62,7 @@ def train(r, n, opt_name, **kwargs):
 def main():
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    for opt_name in OPTIMIZERS:
+    for opt_name in sys.argv[1:] or OPTIMIZERS:  # optimizer names to run (default: all)
         plain, _ = train(r, n, opt_name)
         variants = {
             "priority by registration": dict(priority="forward"),
