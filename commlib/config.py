@@ -102,6 +102,12 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
 
 
+def _staleness(text: str) -> int | None:
+    if str(text).strip().lower() in ("", "none", "unbounded"):
+        return None
+    return _non_negative_int(text)
+
+
 def _optional_path(text: str) -> str | None:
     return str(text) or None
 
@@ -141,6 +147,8 @@ class Config:
     server_partition_bytes: int = 4096000
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
+    geo_steps: int = 4
+    geo_staleness: int | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -293,6 +301,11 @@ FIELDS: dict[str, _Field] = {
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
+    "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
+                        "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
+    "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,
+                            "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
+                            "worker; 'none' (the default): never"),
 }
 
 
