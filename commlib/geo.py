@@ -97,12 +97,13 @@ class GeoSGD:
         self._bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
         key = f"geo/{name}#{next(_tables)}"
         # every worker starts from worker 0's values, the servers' starting point
-        declared = api.broadcast_object((key, [(n, a.shape, a.dtype.str) for n, a in zip(self.names, self.arrays)]),
-                                        root_rank=0, name=f"{key}.declare")
         mine = (key, [(n, a.shape, a.dtype.str) for n, a in zip(self.names, self.arrays)])
-        if declared != mine:
-            raise CommlibError(f"GeoSGD: worker {runtime.rank} declares {mine}, worker 0 declares {declared}; "
-                               "create every GeoSGD alike and in the same order on every worker")
+        declared = api.allgather_object(mine, name=f"{key}.declare")  # every worker learns of a mismatch
+        for worker, theirs in enumerate(declared):
+            if theirs != declared[0]:
+                raise CommlibError(f"GeoSGD: worker {worker} declares {theirs}, worker 0 declares {declared[0]}; "
+                                   "create every GeoSGD alike (parameters, shapes, dtypes) and in the same order "
+                                   "on every worker")
         for n, a in zip(self.names, self.arrays):
             api.broadcast_(a, root_rank=0, name=f"{key}.init.{n}")
         self.base = self._gather()

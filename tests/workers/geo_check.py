@@ -13,6 +13,7 @@
 - ``average``: average=True divides each delta by the number of workers;
 - ``stopped``: a server stops answering (SIGSTOP): every worker's next exchange fails within
   COMMLIB_SERVER_TIMEOUT, naming the server; then worker 0 kills it (which ends the job);
+- ``mismatch``: parameters declared differently on one worker fail GeoSGD() on every worker, naming it;
 - ``torch``: commlib.torch.GeoSGD trains a small linear regression, each worker on its own data, to a
   low loss.
 """
@@ -124,6 +125,17 @@ if "average" in cases:
     assert np.allclose(x, 2.0 * size), x  # every worker added 2*size, each counted 1/size
     geo.close()
     print(f"average ok on worker {rank}", flush=True)
+
+if "mismatch" in cases:
+    x = np.zeros(10 + (rank == size - 1), np.float32)
+    try:
+        GeoSGD([x], name="mismatch")
+    except cl.CommlibError as exc:
+        assert "declares" in str(exc) and f"worker {size - 1}" in str(exc), str(exc)
+    else:
+        raise AssertionError("GeoSGD accepted parameters declared differently")
+    assert np.all(cl.allreduce(np.ones(3, np.float32), op=cl.Sum, name="after.mismatch") == size)
+    print(f"mismatch ok on worker {rank}", flush=True)
 
 if "torch" in cases:
     import torch
