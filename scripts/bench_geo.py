@@ -6,7 +6,8 @@
 One emulated cluster (commlib.testing.cluster): ``--workers`` worker hosts x 1 rank and ``--servers``
 server hosts, every link at ``--rate`` except worker 1's, at a quarter of it (``--slow``). On it, MPMD jobs
 (the servers are launched in every job; the synchronous one does not use them), in the order given by
-``--runs`` (default: sync, geo, sync, geo, interleaved):
+``--runs`` (default: sync, geo, geo:2, sync, geo, geo:2, interleaved; ``geo:S`` is Geo-SGD with staleness
+S):
 
 - ``sync``: ``commlib.torch.DistributedOptimizer`` (gradients averaged by an allreduce every step; the
   slowest link paces every worker) for ``--steps`` steps;
@@ -120,7 +121,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--target", type=float, default=1.2)
-    parser.add_argument("--runs", default="sync,geo,sync,geo")
+    parser.add_argument("--runs", default="sync,geo,geo:2,sync,geo,geo:2")
     parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
     args = parser.parse_args()
     if args.worker:
@@ -145,10 +146,11 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore::DeprecationWarning")
     results = []
     with Cluster([1] * hosts, rate=rates) as cluster:
-        for mode in args.runs.split(","):
+        for label in args.runs.split(","):
+            mode, _, staleness = label.partition(":")  # geo:2 -> staleness 2
             command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--mode", mode,
                        "--steps", str(args.steps), "--seconds", str(args.seconds), "--k", str(args.k),
-                       "--staleness", args.staleness, "--lr", str(args.lr), "--batch", str(args.batch),
+                       "--staleness", staleness or args.staleness, "--lr", str(args.lr), "--batch", str(args.batch),
                        "--eval-every", str(args.eval_every)]
             programs = [(list(range(args.workers)), command),
                         (list(range(args.workers, hosts)), [sys.executable, "-m", "commlib.server"])]
@@ -157,16 +159,17 @@ def main() -> int:
             result = json.loads(line[len("RESULT "):])
             result["command"] = " ".join(cluster.mpmd_args(programs))
             result["time_to_target"] = time_to(result["curve"], args.target)
+            result["label"] = label
             results.append(result)
             t = result["time_to_target"]
-            text = (f"{mode}: time to loss <= {args.target}: {'not reached' if t is None else f'{t:.1f} s'}; "
+            text = (f"{label}: time to loss <= {args.target}: {'not reached' if t is None else f'{t:.1f} s'}; "
                     f"steps per worker {result['steps']} in {[round(s, 1) for s in result['seconds']]} s; "
                     f"final loss {result['curve'][-1][2] if result['curve'] else 'n/a'}")
             print(text, flush=True)
             lines.append(text)
     per_mode = {}
     for r in results:
-        per_mode.setdefault(r["mode"], []).append(r["time_to_target"])
+        per_mode.setdefault(r["label"], []).append(r["time_to_target"])
     summary = {}
     for mode, ts in per_mode.items():
         reached = [t for t in ts if t is not None]
@@ -177,10 +180,13 @@ def main() -> int:
     if summary.get("sync") and summary.get("geo"):
         ratio = summary["geo"] / summary["sync"]
         lines.append(f"Geo-SGD / synchronous: {ratio:.2f}x (done-criterion: at most 0.70x)")
+    for label, t in summary.items():
+        if label.startswith("geo:") and t and summary.get("sync"):
+            lines.append(f"Geo-SGD staleness {label[4:]} / synchronous: {t / summary['sync']:.2f}x")
     load = os.getloadavg()
     lines.append(f"load average after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     lines.append(f"command (last job): {results[-1]['command']}")
-    print("\n".join(lines[-5:]))
+    print("\n".join(lines[-7:]))
     if args.out:
         Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
         Path(args.out + ".json").write_text(json.dumps({"args": vars(args), "rates": rates, "summary": summary,
