@@ -131,6 +131,7 @@ class GeoClient:
         self._backoff = Backoff(max_sleep_s)
         self._status = MPI.Status()
         self._stop = False
+        self._work = threading.Event()  # set when something goes out: the idle thread then polls again
         self._thread: threading.Thread | None = None
         atexit.register(self.close)  # before discovery's exit notice (registered earlier, runs later)
 
@@ -158,6 +159,7 @@ class GeoClient:
                 self._sends.append(self.comm.isend(header, dest=dest, tag=protocol.TAG_GEO))
                 if data is not None:
                     self._sends.append(self.comm.Isend(data.view(np.uint8), dest=dest, tag=protocol.TAG_GEO_DATA))
+        self._work.set()
 
     # -- progress -----------------------------------------------------------------------------------------
     def _ensure_thread(self) -> None:
@@ -176,6 +178,9 @@ class GeoClient:
                     checked = now
                 if moved:
                     last = now
+                elif self._idle():  # nothing asked for: no answer, error or heartbeat can come
+                    self._work.wait(0.1)
+                    self._work.clear()
                 else:
                     self._backoff.pause(now - last)
         except BaseException as exc:  # never leave a waiter blocked
@@ -216,6 +221,10 @@ class GeoClient:
                     gone = set(done)
                     self._sends = [r for i, r in enumerate(self._sends) if i not in gone]
             return moved
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not (self._sends or self._recvs or any(t.outstanding for t in self._tables.values()))
 
     def _reply(self, reply: GeoReply, source: int) -> None:
         """A server's answer (under the lock): post the receive of its values into the table's
@@ -293,4 +302,5 @@ class GeoClient:
             self._cycle()
             time.sleep(1e-3)
         self._stop = True
+        self._work.set()
         self._thread.join()
