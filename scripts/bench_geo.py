@@ -1,7 +1,7 @@
 """Time to a target loss: synchronous data-parallel SGD against Geo-SGD, with one slow worker link.
 
-    /work/notes/bin/quiet .venv/bin/python scripts/bench_geo.py [--rate 400mbit] [--workers 3]
-        [--servers 1] [--target 1.2] [--out docs/results/geo_3w1s_slowlink]
+    flock /tmp/commlib-timing.lock .venv/bin/python scripts/bench_geo.py [--rate 400mbit] [--workers 3]
+        [--servers 1] [--target 1.2] [--out docs/results/geo_3w1s_slowlink.txt]
 
 One emulated cluster (commlib.testing.cluster): ``--workers`` worker hosts x 1 rank and ``--servers``
 server hosts, every link at ``--rate`` except worker 1's, at a quarter of it (``--slow``). On it, MPMD jobs
@@ -122,7 +122,8 @@ def main() -> int:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--target", type=float, default=1.2)
     parser.add_argument("--runs", default="sync,geo,geo:2,sync,geo,geo:2")
-    parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
+    parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (OUT may end in .txt; default: "
+                        "print only)")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -188,6 +189,7 @@ def main() -> int:
     lines.append(f"command (last job): {results[-1]['command']}")
     print("\n".join(lines[-7:]))
     if args.out:
+        args.out = args.out.removesuffix(".txt").removesuffix(".json")
         Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
         Path(args.out + ".json").write_text(json.dumps({"args": vars(args), "rates": rates, "summary": summary,
                                                         "runs": results}, indent=1) + "\n")
