@@ -102,6 +102,12 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
 
 
+def _staleness(text: str) -> int | None:
+    if str(text).strip().lower() in ("", "none", "unbounded"):
+        return None
+    return _non_negative_int(text)
+
+
 def _optional_path(text: str) -> str | None:
     return str(text) or None
 
@@ -143,6 +149,8 @@ class Config:
     elastic_dir: str | None = None
     priority_partition_bytes: int = 4096000
     priority_credit_bytes: int = 8192000
+    geo_steps: int = 4
+    geo_staleness: int | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -304,6 +312,11 @@ FIELDS: dict[str, _Field] = {
                                     "priority scheduling: bytes started per negotiation round, most urgent "
                                     "first; the rest waits for the next round, where newly ready tensors "
                                     "compete again (K/M/G suffix; default 8192000, two partitions)"),
+    "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
+                        "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
+    "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,
+                            "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
+                            "worker; 'none' (the default): never"),
 }
 
 

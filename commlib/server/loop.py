@@ -29,6 +29,7 @@ from ..dtypes import BFLOAT16, HALF
 from ..ops import ReduceOp
 from . import protocol
 from .discovery import Job
+from .geo import GeoStore
 
 log = logging.getLogger("commlib.server")
 
@@ -85,17 +86,18 @@ class Server:
         self.backoff = Backoff(max_sleep_s)
         self.rounds_done = 0
         self.status = MPI.Status()
+        self.geo = GeoStore(job, self.index)  # Geo-SGD's tables (docs/servers.md)
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until every worker's process has said it is exiting."""
         last = time.monotonic()
-        while len(self.exits) < len(self.job.workers) or self.sending:
-            moved = self._control() | self._headers() | self._received() | self._sent()
+        while len(self.exits) < len(self.job.workers) or self.sending or self.geo.busy:
+            moved = self._control() | self._headers() | self._received() | self._sent() | self.geo.progress()
             now = time.monotonic()
             if moved:
                 last = now
-            elif self.receiving or self.sending:
+            elif self.receiving or self.sending or self.geo.busy:
                 yield_core()  # transfers under way progress only while MPI is polled: never sleep then
             else:
                 self.backoff.pause(now - last)
@@ -127,6 +129,7 @@ class Server:
                     self._bye(worker)
                 else:
                     self.exits.add(worker)
+                    self.geo.exit(worker)
         return moved
 
     # -- pushes -----------------------------------------------------------------------------------------
