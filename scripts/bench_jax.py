@@ -7,15 +7,19 @@ collectives), on the same hosts, in the same job, interleaved.
 Modes, each a jitted SGD training step of a 25.2 M-parameter MLP (1024-4096-4096-1024, batch 32 per rank):
 
 - ``local``: no communication (the compute floor);
-- ``commlib``: ``cj.DistributedOptimizer(optax.sgd)``: the gradient pytree crosses into commlib inside
-  the jitted step as one grouped allreduce;
+- ``commlib``: ``cj.DistributedOptimizer(optax.sgd)``: inside the jitted step each gradient's allreduce
+  starts as soon as XLA has computed it (overlapping the rest of the backward pass) and the step waits
+  for all of them before the update;
 - ``commlib-fp16``: the same with ``Compression.fp16``;
+- ``commlib-grouped``: ``overlap=False``: the gradient pytree crosses as one grouped allreduce after the
+  backward pass;
 - ``numpy-allreduce``: not a step: the gradients' grouped allreduce alone through commlib's numpy API
   (what the crossing adds is ``commlib`` minus ``local`` minus this);
 - ``gloo-psum``: the step under ``shard_map`` over every process's CPU device, gradients averaged with
   ``lax.pmean`` (XLA's CPU collectives, gloo), as a JAX user would without commlib.
 
-Rounds rotate which mode runs first; a step's time is the slowest rank's; the table gives medians. The
+Every mode first runs ``--warmup`` steps (auto's learning measures candidate algorithms on the first
+calls of each size class; a long training run sees what follows). Rounds rotate which mode runs first; a step's time is the slowest rank's; the table gives medians. The
 link bound of an allreduce of S bytes between 2 hosts is S (each host sends half in the reduce-scatter
 and half in the allgather) at the link rate. Then the cost of crossing from jit into commlib: a 4 KiB
 allreduce through the numpy API, a jitted call per allreduce, and 100 allreduces inside one jitted
@@ -34,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("local", "commlib", "commlib-fp16", "gloo-psum", "numpy-allreduce")
+MODES = ("local", "commlib", "commlib-fp16", "commlib-grouped", "gloo-psum", "numpy-allreduce")
 WIDTHS = (1024, 4096, 4096, 1024)
 
 
@@ -98,7 +102,8 @@ def worker(args) -> None:
     runners = {}
     for mode, tx in (("local", optax.sgd(1e-3)), ("commlib", cj.DistributedOptimizer(optax.sgd(1e-3))),
                      ("commlib-fp16", cj.DistributedOptimizer(optax.sgd(1e-3), compression=cj.Compression.fp16,
-                                                              name="fp16"))):
+                                                              name="fp16")),
+                     ("commlib-grouped", cj.DistributedOptimizer(optax.sgd(1e-3), overlap=False, name="grouped"))):
         runners[mode] = [make_step(tx), on_local(params), tx.init(on_local(params)), on_local(x), on_local(y)]
 
     mesh = Mesh(np.array(jax.devices()), ("p",))
@@ -140,8 +145,9 @@ def worker(args) -> None:
         state[1], state[2] = p, s
         return times
 
-    for mode in MODES:  # compile and warm up
-        run_steps(mode, 1)
+    load_start = os.getloadavg()[0]
+    for mode in MODES:  # compile and warm up (past auto's learning calls)
+        run_steps(mode, 1 if mode in ("local", "gloo-psum") else args.warmup)
     cj.barrier()
     times = {mode: [] for mode in MODES}
     for r in range(args.rounds):
@@ -183,7 +189,8 @@ def worker(args) -> None:
                   "median_s": {m: statistics.median(t) for m, t in times.items()},
                   "min_s": {m: min(t) for m, t in times.items()},
                   "small_allreduce_4KiB_s": crossing,
-                  "jax": jax.__version__, "load_average_end": os.getloadavg()[0]}
+                  "jax": jax.__version__, "warmup": args.warmup, "load_average_start": load_start,
+                  "load_average_end": os.getloadavg()[0]}
         print("RESULT " + json.dumps(result), flush=True)
     jax.distributed.shutdown()
     cj.shutdown()
@@ -203,8 +210,9 @@ def table(result: dict, args, command: str) -> str:
              f"jax {result['jax']}; {result['ranks']} ranks; MLP {result['params']:,} parameters "
              f"({result['gradient_bytes'] / 1e6:.1f} MB of float32 gradients), batch {result['batch_per_rank']} per "
              f"rank; {result['rounds']} rotated rounds x {result['steps']} steps per mode; the slowest rank's "
-             f"step, median. The machine (2 cores) was shared with other work while this ran (load average "
-             f"{result['load_average_end']:.1f} at the end).", "",
+             f"step, median, after {result.get('warmup', 1)} warm-up steps per mode. Load average "
+             f"{result.get('load_average_start', float('nan')):.1f} at the start, {result['load_average_end']:.1f} at the "
+             f"end (2 cores; both emulated hosts share them).", "",
              "| mode | median step (s) | min (s) | vs gloo-psum | vs local |", "|---|---|---|---|---|"]
     for mode in MODES:
         lines.append(f"| {mode} | {med[mode]:.3f} | {result['min_s'][mode]:.3f} | "
@@ -232,6 +240,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--small-rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=12, help="steps per commlib mode before timing")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -248,7 +257,8 @@ def main() -> int:
                                  text=True).stdout.strip()
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     job = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds", str(args.rounds), "--steps",
-           str(args.steps), "--small-rounds", str(args.small_rounds), "--batch", str(args.batch)]
+           str(args.steps), "--small-rounds", str(args.small_rounds), "--batch", str(args.batch),
+           "--warmup", str(args.warmup)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

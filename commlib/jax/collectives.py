@@ -365,6 +365,41 @@ def grouped_allreduce_async(tensors, op=Average, name: str | None = None, presca
     return Handle(key, treedef, results)
 
 
+def overlapped_allreduce(tensors, name: str, op=Average, prescale_factor: float = 1.0,
+                         postscale_factor: float = 1.0, compression=Compression.none, process_set=None):
+    """:func:`grouped_allreduce` without a gradient rule that, inside ``jit``, starts each array's
+    allreduce as its own ordered crossing which returns at once, and waits for all of them in one
+    crossing at the end. XLA runs a start as soon as its array is computed, so the coordinator sends the
+    last layers' gradients while the backward pass is still computing the first layers'. The starts go
+    in reverse leaf order (a pytree of layers lists the first layer first; the backward pass yields it
+    last), so a start never waits for a later array. Eagerly: :func:`grouped_allreduce`. Arrays are
+    named ``name.0``, ``name.1``, ... in leaf order, as :func:`grouped_allreduce` names them; ``name``
+    is required, since requests of one step are in flight together under it."""
+    leaves, treedef = jax.tree_util.tree_flatten(tensors)
+    leaves = [jnp.asarray(x) for x in leaves]
+    spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
+    if not leaves or bridge.concrete(*leaves):
+        return jax.tree_util.tree_unflatten(treedef, _grouped_raw(leaves, spec))
+    base = spec.name
+    kwargs = spec.kwargs()
+
+    def start(i):
+        def host(x):  # in place on this crossing's own copy: XLA's buffer is only lent for the call
+            handle = _cl.allreduce_async_(np.array(x, order="C"), **{**kwargs, "name": f"{base}.{i}"})
+            return [_pending.put(handle)]
+        return host
+
+    keys = [None] * len(leaves)
+    for i in reversed(range(len(leaves))):
+        keys[i] = bridge.callback(start(i), [jax.ShapeDtypeStruct((), jnp.int32)], [leaves[i]])[0]
+
+    def finish(*ks):
+        return [np.asarray(_cl.synchronize(_pending.pop(k))) for k in ks]
+
+    outs = bridge.callback(finish, [_shape_of(x) for x in leaves], keys)
+    return jax.tree_util.tree_unflatten(treedef, outs)
+
+
 def allreduce_async(tensor, op=Average, name: str | None = None, **kwargs) -> Handle:
     """Start :func:`allreduce`; see :func:`grouped_allreduce_async`."""
     return grouped_allreduce_async(tensor, op=op, name=name, **kwargs)
