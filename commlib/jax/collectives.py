@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import api as _cl
-from ..compression import Compression
+from ..compression import Compression, NoCompression, WireCodec
 from ..errors import CommlibError
 from ..ops import Average, ReduceOp, Sum, as_op
 from . import bridge
@@ -372,13 +372,15 @@ def overlapped_allreduce(tensors, name: str, op=Average, prescale_factor: float 
     crossing at the end. XLA runs a start as soon as its array is computed, so the coordinator sends the
     last layers' gradients while the backward pass is still computing the first layers'. The starts go
     in reverse leaf order (a pytree of layers lists the first layer first; the backward pass yields it
-    last), so a start never waits for a later array. Eagerly: :func:`grouped_allreduce`. Arrays are
+    last), so a start never waits for a later array. Eagerly, and with a lossy compressor (whose state
+    and exchanges belong to one grouped request): :func:`grouped_allreduce` without a gradient. Arrays are
     named ``name.0``, ``name.1``, ... in leaf order, as :func:`grouped_allreduce` names them; ``name``
     is required, since requests of one step are in flight together under it."""
     leaves, treedef = jax.tree_util.tree_flatten(tensors)
     leaves = [jnp.asarray(x) for x in leaves]
     spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
-    if not leaves or bridge.concrete(*leaves):
+    wire_only = compression is None or isinstance(compression, (NoCompression, WireCodec))
+    if not leaves or bridge.concrete(*leaves) or not wire_only:
         return jax.tree_util.tree_unflatten(treedef, _grouped_raw(leaves, spec))
     base = spec.name
     kwargs = spec.kwargs()

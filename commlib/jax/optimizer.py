@@ -14,7 +14,6 @@ import jax.numpy as jnp
 
 from ..compression import Compression
 from ..ops import Average
-from ..compression import WireCodec
 from .collectives import _reduce_op, _set_size, grouped_allreduce, overlapped_allreduce
 
 try:
@@ -55,12 +54,9 @@ def distributed_gradients(op=Average, compression=Compression.none, gradient_pre
         del params
         return optax.EmptyState()
 
-    overlapped = overlap and (compression is None or compression is Compression.none
-                              or isinstance(compression, WireCodec))
-
     def update(updates, state, params=None):
         del params
-        reduce = overlapped_allreduce if overlapped else grouped_allreduce
+        reduce = overlapped_allreduce if overlap else grouped_allreduce
         return reduce(updates, name=name, compression=compression, process_set=process_set, **kwargs), state
 
     return optax.GradientTransformation(init, update)
