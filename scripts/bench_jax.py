@@ -123,6 +123,23 @@ def worker(args) -> None:
     import commlib as cl
     host_grads = [np.ones_like(a) for a in jax.tree_util.tree_leaves(params)]
 
+    # Where a commlib step's time goes: the crossings' calls into commlib's API are timed (this wraps the
+    # functions commlib.jax calls; the wrappers cost a few microseconds per call).
+    from commlib.jax import collectives as jcol
+    events = []
+
+    def timed(f):
+        def call(*a, **k):
+            begin = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                events.append((begin, time.perf_counter()))
+        return call
+    for fn in ("allreduce", "grouped_allreduce", "allreduce_async_", "synchronize"):
+        setattr(jcol._cl, fn, timed(getattr(jcol._cl, fn)))
+    profile = {mode: [] for mode in MODES if mode.startswith("commlib")}
+
     def run_steps(mode, steps):
         if mode == "numpy-allreduce":  # the gradients' grouped allreduce alone, through the numpy API
             times = []
@@ -135,19 +152,26 @@ def worker(args) -> None:
         step, p, s, xx, yy = state
         times = []
         for _ in range(steps):
+            events.clear()
             start = time.perf_counter()
             if mode == "gloo-psum":
                 p = step(p, xx, yy)
             else:
                 p, s = step(p, s, xx, yy)
             jax.block_until_ready(p)
-            times.append(time.perf_counter() - start)
+            end = time.perf_counter()
+            times.append(end - start)
+            if mode in profile and events:  # before the first crossing, from it to the last one's end, after
+                first, last = min(e[0] for e in events), max(e[1] for e in events)
+                profile[mode].append((first - start, last - first, end - last))
         state[1], state[2] = p, s
         return times
 
     load_start = os.getloadavg()[0]
     for mode in MODES:  # compile and warm up (past auto's learning calls)
         run_steps(mode, 1 if mode in ("local", "gloo-psum") else args.warmup)
+    for mode in profile:
+        profile[mode].clear()
     cj.barrier()
     times = {mode: [] for mode in MODES}
     for r in range(args.rounds):
@@ -189,6 +213,7 @@ def worker(args) -> None:
                   "median_s": {m: statistics.median(t) for m, t in times.items()},
                   "min_s": {m: min(t) for m, t in times.items()},
                   "small_allreduce_4KiB_s": crossing,
+                  "profile_rank0_s": {m: [statistics.median(x) for x in zip(*v)] for m, v in profile.items() if v},
                   "jax": jax.__version__, "warmup": args.warmup, "load_average_start": load_start,
                   "load_average_end": os.getloadavg()[0]}
         print("RESULT " + json.dumps(result), flush=True)
@@ -212,7 +237,7 @@ def table(result: dict, args, command: str) -> str:
              f"rank; {result['rounds']} rotated rounds x {result['steps']} steps per mode; the slowest rank's "
              f"step, median, after {result.get('warmup', 1)} warm-up steps per mode. Load average "
              f"{result.get('load_average_start', float('nan')):.1f} at the start, {result['load_average_end']:.1f} at the "
-             f"end (2 cores; both emulated hosts share them).", "",
+             f"end ({'the 2 cores are shared by both ranks' if not args.rate else 'both emulated hosts share the 2 cores'}).", "",
              "| mode | median step (s) | min (s) | vs gloo-psum | vs local |", "|---|---|---|---|---|"]
     for mode in MODES:
         lines.append(f"| {mode} | {med[mode]:.3f} | {result['min_s'][mode]:.3f} | "
@@ -224,6 +249,15 @@ def table(result: dict, args, command: str) -> str:
                   f"{med['commlib'] / (bound + med['local']):.2f}x of that; gloo-psum: "
                   f"{med['gloo-psum'] / (bound + med['local']):.2f}x; commlib-fp16 against half the bytes: "
                   f"{med['commlib-fp16'] / (bound / 2 + med['local']):.2f}x."]
+    if result.get("profile_rank0_s"):
+        lines += ["", "Where a commlib step's time goes (rank 0, medians): from the step's start to the first "
+                  "crossing into commlib (the forward and backward pass up to the first gradient handed over), "
+                  "from there to the end of the last crossing (communication, overlapping the rest of the "
+                  "backward pass when the optimizer overlaps), and after it (XLA copies the results into its "
+                  "buffers and applies the update):", "",
+                  "| mode | before (s) | crossings (s) | after (s) |", "|---|---|---|---|"]
+        for mode, (before, span, after) in result["profile_rank0_s"].items():
+            lines.append(f"| {mode} | {before:.3f} | {span:.3f} | {after:.3f} |")
     small = result["small_allreduce_4KiB_s"]
     lines += ["", "4 KiB allreduce (Sum), per call, median of rounds of 100, slowest rank:", "",
               "| how | us per allreduce | vs numpy |", "|---|---|---|"]
