@@ -181,6 +181,17 @@ def worker(args) -> None:
             mine = run_steps(mode, args.steps)
             times[mode] += [max(ts) for ts in zip(*cj.allgather_object(mine))]
 
+    # the overlapped and the grouped step give the same parameters from the same start
+    p0 = on_local(params)
+    check = {}
+    for mode in ("commlib", "commlib-grouped"):
+        step, _, _, xx, yy = runners[mode]
+        tx_state = runners[mode][2]
+        check[mode] = jax.tree_util.tree_leaves(step(p0, tx_state, xx, yy)[0])
+    same = all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(check["commlib"], check["commlib-grouped"]))
+    if not all(cj.allgather_object(same)):
+        raise SystemExit("the overlapped step's parameters differ from the grouped step's")
+
     # crossing into commlib for a 4 KiB allreduce
     small = np.ones(1024, np.float32)
     per_call = jax.jit(lambda v: cj.allreduce(v, op=cj.Sum, name="small.jit"))
