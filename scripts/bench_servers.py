@@ -74,6 +74,73 @@ def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
     cl.shutdown()
 
 
+def traced_worker(nbytes: int, rounds: int, out: str) -> None:
+    """push_pull alone, ``rounds`` times, with the client's per-partition trace kept (``--trace``)."""
+    import numpy as np
+
+    import commlib as cl
+    from commlib.api import _rt
+
+    cl.init()
+    buf = np.random.default_rng(cl.rank()).standard_normal(nbytes // 4).astype(np.float32)
+    cl.push_pull_(buf, op=cl.Sum, name="bench")
+    client = _rt().servers
+    client.trace = []
+    spans = []
+    for _ in range(rounds):
+        cl.barrier()
+        start = time.monotonic()
+        cl.push_pull_(buf, op=cl.Sum, name="bench")
+        spans.append((start, time.monotonic()))
+    Path(out, f"worker{cl.rank()}.json").write_text(json.dumps({"spans": spans, "trace": client.trace}))
+    cl.shutdown()
+
+
+def traced_server(out: str) -> None:
+    """A summation server that keeps its trace and writes it to ``out`` when it exits (``--trace``)."""
+    from mpi4py import MPI
+
+    from commlib.server.discovery import SERVER, job
+    from commlib.server.loop import Server
+
+    server = Server(job(MPI.COMM_WORLD, SERVER))
+    server.trace = []
+    server.run()
+    Path(out, f"server{server.index}.json").write_text(json.dumps(server.trace))
+
+
+def analyze(out: str, nbytes: int, rate_bps: float) -> list[str]:
+    """Where a traced push_pull's time goes, round by round: per worker when its pushes went out and its
+    answers came in, per server when the last push arrived and the last answer left."""
+    workers = sorted(Path(out).glob("worker*.json"))
+    servers = sorted(Path(out).glob("server*.json"))
+    w = [json.loads(p.read_text()) for p in workers]
+    s = [json.loads(p.read_text()) for p in servers]
+    bound = nbytes / (rate_bps / 8)
+    lines = [f"S/B bound {bound:.3f} s"]
+    for r, (start, _) in enumerate(w[0]["spans"]):
+        t0 = min(x["spans"][r][0] for x in w)
+        t1 = max(x["spans"][r][1] for x in w)
+        lines.append(f"round {r}: {t1 - t0:.3f} s ({(t1 - t0) / bound:.2f}x S/B)")
+        for i, x in enumerate(w):
+            a, b = x["spans"][r]
+            ev = [e for e in x["trace"] if a <= e[0] <= b]
+            sent = [e[0] for e in ev if e[1] == "sent"]
+            ans = [e[0] for e in ev if e[1] == "answered"]
+            if sent and ans:
+                lines.append(f"  worker {i}: start +{a - t0:.3f}, last push sent +{max(sent) - t0:.3f}, "
+                             f"first answer +{min(ans) - t0:.3f}, last answer +{max(ans) - t0:.3f}, end +{b - t0:.3f}")
+        for j, tr in enumerate(s):
+            ev = [e for e in tr if t0 <= e[0] <= t1]
+            rec = [e[0] for e in ev if e[1] == "received"]
+            ans = [e[0] for e in ev if e[1] == "answer"]
+            if rec and ans:
+                lines.append(f"  server {j}: first push in +{min(rec) - t0:.3f}, last push in +{max(rec) - t0:.3f},"
+                             f" first answer +{min(ans) - t0:.3f}, last answer posted +{max(ans) - t0:.3f}, "
+                             f"{len(ans)} answers")
+    return lines
+
+
 def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rounds: int,
             allreduces: tuple[str, ...]) -> dict:
     from commlib.testing.cluster import Cluster
@@ -93,6 +160,18 @@ def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rou
     result = json.loads(line[len("RESULT "):])
     result["command"] = " ".join(command)
     return result
+
+
+def run_traced(workers: int, servers: int, rate: str, nbytes: int, rounds: int, out: str) -> None:
+    from commlib.testing.cluster import Cluster
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    programs = [(list(range(workers)), me + ["--worker", "--bytes", str(nbytes), "--rounds", str(rounds),
+                                             "--trace", out]),
+                (list(range(workers, workers + servers)), me + ["--serve", "--trace", out])]
+    with Cluster([1] * (workers + servers), rate=rate) as cluster:
+        cluster.mpiexec_mpmd(programs, timeout=600, env=env)
 
 
 def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[list[str], dict]:
@@ -126,12 +205,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layouts", default="own,beside")
     parser.add_argument("--allreduces", default=",".join(ALLREDUCES), help="allreduce algorithms to compare")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trace", default=None, help="push_pull alone with per-partition traces kept in "
+                        "this directory, then where its time went (own layout)")
     parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
     args = parser.parse_args()
     from commlib.config import parse_size
     from commlib.testing.cluster import parse_rate
 
     nbytes = parse_size(args.bytes)
+    if args.serve:
+        traced_server(args.trace)
+        return 0
+    if args.worker and args.trace:
+        traced_worker(nbytes, args.rounds, args.trace)
+        return 0
     if args.worker:
         worker(nbytes, args.rounds, tuple(args.allreduces.split(",")))
         return 0
@@ -143,6 +231,11 @@ def main() -> int:
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
              f"{os.cpu_count()} cores (shared with other work while measured)",
              f"# {' '.join(sys.argv)}"]
+    if args.trace:
+        Path(args.trace).mkdir(parents=True, exist_ok=True)
+        run_traced(args.workers, args.servers, args.rate, nbytes, args.rounds, args.trace)
+        print("\n".join(analyze(args.trace, nbytes, parse_rate(args.rate))))
+        return 0
     report = {}
     for layout in args.layouts.split(","):
         result = run_job(layout, args.workers, args.servers, args.rate, nbytes, args.rounds,
