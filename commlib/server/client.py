@@ -111,6 +111,19 @@ class ServerClient:
     def num_servers(self) -> int:
         return len(self.servers)
 
+    def server_nodes(self, worker_ranks: list[int], node_of_worker) -> tuple[int, ...]:
+        """The node of each server in the numbering of ``node_of_worker`` (the node of each of
+        ``worker_ranks``, ranks of the job): a server on a host where one of those workers runs has that
+        worker's node; servers on other hosts get numbers past the workers', one per host."""
+        hosts = self.job.hosts
+        by_host = {hosts[r]: node for r, node in zip(worker_ranks, node_of_worker)}
+        nodes = []
+        for rank in self.servers:
+            if hosts[rank] not in by_host:
+                by_host[hosts[rank]] = max(by_host.values(), default=-1) + 1
+            nodes.append(by_host[hosts[rank]])
+        return tuple(nodes)
+
     # -- submitting -------------------------------------------------------------------------------------
     def push_pull_async(self, buf: np.ndarray, key: str, op: ReduceOp = ReduceOp.SUM, codec=None,
                         prescale: float = 1.0, postscale: float = 1.0, contributors: int | None = None,
@@ -379,8 +392,9 @@ class ServerLane:
     every rank of the set derives alike (the set's label, the lane, and a count of this lane's ``ps``
     calls: the coordinator runs every rank's collectives in one agreed order per lane)."""
 
-    def __init__(self, client: ServerClient, prefix: str, contributors: int):
+    def __init__(self, client: ServerClient, prefix: str, contributors: int, server_nodes: tuple[int, ...] = ()):
         self.client = client
+        self.server_nodes = server_nodes  # the node of each server, as the set's topology numbers them
         self.prefix = prefix
         self.contributors = contributors
         self.calls = 0
