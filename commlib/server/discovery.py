@@ -97,12 +97,13 @@ def job(comm: "MPI.Comm", role: str, start_timeout_s: float = 0.0) -> Job:
     return found
 
 
-def _wait(request: "MPI.Request", deadline: float | None):
-    """``(done, message)``: ``request`` completed by ``deadline`` (None: no deadline), polled."""
+def _receive(comm: "MPI.Comm", source: int, deadline: float | None):
+    """``(arrived, object)``: the next message from ``source`` on the roll call's tag, if it arrives by
+    ``deadline`` (None: no deadline). A matched probe, so that a table of any size is received whole."""
     while True:
-        done, message = request.test()
-        if done:
-            return True, message
+        message = comm.improbe(source=source, tag=TAG_ROLL_CALL)
+        if message is not None:
+            return True, message.recv()
         if deadline is not None and time.monotonic() > deadline:
             return False, None
         time.sleep(1e-3)
@@ -133,8 +134,7 @@ def _roll_call(comm: "MPI.Comm", me: tuple[str, str], timeout_s: float) -> list[
         MPI.Request.Waitall([comm.isend(table, dest=r, tag=TAG_ROLL_CALL) for r in reports if r])
     else:
         request = comm.isend(me, dest=0, tag=TAG_ROLL_CALL)
-        done, table = _wait(comm.irecv(source=0, tag=TAG_ROLL_CALL),
-                            None if deadline is None else deadline + GRACE_S)
+        done, table = _receive(comm, 0, None if deadline is None else deadline + GRACE_S)
         if not done:
             raise StartError(f"rank 0 of the MPI job has not started commlib within {timeout_s + GRACE_S:g} s "
                              "(COMMLIB_START_TIMEOUT plus a grace period): it failed to launch or hangs before "
