@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 ALLREDUCES = ("ring", "rabenseifner", "hierarchical_pipelined", "native", "auto")
 
 
-def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
+def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...], auto_warmup: int = 0) -> None:
     import numpy as np
 
     import commlib as cl
@@ -53,6 +53,8 @@ def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
 
     for method in methods:  # warm-up: buffers, connections, the cost model's choices
         call(method)
+    for _ in range(auto_warmup if "auto" in methods else 0):  # auto learns which candidate is fastest
+        call("auto")
     times: dict[str, list[float]] = {m: [] for m in methods}
     for r in range(rounds):
         for method in methods[r % len(methods):] + methods[:r % len(methods)]:
@@ -68,9 +70,15 @@ def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
     cl.push_pull_(buf, op=cl.Sum, name="bench")
     ref = cl.allreduce(data, op=cl.Sum, name="bench.ref")
     assert np.allclose(buf, ref, rtol=1e-4, atol=1e-4)
+    from commlib.algorithms import select
+    from commlib.api import _rt
+
+    ctx = _rt().coordinator._engine.context
+    auto = {"runs": select.current(ctx, nbytes).algorithm,
+            "predicted": [(c.algorithm, c.predicted_s) for c in select.ranked(ctx, nbytes)[:4]]}
     if cl.rank() == 0:
-        print("RESULT " + json.dumps({"times": times, "workers": cl.size(), "servers": cl.num_servers()}),
-              flush=True)
+        print("RESULT " + json.dumps({"times": times, "workers": cl.size(), "servers": cl.num_servers(),
+                                      "auto": auto}), flush=True)
     cl.shutdown()
 
 
@@ -142,7 +150,7 @@ def analyze(out: str, nbytes: int, rate_bps: float) -> list[str]:
 
 
 def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rounds: int,
-            allreduces: tuple[str, ...]) -> dict:
+            allreduces: tuple[str, ...], auto_warmup: int = 0) -> dict:
     from commlib.testing.cluster import Cluster
 
     hosts = workers + servers if layout == "own" else workers
@@ -151,7 +159,8 @@ def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rou
     env = dict(os.environ, PYTHONPATH=str(REPO))
     programs = [(list(range(workers)), [sys.executable, str(Path(__file__).resolve()), "--worker",
                                         "--bytes", str(nbytes), "--rounds", str(rounds),
-                                        "--allreduces", ",".join(allreduces)]),
+                                        "--allreduces", ",".join(allreduces),
+                                        "--auto-warmup", str(auto_warmup)]),
                 (server_hosts, [sys.executable, "-m", "commlib.server"])]
     with Cluster([1] * hosts, rate=rate) as cluster:
         command = cluster.mpmd_args(programs)
@@ -191,6 +200,9 @@ def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[li
               f"best allreduce: {best} {med[best]:.3f} s; push_pull {med['push_pull']:.3f} s = "
               f"{med['push_pull'] / ps_bound:.2f}x its bound, {med[best] / med['push_pull']:.2f}x faster than "
               f"{best}"]
+    if "auto" in result:
+        lines.append(f"auto runs {result['auto']['runs']} after its warm-up; the cost model predicted "
+                     + ", ".join(f"{a} {t:.3f} s" for a, t in result["auto"]["predicted"]))
     return lines, {"median_s": med, "best_allreduce": best, "push_pull_bound_s": ps_bound,
                    "allreduce_bound_s": ar_bound, **result}
 
@@ -205,6 +217,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layouts", default="own,beside")
     parser.add_argument("--allreduces", default=",".join(ALLREDUCES), help="allreduce algorithms to compare")
+    parser.add_argument("--auto-warmup", type=int, default=16,
+                        help="calls of auto before the timed rounds, while it learns (reported: what it runs then)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trace", default=None, help="push_pull alone with per-partition traces kept in "
                         "this directory, then where its time went (own layout)")
@@ -221,7 +235,7 @@ def main() -> int:
         traced_worker(nbytes, args.rounds, args.trace)
         return 0
     if args.worker:
-        worker(nbytes, args.rounds, tuple(args.allreduces.split(",")))
+        worker(nbytes, args.rounds, tuple(args.allreduces.split(",")), args.auto_warmup)
         return 0
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -229,7 +243,7 @@ def main() -> int:
     lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}, "
              f"COMMLIB_SERVER_PARTITION={partition}",
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
-             f"{os.cpu_count()} cores (shared with other work while measured)",
+             f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f} (1 min)",
              f"# {' '.join(sys.argv)}"]
     if args.trace:
         Path(args.trace).mkdir(parents=True, exist_ok=True)
@@ -239,7 +253,7 @@ def main() -> int:
     report = {}
     for layout in args.layouts.split(","):
         result = run_job(layout, args.workers, args.servers, args.rate, nbytes, args.rounds,
-                         tuple(args.allreduces.split(",")))
+                         tuple(args.allreduces.split(",")), args.auto_warmup)
         text, report[layout] = summarize(f"servers {'on hosts of their own' if layout == 'own' else 'on the worker hosts'}",
                                          result, nbytes, parse_rate(args.rate))
         lines += [""] + text + [f"command: {result['command']}"]
