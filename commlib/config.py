@@ -145,6 +145,7 @@ class Config:
     tuning_file: str | None = None
     auto_learn: bool = True
     server_partition_bytes: int = 4096000
+    start_timeout_s: float = 60.0
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
     priority_partition_bytes: int = 4096000
@@ -301,6 +302,10 @@ FIELDS: dict[str, _Field] = {
     "server_timeout_s": _Field("COMMLIB_SERVER_TIMEOUT", _non_negative_float,
                                "seconds a worker waits for a summation server that has stopped answering "
                                "before failing the tensor, naming the server; 0 waits forever (default 30)"),
+    "start_timeout_s": _Field("COMMLIB_START_TIMEOUT", _non_negative_float,
+                              "seconds the first commlib.init() (and each summation server) waits for every "
+                              "process of the MPI job to start; then every process that started fails, naming "
+                              "the ranks missing; 0 waits forever (default 60)"),
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),

@@ -87,6 +87,9 @@ class Server:
         self.rounds_done = 0
         self.status = MPI.Status()
         self.geo = GeoStore(job, self.index)  # Geo-SGD's tables (docs/servers.md)
+        #: ``None``, or a list that receives ``(time, event, worker, key, part)`` ("header", "received",
+        #: "answer", "answered"): scripts/bench_servers.py --trace sets it.
+        self.trace: list | None = None
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -142,6 +145,8 @@ class Server:
         if rnd is None:
             rnd = self.rounds[key] = _Round(push)
         worker = self.worker_of_rank[source]
+        if self.trace is not None:
+            self.trace.append((time.monotonic(), "header", worker, push.key, push.part))
         if worker in rnd.pushed:  # its data is received and dropped
             self.receiving.append((request, push, buf, False))
             self._answer_error([(source, push.slot)], (
@@ -166,6 +171,8 @@ class Server:
         keep = set(done)
         self.receiving = [item for i, item in enumerate(self.receiving) if i not in keep]
         for _, push, buf, counted in finished:
+            if self.trace is not None:
+                self.trace.append((time.monotonic(), "received", push.worker, push.key, push.part))
             if counted:
                 self._add(push, buf)
             else:
@@ -216,6 +223,8 @@ class Server:
             kernels.to_half(rnd.acc, answer)
             self.pool.give(rnd.acc)
         holder = [answer, len(destinations)]  # back to the pool when its last send completes
+        if self.trace is not None:
+            self.trace.append((time.monotonic(), "answer", -1, rnd.first.key, rnd.first.part))
         for rank, slot in destinations:
             self.sending.append((self.comm.Isend(answer.view(np.uint8), dest=rank, tag=slot), holder))
 
