@@ -135,8 +135,8 @@ def run_mode(mode: str, args, cluster=None) -> tuple[float, int]:
         out = "".join(p.communicate(timeout=args.timeout)[0] for p in procs)
     else:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")
-        out = subprocess.run([mpiexec, "-n", "2", *me], env=env, capture_output=True, text=True,
-                             timeout=args.timeout).stdout
+        out = subprocess.run([mpiexec, "-n", "2", *me], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, timeout=args.timeout).stdout
     results = [json.loads(line[7:]) for line in out.splitlines() if line.startswith("RESULT ")]
     if len(results) != 2:
         raise SystemExit(f"{mode}: expected 2 results\n{out[-3000:]}")
