@@ -18,7 +18,8 @@ runs as its own 2-process job, per-rank batch ``--batch`` (global batch twice th
   network namespaces, each host's link capped at ``--rate``): commlib through the cluster's ``mpiexec``
   (UCX over TCP on the hosts' ``eth0``), MultiWorkerMirroredStrategy as one plain process started inside
   each host's namespace with ``TF_CONFIG`` naming the hosts' addresses (no MPI). The cluster is made once
-  for the whole run and always torn down.
+  for the whole run and always torn down; ``commlib-2h-fp16`` sends the gradients as float16
+  (``Compression.fp16``), which MultiWorkerMirroredStrategy has no counterpart of.
 
 Every mode runs on tf-keras (``TF_USE_LEGACY_KERAS=1``): Keras 3's ``fit`` does not take the strategy's
 distributed dataset. Modes are interleaved round by round. A job reports the median of its step times after one warm-up
@@ -93,8 +94,9 @@ def worker(mode: str, batch: int, steps: int, warmup: int) -> None:
         rank = hvd.rank()
         model = build(keras)
         optimizer = keras.optimizers.SGD(0.01)
-        if mode.startswith("commlib"):
-            optimizer = hvd.DistributedOptimizer(optimizer)
+        if mode.startswith("commlib"):  # -fp16: gradients travel as float16 (Horovod's Compression.fp16)
+            compression = hvd.Compression.fp16 if mode.endswith("-fp16") else hvd.Compression.none
+            optimizer = hvd.DistributedOptimizer(optimizer, compression=compression)
         model.compile(optimizer=optimizer, loss=loss)
         x = rng.standard_normal((batch * steps, LAYERS[0])).astype(np.float32)
         y = rng.integers(0, 10, len(x))
@@ -124,7 +126,7 @@ def run_mode(mode: str, args, cluster=None) -> tuple[float, int]:
           "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if mode == "mwms-2h":
         out = run_in_namespaces(cluster, me, env, args.timeout)
-    elif mode == "commlib-2h":
+    elif mode.startswith("commlib-2h"):
         out = cluster.mpiexec(me, timeout=args.timeout, env=env).stdout
     elif mode == "mwms":
         ports = free_ports(2)
@@ -179,7 +181,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before them (default 3)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="local,commlib,mwms",
-                        help="of local, commlib, mwms (one host), commlib-2h, mwms-2h (2 emulated hosts)")
+                        help="of local, commlib, mwms (one host), commlib-2h, mwms-2h, commlib-2h-fp16 "
+                             "(2 emulated hosts; -fp16: float16 on the wire)")
     parser.add_argument("--rate", default="1gbit", help="the emulated hosts' link rate (default 1gbit)")
     parser.add_argument("--timeout", type=int, default=600)
     parser.add_argument("--json", help="write the raw times here")
@@ -188,7 +191,7 @@ def main() -> int:
         worker(args.worker, args.batch, args.steps, args.warmup)
         return 0
     modes = args.modes.split(",")
-    unknown = set(modes) - {"local", "commlib", "mwms", "commlib-2h", "mwms-2h"}
+    unknown = set(modes) - {"local", "commlib", "mwms", "commlib-2h", "mwms-2h", "commlib-2h-fp16"}
     if unknown:
         parser.error(f"unknown modes {sorted(unknown)}")
     times = {m: [] for m in modes}
