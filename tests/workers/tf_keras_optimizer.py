@@ -29,7 +29,7 @@ def model_and_data(seed=0):
     return model, x, y
 
 
-def check_fit_accumulation(me, n, average):
+def check_fit_accumulation(me, n, average, optimizer=None):
     """Two passes per rank reduced once and applied every other step: one process's step on the four
     batches combined (learning rate doubled when the passes are summed)."""
     per_rank = BATCH // n
@@ -37,7 +37,7 @@ def check_fit_accumulation(me, n, average):
     reference, _, _ = model_and_data(0)
     hvd.broadcast_variables(model.variables, root_rank=0)  # unseeded initializers differ between processes
     reference.set_weights(model.get_weights())
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+    opt = hvd.DistributedOptimizer(optimizer or keras.optimizers.SGD(0.1), backward_passes_per_step=2,
                                    average_aggregated_gradients=average)
     model.compile(optimizer=opt, loss="mse")
     order = np.concatenate([np.arange(s * BATCH, (s + 1) * BATCH)[me::n][:per_rank] for s in range(STEPS)])
@@ -119,18 +119,40 @@ def check_save_and_load(me, n):
         assert np.allclose(out.numpy(), expected, atol=1e-5)
 
 
+def check_elastic_state(me, n):
+    """KerasState: sync gives rank 0's weights and values, restore goes back to the last commit."""
+    model, x, y = model_and_data(me)
+    model.set_weights([np.full(w.shape, float(me), np.float32) for w in model.get_weights()])
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    state = hvd.elastic.KerasState(model, batch=20 + me)
+    state.sync()
+    assert state.batch == 20 and all(np.all(w == 0.0) for w in model.get_weights()), state.batch
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    trained = model.get_weights()
+    state.batch = 21
+    state.commit()
+    model.set_weights([np.full(w.shape, 5.0, np.float32) for w in model.get_weights()])
+    state.batch = 22
+    state.restore()
+    assert state.batch == 21, state.batch
+    for a, b in zip(model.get_weights(), trained):
+        assert np.array_equal(a, b), "restore did not bring back the committed weights"
+
+
 def main():
     hvd.init()
     me, n = hvd.rank(), hvd.size()
     for average in (True, False):
         check_fit_accumulation(me, n, average)
     if LEGACY:
+        check_fit_accumulation(me, n, True, keras.optimizers.legacy.SGD(0.1))  # optimizer v2
         check_counter_and_local_vars(me, n)
         check_partial(me, n)
     else:
         expect_error(NotImplementedError, "tf-keras", lambda: hvd.PartialDistributedOptimizer(
             keras.optimizers.SGD(0.1)), "PartialDistributedOptimizer on Keras 3")
     check_save_and_load(me, n)
+    check_elastic_state(me, n)
     print(f"tf_keras_optimizer OK legacy={LEGACY}", flush=True)
     hvd.shutdown()
 

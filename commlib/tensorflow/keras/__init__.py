@@ -82,7 +82,11 @@ def _tf_keras_mixin(reduce, options):
             return self._compute_gradients(loss, var_list, None, tape)
 
         def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-            pairs = list(super().compute_gradients(loss, var_list, tape))
+            base = super()
+            if hasattr(base, "_compute_gradients"):  # optimizer v2 (tf_keras.optimizers.legacy)
+                pairs = list(base._compute_gradients(loss, var_list=var_list, grad_loss=grad_loss, tape=tape))
+            else:
+                pairs = list(base.compute_gradients(loss, var_list, tape))
             if self._agg_helper is not None:  # reduced on the update step, after accumulation
                 return pairs
             variables = [v for _, v in pairs]
@@ -96,7 +100,10 @@ def _tf_keras_mixin(reduce, options):
             base_apply = super().apply_gradients
             if self._agg_helper is not None:
                 with _tf.init_scope():  # optimizer variables are made here, never inside the update branch
-                    self.build(variables)
+                    if hasattr(self, "_create_all_weights"):  # optimizer v2
+                        self._create_all_weights(variables)
+                    else:
+                        self.build(variables)
                 if hasattr(self, "_compute_current_learning_rate"):
                     self._compute_current_learning_rate()
                 self._agg_helper(grads, variables, lambda reduced: base_apply(reduced, *args, **kwargs),
