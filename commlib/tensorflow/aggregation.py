@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import tensorflow as tf
 
 
-def _key(variable):
+def variable_key(variable):
+    """A hashable key of a TensorFlow or Keras 3 variable (Keras 3's have no ``ref()``)."""
     return variable.ref() if hasattr(variable, "ref") else id(variable)
 
 
@@ -37,8 +38,8 @@ class GradientAccumulator:
             if self.counter is None:
                 self.counter = tf.Variable(0, dtype=tf.int32, trainable=False, name="commlib_passes")
             for v in variables:
-                if _key(v) not in self._sums:
-                    self._sums[_key(v)] = tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                if variable_key(v) not in self._sums:
+                    self._sums[variable_key(v)] = tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
                                                       name="commlib_accumulated_gradient")
 
     def __call__(self, grads: Sequence, variables: Sequence, apply: Callable, iterations) -> tf.Tensor:
@@ -48,7 +49,7 @@ class GradientAccumulator:
         present = [i for i, g in enumerate(grads) if g is not None]
         pvars = [variables[i] for i in present]
         self._build(pvars)
-        sums = [self._sums[_key(v)] for v in pvars]
+        sums = [self._sums[variable_key(v)] for v in pvars]
         for s, i in zip(sums, present):
             s.assign_add(tf.convert_to_tensor(grads[i], dtype_hint=s.dtype))
         count = self.counter.assign_add(1)

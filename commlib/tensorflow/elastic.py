@@ -31,7 +31,7 @@ class TensorFlowState(ObjectState):
     def __init__(self, variables=None, session=None, **kwargs):
         if session is not None or not tf.executing_eagerly():
             raise NotImplementedError("commlib.tensorflow.elastic supports TensorFlow 2's eager mode only (no "
-                                      "TF1 session), as Horovod does")
+                                      "TF1 graphs), as Horovod does")
         self._tf_variables = list(variables or [])
         self._tf_saved: list = []
         super().__init__(bcast_object=broadcast_object, **kwargs)

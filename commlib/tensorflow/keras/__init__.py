@@ -25,7 +25,7 @@ from ...keras.callbacks import make as _make_callbacks
 from ...keras.optimizer import GradientOptions, reducer, wrap, wrap_keras3
 from .. import collectives as _collectives
 from ..aggregation import GradientAccumulator
-from ..gradients import key as _key
+from ..aggregation import variable_key as _key
 
 _keras = _tf.keras
 #: True when tf.keras is Keras 3 (wrapped at ``apply``), False for tf-keras (at ``apply_gradients``).
