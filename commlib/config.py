@@ -141,6 +141,8 @@ class Config:
     server_partition_bytes: int = 4096000
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
+    priority_partition_bytes: int = 4096000
+    priority_credit_bytes: int = 8192000
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -187,7 +189,8 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes")
+              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes",
+              "priority_partition_bytes", "priority_credit_bytes")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -293,6 +296,14 @@ FIELDS: dict[str, _Field] = {
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
+    "priority_partition_bytes": _Field("COMMLIB_PRIORITY_PARTITION", _positive_int_size,
+                                       "priority scheduling (allreduces with a priority): a larger tensor runs "
+                                       "in partitions of at most this many bytes, so that a more urgent one can "
+                                       "go between them (K/M/G suffix; default 4096000)"),
+    "priority_credit_bytes": _Field("COMMLIB_PRIORITY_CREDIT", _positive_int_size,
+                                    "priority scheduling: bytes started per negotiation round, most urgent "
+                                    "first; the rest waits for the next round, where newly ready tensors "
+                                    "compete again (K/M/G suffix; default 8192000, two partitions)"),
 }
 
 
