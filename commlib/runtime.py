@@ -142,6 +142,19 @@ class Runtime:
                 return lost
         return None
 
+    def abandon(self, lost_ranks) -> None:
+        """Elastic recovery leaves this runtime for one over the survivors: send nothing more to
+        ``lost_ranks`` (ranks of this runtime's communicator), then close it without freeing its
+        communicators (the dead ranks are in them)."""
+        for member in self.sets.members():
+            member.coordinator.forget(lost_ranks)
+        if self.deadline.lost is None:
+            from .errors import PeerLostError
+
+            self.deadline.lose(PeerLostError(f"commlib was rebuilt without rank(s) {sorted(lost_ranks)}",
+                                             ranks=sorted(lost_ranks), what="elastic recovery"))
+        self.close(leaving=True)
+
     def close(self, leaving: bool = False) -> None:
         """Shut down every set. ``leaving``: the process is exiting without ``shutdown()``; tell the
         others and do not wait for them."""

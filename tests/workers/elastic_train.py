@@ -1,7 +1,8 @@
 """Elastic training under commlib-run's driver (tests/test_elastic.py): a linear model, DistributedOptimizer,
 ElasticSampler and TorchState committed after every step.
 
-Each process logs to LOGDIR/<launch>.<rank>.log: its launch (a time rank 0 broadcasts), the step it
+Each process logs to LOGDIR/<launch>.<rank>.log: its launch (a time rank 0 broadcasts at each start of the
+training function: a restarted job, or the survivors going on in process), the step it
 resumed at, the size, then per step the epoch, step and sample indices it trained on. Rank 0 writes the
 final weights to LOGDIR/final.json. Optional, through the environment:
 - ELASTIC_KILL_AT=s: in the first launch, rank 1 kills itself (SIGKILL) at step s, writing the time to
@@ -25,11 +26,8 @@ EPOCHS, SAMPLES, BATCH, LR = 2, 144, 4, 0.05
 STEP_SLEEP = float(os.environ.get("ELASTIC_STEP_SLEEP", "0.05"))
 
 hvd.init()
-rank, size = hvd.rank(), hvd.size()
-launch = hvd.broadcast_object(f"{time.time():.6f}" if rank == 0 else None)
-log = open(os.path.join(LOGDIR, f"{launch}.{rank}.log"), "w", buffering=1)
 # MPICH's shared-memory files: a killed job leaves them in /dev/shm, and the test removes these afterwards
-with open(os.path.join(LOGDIR, f"shm.{launch}.{rank}.txt"), "w") as f:
+with open(os.path.join(LOGDIR, f"shm.{os.getpid()}.txt"), "w") as f:
     f.write("\n".join(sorted({line.split()[-1] for line in open("/proc/self/maps") if "/dev/shm/" in line})))
 
 generator = torch.Generator().manual_seed(7)
@@ -58,6 +56,10 @@ state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, step=
 
 @hvd.elastic.run
 def train(state):
+    global rank, size
+    rank, size = hvd.rank(), hvd.size()  # other ranks after an in-process recovery
+    launch = hvd.broadcast_object(f"{time.time():.6f}" if rank == 0 else None)
+    log = open(os.path.join(LOGDIR, f"{launch}.{rank}.log"), "w", buffering=1)
     log.write(json.dumps({"launch": launch, "rank": rank, "size": size, "start_step": state.step,
                           "time": time.time()}) + "\n")
     while state.epoch < EPOCHS:
