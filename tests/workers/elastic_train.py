@@ -3,10 +3,13 @@ ElasticSampler and TorchState committed after every step.
 
 Each process logs to LOGDIR/<launch>.<rank>.log: its launch (a time rank 0 broadcasts at each start of the
 training function: a restarted job, or the survivors going on in process), the step it
-resumed at, the size, then per step the epoch, step and sample indices it trained on. Rank 0 writes the
+resumed at, the size, then per step the epoch, step and sample indices it trained on (before the step's allreduce) and the
+time the step completed. Rank 0 writes the
 final weights to LOGDIR/final.json. Optional, through the environment:
 - ELASTIC_KILL_AT=s: in the first launch, rank 1 kills itself (SIGKILL) at step s, writing the time to
   LOGDIR/killed;
+- ELASTIC_CUT_AT=s: at step s rank 0 writes LOGDIR/cut_please and waits for LOGDIR/cut (the test takes the
+  last host's link down, writes the time there), once;
 - ELASTIC_ADD_HOST_AT=s with ELASTIC_TRIGGER=f: at step s rank 0 creates f (the test's discovery script
   then prints one host more), once.
 """
@@ -69,15 +72,23 @@ def train(state):
                 with open(os.path.join(LOGDIR, "killed"), "w") as f:
                     f.write(f"{time.time()}\n")
                 os.kill(os.getpid(), signal.SIGKILL)
+            if os.environ.get("ELASTIC_CUT_AT") and state.step == int(os.environ["ELASTIC_CUT_AT"]) and rank == 0 \
+                    and not os.path.exists(os.path.join(LOGDIR, "cut")):
+                open(os.path.join(LOGDIR, "cut_please"), "w").close()  # the test takes the last host's link down
+                while not os.path.exists(os.path.join(LOGDIR, "cut")):
+                    time.sleep(0.01)
             if (os.environ.get("ELASTIC_ADD_HOST_AT") and state.step == int(os.environ["ELASTIC_ADD_HOST_AT"])
                     and rank == 0):
                 open(os.environ["ELASTIC_TRIGGER"], "a").close()
             optimizer.zero_grad()
             loss = ((model(x).squeeze(1) - y) ** 2).mean()
             loss.backward()
-            optimizer.step()
+            # logged before the step's allreduce: a rank cut off during it may have given its gradient to
+            # the others (small tensors travel with the negotiation), who complete the step without it
             log.write(json.dumps({"epoch": state.epoch, "step": state.step, "indices": index.tolist(),
                                   "time": time.time()}) + "\n")
+            optimizer.step()
+            log.write(json.dumps({"done": state.step, "time": time.time()}) + "\n")
             state.sampler.record_batch(0, BATCH)
             state.step += 1
             time.sleep(STEP_SLEEP)
