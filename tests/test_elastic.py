@@ -271,6 +271,77 @@ def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
     _check_training(logdir, final_steps)
 
 
+def test_numpy_worker_killed_the_others_go_on(make_cluster, tmp_path):
+    """The numpy API (commlib.elastic.run, ObjectState, commlib.allreduce) on 3 hosts x 1 rank: rank 1 is
+    killed at step 6; the other two go on in process from the last commit. The samples taken, step after
+    step, are the shuffled order without a gap or a repeat, and the weights equal SGD replayed over them."""
+    _needs_cluster(make_cluster)
+    try:
+        done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", sys.executable,
+                             str(REPO / "tests" / "workers" / "elastic_numpy.py"), str(tmp_path)],
+                            {"ELASTIC_KILL_AT": "6", "COMMLIB_TIMEOUT": str(PEER_TIMEOUT_S)})
+    finally:
+        _remove_shared_memory_left(tmp_path)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "2 rank(s) go on in process" in done.stderr and done.stderr.count("starting ") == 1, done.stderr[-3000:]
+    launches, final_steps = _replay(tmp_path)
+    assert [(l["size"], l["start_step"]) for l in launches] == [(3, 0), (2, 6)], launches
+    assert list(final_steps) == list(range(30))
+    taken = [i for ranks in final_steps.values() for _, indices in (ranks[r] for r in sorted(ranks)) for i in indices]
+    order = np.concatenate([np.random.default_rng(3 + e).permutation(96) for e in range(4)])
+    assert taken == order[:len(taken)].tolist()
+    rng = np.random.default_rng(7)
+    features = rng.standard_normal((96, 4))
+    targets = features @ np.array([1.0, -2.0, 0.5, 3.0]) + 0.25
+    w = np.zeros(5)
+    for ranks in final_steps.values():
+        grads = []
+        for _, indices in ranks.values():
+            x, y = features[indices], targets[indices]
+            r = x @ w[:4] + w[4] - y
+            grads.append(np.concatenate([2 * x.T @ r / len(indices), [2 * r.mean()]]))
+        w = w - 0.05 * np.mean(grads, axis=0)
+    final = json.loads((tmp_path / "final.json").read_text())
+    assert final["size"] == 2 and np.allclose(final["weights"], w, atol=1e-9), (final, w)
+
+
+def test_below_min_np_after_a_loss_waits_then_fails(make_cluster, tmp_path):
+    """--min-np 3 on 3 hosts x 1 rank, one killed: 2 survivors are too few, so the driver has them exit
+    for a restart, blacklists the lost host, waits for a third host up to --elastic-timeout and fails
+    naming what it has."""
+    _needs_cluster(make_cluster)
+    try:
+        done = _elastic_run(["--emulate", "3x1", "--min-np", "3", "--elastic-timeout", "2", sys.executable,
+                             str(REPO / "tests" / "workers" / "elastic_numpy.py"), str(tmp_path)],
+                            {"ELASTIC_KILL_AT": "3", "COMMLIB_TIMEOUT": str(PEER_TIMEOUT_S)})
+    finally:
+        _remove_shared_memory_left(tmp_path)
+    assert done.returncode == 2, (done.stdout + done.stderr)[-4000:]
+    assert "2 survivor(s) < --min-np 3: restarting the job" in done.stderr, done.stderr[-3000:]
+    assert "waiting for --min-np 3 slots (have 2)" in done.stderr
+    assert "only 2 slot(s) available" in done.stderr and "blacklisted: " in done.stderr, done.stderr[-3000:]
+
+
+def test_survivor_decision():
+    """The driver's verdict from the reports (commlib/run/survivors.py), without MPI."""
+    from commlib.run.survivors import decide
+
+    members = [0, 1, 2]
+    # a killed rank never reports: wait for the unsuspected ones, then the settle time
+    assert decide(members, {0: [1]}, waited=0.5, settle=4, limit=13) is None   # rank 2 not heard yet
+    assert decide(members, {0: [1], 2: [1]}, waited=0.5, settle=4, limit=13) is None
+    assert decide(members, {0: [1], 2: [1]}, waited=4.0, settle=4, limit=13) == [0, 2]
+    # a suspect that reports leaves all the same (a communicator built with an unreachable rank would hang)
+    assert decide(members, {0: [1], 2: [1], 1: [0]}, waited=1.0, settle=4, limit=13) == [0, 2]
+    assert decide(members, {0: [1], 2: [], 1: []}, waited=1.0, settle=4, limit=13) == [0, 2]
+    assert decide(members, {0: [], 2: [], 1: []}, waited=0.0, settle=4, limit=13) == [0, 1, 2]
+    # a cut host blames everyone, everyone blames it: it leaves
+    assert decide(members, {0: [2], 1: [2], 2: [0, 1]}, waited=0.1, settle=4, limit=13) == [0, 1]
+    # past the limit: whoever reported
+    assert decide(members, {0: [1]}, waited=13.0, settle=4, limit=13) == [0]
+    assert decide([0, 2], {0: [], 2: []}, waited=0.0, settle=4, limit=13) == [0, 2]  # a failure, nobody lost
+
+
 @pytest.mark.parametrize("nprocs", [3])
 def test_torch_state_and_sampler_across_ranks(nprocs):
     """TorchState's sync/restore/commit of a model, an optimizer with momentum and attributes;

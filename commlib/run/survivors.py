@@ -7,9 +7,11 @@ suspects; a killed rank writes nothing. :func:`decide` turns the reports into th
 - a member that did not report is gone once every member not suspected by anyone has reported and the
   suspected ones have had ``settle`` seconds (from the first report) to report anyway: a rank that was
   only slow (or was waiting behind the lost one) fails its own wait within the timeout and reports;
-- members that reported but blame each other (a host whose link went down suspects everyone, everyone
-  suspects it) are split by votes: the reporter suspected by the most other reporters leaves first
-  (ties: the higher rank), until no remaining reporter suspects another;
+- a reporter that another reporter suspects leaves too, the one suspected by the most leaving first
+  (ties: the higher rank) until no remaining reporter suspects another: a host whose link went down
+  suspects everyone and everyone suspects it, so it leaves and the connected side stays. This errs on
+  the safe side: a slow but healthy rank may be left out; a communicator built with an unreachable rank
+  would hang in its creation;
 - past ``limit`` seconds the reporters so far are the survivors, whatever is missing.
 """
 
