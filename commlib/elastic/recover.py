@@ -13,9 +13,9 @@ rendezvous is its directory, ``COMMLIB_ELASTIC_DIR``, files written whole and re
 
 1. every rank whose collective failed writes ``report.<generation>.<world rank>`` with the ranks it
    suspects, and abandons its runtime (no MPI call on the old communicators);
-2. the driver waits until every member either reported or is suspected, and a suspected one has had
-   ``COMMLIB_TIMEOUT`` more to report (a slow rank is not a dead one), then writes
-   ``members.<generation>``: the world ranks that reported, or ``restart`` (fewer than ``--min-np``);
+2. the driver waits until every member either reported or is suspected (commlib/run/survivors.py), then
+   writes ``members.<generation>``: the reporters no other reporter suspects, or ``restart`` (fewer than
+   ``--min-np``);
 3. the members build a communicator over themselves with ``MPI_Comm_create_group`` on MPI_COMM_WORLD,
    ``commlib.init`` on it (a new runtime: coordinator, process sets, caches, learned choices), and the
    elastic loop restores and syncs the state from the new rank 0.

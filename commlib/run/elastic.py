@@ -147,6 +147,9 @@ class Launcher:
 
 #: COMMLIB_TIMEOUT of an elastic job that sets none: how long a lost rank takes to be noticed
 ELASTIC_TIMEOUT_S = "10"
+#: after the first report of a failed collective, how long the driver collects near-simultaneous ones
+#: before leaving out the suspected ranks that have not reported (a suspect leaves either way)
+SETTLE_S = 0.25
 
 
 class Driver:
@@ -347,9 +350,8 @@ class Driver:
         if recovery.first_report is None:
             recovery.first_report = now
             self.say(f"rank(s) {sorted(reports)} report a failed collective; deciding who goes on")
-        settle = self.peer_timeout + 1.0
         chosen = survivors.decide(recovery.members, {r: rep.get("suspects", []) for r, rep in reports.items()},
-                                  now - recovery.first_report, settle, 2 * settle + 5.0)
+                                  now - recovery.first_report, SETTLE_S, 2 * self.peer_timeout + 5.0)
         if chosen is None:
             return
         lost = sorted(set(recovery.members) - set(chosen))

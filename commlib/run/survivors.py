@@ -4,9 +4,10 @@ read the workers' reports of a failed collective, decide who goes on, and write 
 Every rank whose collective failed writes ``report.<generation>.<world rank>`` naming the ranks it
 suspects; a killed rank writes nothing. :func:`decide` turns the reports into the survivors:
 
-- a member that did not report is gone once every member not suspected by anyone has reported and the
-  suspected ones have had ``settle`` seconds (from the first report) to report anyway: a rank that was
-  only slow (or was waiting behind the lost one) fails its own wait within the timeout and reports;
+- a member that did not report is gone once every member not suspected by anyone has reported (a rank
+  waiting behind the lost one fails its own wait within the timeout and reports) and ``settle`` seconds
+  have passed since the first report (to gather reports made at nearly the same moment); a suspected
+  member is not waited for, since it leaves even if it reports (below);
 - a reporter that another reporter suspects leaves too, the one suspected by the most leaving first
   (ties: the higher rank) until no remaining reporter suspects another: a host whose link went down
   suspects everyone and everyone suspects it, so it leaves and the connected side stays. This errs on
