@@ -1,8 +1,10 @@
-"""commlib-run's elastic driver: keep a job training while hosts come and go, by restarting it.
+"""commlib-run's elastic driver: keep a job training while hosts come and go.
 
-MPI cannot replace a lost rank inside a running job (with MPICH, ``Comm.Revoke`` raises NotImplementedError,
-and hydra takes every rank down when one dies by a signal), so the driver works as torchrun does, with
-Horovod Elastic's state and flags on the workers' side (:mod:`commlib.elastic`):
+With MPICH (hydra) the job runs with ``-disable-auto-cleanup``, so the survivors of a lost rank keep
+running; they report to the driver, which decides who goes on (:mod:`.survivors`), and they rebuild
+commlib over themselves in process (:mod:`commlib.elastic.recover`). Growth, too few survivors, and any
+loss under Open MPI restart the job, as torchrun does, with Horovod Elastic's state and flags on the
+workers' side (:mod:`commlib.elastic`):
 
 1. Discover the hosts: ``--host-discovery-script`` prints ``host`` or ``host:slots`` lines (without it:
    ``-H``/``--hostfile``, or the emulated cluster's hosts); leave out blacklisted hosts.
@@ -10,11 +12,13 @@ Horovod Elastic's state and flags on the workers' side (:mod:`commlib.elastic`):
    was found), and start ``min(slots, --max-np)`` ranks with ``COMMLIB_ELASTIC_DIR`` set.
 3. While the job runs, discover again every second; a change is flagged in that directory, and the
    workers' next ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank, which ends the job with
-   the restart code.
-4. When the job ends: 0 is done. The restart code (hosts changed, or a collective failed) restarts it.
-   Any other failure blacklists the host hydra names as where a process died (``RUNNING AT host``), for
-   a cool-down drawn from ``--blacklist-cooldown-range`` (without it: for good), and restarts it.
-   Every restart counts against ``--reset-limit``.
+   the restart code. With in-process recovery, read the workers' reports of a failed collective every
+   50 ms, decide the survivors, blacklist the lost ranks' hosts.
+4. When the job ends: 0 is done (after a recovery: every survivor wrote status 0). The restart code
+   (hosts changed, a collective failed, too few survivors) restarts it. Any other failure blacklists the
+   host hydra names as where a process died (``RUNNING AT host``), for a cool-down drawn from
+   ``--blacklist-cooldown-range`` (without it: for good), and restarts it. Every restart counts against
+   ``--reset-limit``.
 
 The restarted workers resume from the state rank 0 committed last (``state.pkl`` in the directory).
 """
