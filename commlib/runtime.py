@@ -143,11 +143,12 @@ class Runtime:
         return None
 
     def abandon(self, lost_ranks) -> None:
-        """Elastic recovery leaves this runtime for one over the survivors: send nothing more to
-        ``lost_ranks`` (ranks of this runtime's communicator), then close it without freeing its
-        communicators (the dead ranks are in them)."""
+        """Elastic recovery leaves this runtime for one over the survivors, which leave theirs too: send
+        nothing more on it (a send to a dead rank can crash the sender; the live ones were told of the loss
+        when it happened), then close it without freeing its communicators (the dead ranks are in them).
+        ``lost_ranks`` (ranks of this runtime's communicator) name the loss in the error of later calls."""
         for member in self.sets.members():
-            member.coordinator.forget(lost_ranks)
+            member.coordinator.forget(range(self.size))
         if self.deadline.lost is None:
             from .errors import PeerLostError
 
