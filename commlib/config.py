@@ -142,6 +142,8 @@ class Config:
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
     elastic_in_process: bool = False
+    priority_partition_bytes: int = 4096000
+    priority_credit_bytes: int = 8192000
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -188,7 +190,8 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes")
+              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes",
+              "priority_partition_bytes", "priority_credit_bytes")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -298,6 +301,14 @@ FIELDS: dict[str, _Field] = {
                                  "set by commlib-run's elastic driver when its MPI lets the survivors of a lost "
                                  "rank go on (hydra with -disable-auto-cleanup): 1: they rebuild commlib over "
                                  "themselves in process; 0: the job is restarted (docs/elastic.md; default 0)"),
+    "priority_partition_bytes": _Field("COMMLIB_PRIORITY_PARTITION", _positive_int_size,
+                                       "priority scheduling (allreduces with a priority): a larger tensor runs "
+                                       "in partitions of at most this many bytes, so that a more urgent one can "
+                                       "go between them (K/M/G suffix; default 4096000)"),
+    "priority_credit_bytes": _Field("COMMLIB_PRIORITY_CREDIT", _positive_int_size,
+                                    "priority scheduling: bytes started per negotiation round, most urgent "
+                                    "first; the rest waits for the next round, where newly ready tensors "
+                                    "compete again (K/M/G suffix; default 8192000, two partitions)"),
 }
 
 

@@ -103,6 +103,7 @@ class Lifecycle:
         self._incoming.clear()
         self._undecided.clear()
         self._eager.clear()
+        self._queue.drop()
         for entry in entries:
             entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
 
