@@ -102,6 +102,12 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
 
 
+def _staleness(text: str) -> int | None:
+    if str(text).strip().lower() in ("", "none", "unbounded"):
+        return None
+    return _non_negative_int(text)
+
+
 def _optional_path(text: str) -> str | None:
     return str(text) or None
 
@@ -139,11 +145,14 @@ class Config:
     tuning_file: str | None = None
     auto_learn: bool = True
     server_partition_bytes: int = 4096000
+    start_timeout_s: float = 60.0
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
     elastic_in_process: bool = False
     priority_partition_bytes: int = 4096000
     priority_credit_bytes: int = 8192000
+    geo_steps: int = 4
+    geo_staleness: int | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -294,6 +303,10 @@ FIELDS: dict[str, _Field] = {
     "server_timeout_s": _Field("COMMLIB_SERVER_TIMEOUT", _non_negative_float,
                                "seconds a worker waits for a summation server that has stopped answering "
                                "before failing the tensor, naming the server; 0 waits forever (default 30)"),
+    "start_timeout_s": _Field("COMMLIB_START_TIMEOUT", _non_negative_float,
+                              "seconds the first commlib.init() (and each summation server) waits for every "
+                              "process of the MPI job to start; then every process that started fails, naming "
+                              "the ranks missing; 0 waits forever (default 60)"),
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
@@ -309,6 +322,11 @@ FIELDS: dict[str, _Field] = {
                                     "priority scheduling: bytes started per negotiation round, most urgent "
                                     "first; the rest waits for the next round, where newly ready tensors "
                                     "compete again (K/M/G suffix; default 8192000, two partitions)"),
+    "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
+                        "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
+    "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,
+                            "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
+                            "worker; 'none' (the default): never"),
 }
 
 

@@ -40,7 +40,8 @@ class Runtime:
         except Exception as exc:  # the other ranks still come to the agreement below, and learn why
             own = exc
         # workers only: summation servers launched in the same job (commlib.server) are split off here
-        self.job = discovery.job(comm if comm is not None else MPI.COMM_WORLD, discovery.WORKER)
+        start_timeout = self.config.start_timeout_s if own is None else Config().start_timeout_s
+        self.job = discovery.job(comm if comm is not None else MPI.COMM_WORLD, discovery.WORKER, start_timeout)
         self.comm = self.job.own.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -98,8 +99,9 @@ class Runtime:
         lanes = [Lane(i, Engine(MPITransport.duplicate(comm, self.kernel_ops, self.deadline), topology,
                                 self.config), self.timeline) for i in range(self.config.num_streams)]
         if self.servers is not None:
+            nodes = self.servers.server_nodes([self.job.workers[r] for r in ranks], topology.node_of_rank)
             for lane in lanes:
-                lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks))
+                lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks), nodes)
         coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,
                                   world_ranks=ranks, label=label)
         return comm, topology, coordinator
