@@ -40,6 +40,7 @@ class _State:
 
     runtime: Runtime | None = None
     lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
+    settings: dict | None = None  # init()'s settings, for a runtime rebuilt over survivors (commlib.elastic)
 
 
 _state = _State()
@@ -79,6 +80,7 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
         timeout = settings.pop("timeout")
         settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
     _state.runtime = Runtime(comm, **settings)
+    _state.settings = dict(settings)
     atexit.register(_leave)
     for process_set in process_sets or ():
         add_process_set(process_set)

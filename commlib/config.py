@@ -148,6 +148,7 @@ class Config:
     start_timeout_s: float = 60.0
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
+    elastic_in_process: bool = False
     priority_partition_bytes: int = 4096000
     priority_credit_bytes: int = 8192000
     geo_steps: int = 4
@@ -309,6 +310,10 @@ FIELDS: dict[str, _Field] = {
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
+    "elastic_in_process": _Field("COMMLIB_ELASTIC_IN_PROCESS", _switch,
+                                 "set by commlib-run's elastic driver when its MPI lets the survivors of a lost "
+                                 "rank go on (hydra with -disable-auto-cleanup): 1: they rebuild commlib over "
+                                 "themselves in process; 0: the job is restarted (docs/elastic.md; default 0)"),
     "priority_partition_bytes": _Field("COMMLIB_PRIORITY_PARTITION", _positive_int_size,
                                        "priority scheduling (allreduces with a priority): a larger tensor runs "
                                        "in partitions of at most this many bytes, so that a more urgent one can "

@@ -144,6 +144,20 @@ class Runtime:
                 return lost
         return None
 
+    def abandon(self, lost_ranks) -> None:
+        """Elastic recovery leaves this runtime for one over the survivors, which leave theirs too: send
+        nothing more on it (a send to a dead rank can crash the sender; the live ones were told of the loss
+        when it happened), then close it without freeing its communicators (the dead ranks are in them).
+        ``lost_ranks`` (ranks of this runtime's communicator) name the loss in the error of later calls."""
+        for member in self.sets.members():
+            member.coordinator.forget(range(self.size))
+        if self.deadline.lost is None:
+            from .errors import PeerLostError
+
+            self.deadline.lose(PeerLostError(f"commlib was rebuilt without rank(s) {sorted(lost_ranks)}",
+                                             ranks=sorted(lost_ranks), what="elastic recovery"))
+        self.close(leaving=True)
+
     def close(self, leaving: bool = False) -> None:
         """Shut down every set. ``leaving``: the process is exiting without ``shutdown()``; tell the
         others and do not wait for them."""

@@ -159,7 +159,8 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
         if any(not _hosts.is_local(h.name) for h in hosts) or nics:
             _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
 
-    launcher = _elastic.Launcher(command=command, kill=_kill, static_hosts=given, check_hosts=check)
+    launcher = _elastic.Launcher(command=command, kill=_kill, static_hosts=given, check_hosts=check,
+                                 in_process=flavor == _mpi.MPICH)
     return _elastic.Driver(opts, launcher, env).run()
 
 
@@ -238,7 +239,7 @@ def _emulated_launcher(cluster, command: Sequence[str]):
 
     hosts = [_hosts.Host(name, k) for name, k in zip(cluster.hosts, cluster.ranks_per_host)]
     return _elastic.Launcher(command=argv_for, kill=kill, static_hosts=hosts,
-                             discovery_env={"COMMLIB_RUN_HOSTS": ",".join(cluster.hosts)})
+                             discovery_env={"COMMLIB_RUN_HOSTS": ",".join(cluster.hosts)}, in_process=True)
 
 
 def check_build(mpiexec: str | None = None) -> str:
