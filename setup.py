@@ -47,7 +47,8 @@ setup(
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],
         "bench": ["matplotlib"],
-        "test": ["pytest", "hypothesis"],
+        # parameterized: Horovod's test_tensorflow2_keras.py, which scripts/horovod_compat_tf.py runs
+        "test": ["pytest", "hypothesis", "parameterized"],
     },
     entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main",
                                      "commlib-server=commlib.server.__main__:main"]},

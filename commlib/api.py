@@ -40,6 +40,7 @@ class _State:
 
     runtime: Runtime | None = None
     lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
+    settings: dict | None = None  # init()'s settings, for a runtime rebuilt over survivors (commlib.elastic)
 
 
 _state = _State()
@@ -79,6 +80,7 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
         timeout = settings.pop("timeout")
         settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
     _state.runtime = Runtime(comm, **settings)
+    _state.settings = dict(settings)
     atexit.register(_leave)
     for process_set in process_sets or ():
         add_process_set(process_set)
@@ -253,7 +255,7 @@ _PLAIN_DTYPES = frozenset(row.numpy for row in BY_NUMPY.values() if row.kind != 
 
 
 def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op, prescale: float,
-                          postscale: float) -> Meta | None:
+                          postscale: float, priority: int = 0) -> Meta | None:
     """The request's metadata when nothing about it needs checking beyond a few flags (a ReduceOp, no
     compression or forced algorithm, a writable C-contiguous array of a reducible dtype), looked up in
     ``runtime.metas``; else None (the caller validates in full). A training loop's repeated calls take
@@ -264,11 +266,12 @@ def _plain_allreduce_meta(runtime: "Runtime", name: str, output: np.ndarray, op,
     flags = output.flags
     if not (flags.c_contiguous and flags.writeable):
         return None
-    key = (name, dtype, output.shape, op, prescale, postscale)
+    key = (name, dtype, output.shape, op, prescale, postscale, priority)
     meta = runtime.metas.get(key)
     if meta is None:  # (bool, which may not take every op or factor, is not a plain dtype)
         meta = runtime.metas.put(key, Meta(name, Kind.ALLREDUCE, dtype_name(dtype), tuple(output.shape),
-                                           int(op), prescale=float(prescale), postscale=float(postscale)))
+                                           int(op), prescale=float(prescale), postscale=float(postscale),
+                                           priority=priority))
     return meta
 
 
@@ -291,15 +294,19 @@ def _algorithm_error(algorithm) -> str:
 
 
 def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor, algorithm,
-                      compression, wait: bool, process_set=None, staged: device.Staged | None = None) -> Handle:
+                      compression, wait: bool, process_set=None, staged: device.Staged | None = None,
+                      priority: int = 0) -> Handle:
     label = validation.check_name(name, "allreduce") or "allreduce"  # type errors: before any auto name
+    if priority:
+        priority = _priority(priority, label)
     prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", label)
     postscale_factor = validation.check_scale_factor(postscale_factor, "postscale_factor", label)
     runtime, member, name = _member_and_name(process_set, name, "allreduce")
     if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
         staged = device.Staged(tensor, name)
         return staged.handle(_allreduce_handle(staged.host, True, op, name, prescale_factor, postscale_factor,
-                                               algorithm, compression, wait, process_set, staged), inplace)
+                                               algorithm, compression, wait, process_set, staged, priority),
+                             inplace)
     if inplace:
         array = output = tensor if isinstance(tensor, np.ndarray) else _in_place(tensor, name, "allreduce")
     else:
@@ -308,7 +315,7 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     if compression is Compression.none:
         compression = None
     if compression is None and algorithm is None and staged is None:
-        meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor)
+        meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor, priority)
         if meta is not None:
             return _submit(member, meta, array, output, wait=wait)
     op, error = _op(op)
@@ -338,8 +345,15 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
                 prescale=float(prescale_factor), postscale=float(postscale_factor),
                 compression=compression.name if compression is not None else "none",
                 algorithm=(algorithm or "").lower() if not errors else "", error=errors,
-                device=staged.kind if staged else device.CPU)
+                device=staged.kind if staged else device.CPU, priority=priority)
     return _submit(member, meta, array, output, wait=wait)
+
+
+def _priority(priority, label: str) -> int:
+    """``priority`` checked: an int (a bool or anything else is a TypeError naming the call)."""
+    if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+        raise TypeError(f"{label}: priority must be an int (higher runs sooner), not {type(priority).__name__}")
+    return int(priority)
 
 
 class _Exchange(Exchange):
@@ -368,7 +382,7 @@ class _Exchange(Exchange):
 
 def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, algorithm: str | None = None,
-                    compression: WireCodec | None = Compression.none, process_set=None) -> Handle:
+                    compression: WireCodec | None = Compression.none, process_set=None, priority: int = 0) -> Handle:
     """Start reducing ``tensor`` across ranks into a new array; ``synchronize`` returns it.
 
     ``op``: Sum, Average (default), Min, Max, Product. ``prescale_factor``/``postscale_factor`` multiply
@@ -376,17 +390,20 @@ def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor
     (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32; a lossy
     compressor (Compression.topk(0.01), .dgc(), .powersgd(), ...; Sum/Average only, state kept per
     ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes.
-    ``process_set``: reduce among that set's ranks only (default: every rank)."""
+    ``process_set``: reduce among that set's ranks only (default: every rank). ``priority``: among
+    allreduces ready at once, higher ones run first, and large ones in partitions (docs/coordinator.md,
+    "Priority scheduling"); every rank must give a tensor the same priority."""
     return _allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor, algorithm,
-                             compression, wait=False, process_set=process_set)
+                             compression, wait=False, process_set=process_set, priority=priority)
 
 
 def allreduce_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0, algorithm: str | None = None,
-                     compression: WireCodec | None = Compression.none, process_set=None) -> Handle:
+                     compression: WireCodec | None = Compression.none, process_set=None,
+                     priority: int = 0) -> Handle:
     """In-place version of :func:`allreduce_async`."""
     return _allreduce_handle(tensor, True, op, name, prescale_factor, postscale_factor, algorithm,
-                             compression, wait=False, process_set=process_set)
+                             compression, wait=False, process_set=process_set, priority=priority)
 
 
 def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
@@ -432,11 +449,12 @@ def grouped_allreduce_async(tensors: Sequence, op=Average, name: str | None = No
 
 def grouped_allreduce_async_(tensors: Sequence, op=Average, name: str | None = None, prescale_factor=1.0,
                              postscale_factor=1.0, algorithm=None, compression=Compression.none,
-                             process_set=None) -> Handle:
+                             process_set=None, priority: int = 0) -> Handle:
     """In-place version of :func:`grouped_allreduce_async`."""
     return _grouped(tensors, True, name, dict(op=op, prescale_factor=prescale_factor,
                                               postscale_factor=postscale_factor, algorithm=algorithm,
-                                              compression=compression, process_set=process_set))
+                                              compression=compression, process_set=process_set,
+                                              priority=priority))
 
 
 def grouped_allreduce(tensors: Sequence, **kwargs) -> list:

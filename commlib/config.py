@@ -102,6 +102,12 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _DURATION_UNITS[(match.group(2) or "").lower()]
 
 
+def _staleness(text: str) -> int | None:
+    if str(text).strip().lower() in ("", "none", "unbounded"):
+        return None
+    return _non_negative_int(text)
+
+
 def _optional_path(text: str) -> str | None:
     return str(text) or None
 
@@ -139,8 +145,14 @@ class Config:
     tuning_file: str | None = None
     auto_learn: bool = True
     server_partition_bytes: int = 4096000
+    start_timeout_s: float = 60.0
     server_timeout_s: float = 30.0
     elastic_dir: str | None = None
+    elastic_in_process: bool = False
+    priority_partition_bytes: int = 4096000
+    priority_credit_bytes: int = 8192000
+    geo_steps: int = 4
+    geo_staleness: int | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -187,7 +199,8 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes")
+              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes",
+              "priority_partition_bytes", "priority_credit_bytes")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -290,9 +303,30 @@ FIELDS: dict[str, _Field] = {
     "server_timeout_s": _Field("COMMLIB_SERVER_TIMEOUT", _non_negative_float,
                                "seconds a worker waits for a summation server that has stopped answering "
                                "before failing the tensor, naming the server; 0 waits forever (default 30)"),
+    "start_timeout_s": _Field("COMMLIB_START_TIMEOUT", _non_negative_float,
+                              "seconds the first commlib.init() (and each summation server) waits for every "
+                              "process of the MPI job to start; then every process that started fails, naming "
+                              "the ranks missing; 0 waits forever (default 60)"),
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
+    "elastic_in_process": _Field("COMMLIB_ELASTIC_IN_PROCESS", _switch,
+                                 "set by commlib-run's elastic driver when its MPI lets the survivors of a lost "
+                                 "rank go on (hydra with -disable-auto-cleanup): 1: they rebuild commlib over "
+                                 "themselves in process; 0: the job is restarted (docs/elastic.md; default 0)"),
+    "priority_partition_bytes": _Field("COMMLIB_PRIORITY_PARTITION", _positive_int_size,
+                                       "priority scheduling (allreduces with a priority): a larger tensor runs "
+                                       "in partitions of at most this many bytes, so that a more urgent one can "
+                                       "go between them (K/M/G suffix; default 4096000)"),
+    "priority_credit_bytes": _Field("COMMLIB_PRIORITY_CREDIT", _positive_int_size,
+                                    "priority scheduling: bytes started per negotiation round, most urgent "
+                                    "first; the rest waits for the next round, where newly ready tensors "
+                                    "compete again (K/M/G suffix; default 8192000, two partitions)"),
+    "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
+                        "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
+    "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,
+                            "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
+                            "worker; 'none' (the default): never"),
 }
 
 

@@ -40,7 +40,8 @@ class Runtime:
         except Exception as exc:  # the other ranks still come to the agreement below, and learn why
             own = exc
         # workers only: summation servers launched in the same job (commlib.server) are split off here
-        self.job = discovery.job(comm if comm is not None else MPI.COMM_WORLD, discovery.WORKER)
+        start_timeout = self.config.start_timeout_s if own is None else Config().start_timeout_s
+        self.job = discovery.job(comm if comm is not None else MPI.COMM_WORLD, discovery.WORKER, start_timeout)
         self.comm = self.job.own.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -98,8 +99,9 @@ class Runtime:
         lanes = [Lane(i, Engine(MPITransport.duplicate(comm, self.kernel_ops, self.deadline), topology,
                                 self.config), self.timeline) for i in range(self.config.num_streams)]
         if self.servers is not None:
+            nodes = self.servers.server_nodes([self.job.workers[r] for r in ranks], topology.node_of_rank)
             for lane in lanes:
-                lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks))
+                lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks), nodes)
         coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,
                                   world_ranks=ranks, label=label)
         return comm, topology, coordinator
@@ -141,6 +143,20 @@ class Runtime:
             if lost is not None:
                 return lost
         return None
+
+    def abandon(self, lost_ranks) -> None:
+        """Elastic recovery leaves this runtime for one over the survivors, which leave theirs too: send
+        nothing more on it (a send to a dead rank can crash the sender; the live ones were told of the loss
+        when it happened), then close it without freeing its communicators (the dead ranks are in them).
+        ``lost_ranks`` (ranks of this runtime's communicator) name the loss in the error of later calls."""
+        for member in self.sets.members():
+            member.coordinator.forget(range(self.size))
+        if self.deadline.lost is None:
+            from .errors import PeerLostError
+
+            self.deadline.lose(PeerLostError(f"commlib was rebuilt without rank(s) {sorted(lost_ranks)}",
+                                             ranks=sorted(lost_ranks), what="elastic recovery"))
+        self.close(leaving=True)
 
     def close(self, leaving: bool = False) -> None:
         """Shut down every set. ``leaving``: the process is exiting without ``shutdown()``; tell the

@@ -7,15 +7,19 @@ collectives), on the same hosts, in the same job, interleaved.
 Modes, each a jitted SGD training step of a 25.2 M-parameter MLP (1024-4096-4096-1024, batch 32 per rank):
 
 - ``local``: no communication (the compute floor);
-- ``commlib``: ``cj.DistributedOptimizer(optax.sgd)``: the gradient pytree crosses into commlib inside
-  the jitted step as one grouped allreduce;
+- ``commlib``: ``cj.DistributedOptimizer(optax.sgd)``: inside the jitted step each gradient's allreduce
+  starts as soon as XLA has computed it (overlapping the rest of the backward pass) and the step waits
+  for all of them before the update;
 - ``commlib-fp16``: the same with ``Compression.fp16``;
+- ``commlib-grouped``: ``overlap=False``: the gradient pytree crosses as one grouped allreduce after the
+  backward pass;
 - ``numpy-allreduce``: not a step: the gradients' grouped allreduce alone through commlib's numpy API
   (what the crossing adds is ``commlib`` minus ``local`` minus this);
 - ``gloo-psum``: the step under ``shard_map`` over every process's CPU device, gradients averaged with
   ``lax.pmean`` (XLA's CPU collectives, gloo), as a JAX user would without commlib.
 
-Rounds rotate which mode runs first; a step's time is the slowest rank's; the table gives medians. The
+Every mode first runs ``--warmup`` steps (auto's learning measures candidate algorithms on the first
+calls of each size class; a long training run sees what follows). Rounds rotate which mode runs first; a step's time is the slowest rank's; the table gives medians. The
 link bound of an allreduce of S bytes between 2 hosts is S (each host sends half in the reduce-scatter
 and half in the allgather) at the link rate. Then the cost of crossing from jit into commlib: a 4 KiB
 allreduce through the numpy API, a jitted call per allreduce, and 100 allreduces inside one jitted
@@ -34,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("local", "commlib", "commlib-fp16", "gloo-psum", "numpy-allreduce")
+MODES = ("local", "commlib", "commlib-fp16", "commlib-grouped", "gloo-psum", "numpy-allreduce")
 WIDTHS = (1024, 4096, 4096, 1024)
 
 
@@ -98,7 +102,8 @@ def worker(args) -> None:
     runners = {}
     for mode, tx in (("local", optax.sgd(1e-3)), ("commlib", cj.DistributedOptimizer(optax.sgd(1e-3))),
                      ("commlib-fp16", cj.DistributedOptimizer(optax.sgd(1e-3), compression=cj.Compression.fp16,
-                                                              name="fp16"))):
+                                                              name="fp16")),
+                     ("commlib-grouped", cj.DistributedOptimizer(optax.sgd(1e-3), overlap=False, name="grouped"))):
         runners[mode] = [make_step(tx), on_local(params), tx.init(on_local(params)), on_local(x), on_local(y)]
 
     mesh = Mesh(np.array(jax.devices()), ("p",))
@@ -118,6 +123,23 @@ def worker(args) -> None:
     import commlib as cl
     host_grads = [np.ones_like(a) for a in jax.tree_util.tree_leaves(params)]
 
+    # Where a commlib step's time goes: the crossings' calls into commlib's API are timed (this wraps the
+    # functions commlib.jax calls; the wrappers cost a few microseconds per call).
+    from commlib.jax import collectives as jcol
+    events = []
+
+    def timed(f):
+        def call(*a, **k):
+            begin = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                events.append((begin, time.perf_counter()))
+        return call
+    for fn in ("allreduce", "grouped_allreduce", "allreduce_async_", "synchronize"):
+        setattr(jcol._cl, fn, timed(getattr(jcol._cl, fn)))
+    profile = {mode: [] for mode in MODES if mode.startswith("commlib")}
+
     def run_steps(mode, steps):
         if mode == "numpy-allreduce":  # the gradients' grouped allreduce alone, through the numpy API
             times = []
@@ -130,18 +152,26 @@ def worker(args) -> None:
         step, p, s, xx, yy = state
         times = []
         for _ in range(steps):
+            events.clear()
             start = time.perf_counter()
             if mode == "gloo-psum":
                 p = step(p, xx, yy)
             else:
                 p, s = step(p, s, xx, yy)
             jax.block_until_ready(p)
-            times.append(time.perf_counter() - start)
+            end = time.perf_counter()
+            times.append(end - start)
+            if mode in profile and events:  # before the first crossing, from it to the last one's end, after
+                first, last = min(e[0] for e in events), max(e[1] for e in events)
+                profile[mode].append((first - start, last - first, end - last))
         state[1], state[2] = p, s
         return times
 
-    for mode in MODES:  # compile and warm up
-        run_steps(mode, 1)
+    load_start = os.getloadavg()[0]
+    for mode in MODES:  # compile and warm up (past auto's learning calls)
+        run_steps(mode, 1 if mode in ("local", "gloo-psum") else args.warmup)
+    for mode in profile:
+        profile[mode].clear()
     cj.barrier()
     times = {mode: [] for mode in MODES}
     for r in range(args.rounds):
@@ -150,6 +180,17 @@ def worker(args) -> None:
             cj.barrier()
             mine = run_steps(mode, args.steps)
             times[mode] += [max(ts) for ts in zip(*cj.allgather_object(mine))]
+
+    # the overlapped and the grouped step give the same parameters from the same start
+    p0 = on_local(params)
+    check = {}
+    for mode in ("commlib", "commlib-grouped"):
+        step, _, _, xx, yy = runners[mode]
+        tx_state = runners[mode][2]
+        check[mode] = jax.tree_util.tree_leaves(step(p0, tx_state, xx, yy)[0])
+    same = all(np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(check["commlib"], check["commlib-grouped"]))
+    if not all(cj.allgather_object(same)):
+        raise SystemExit("the overlapped step's parameters differ from the grouped step's")
 
     # crossing into commlib for a 4 KiB allreduce
     small = np.ones(1024, np.float32)
@@ -183,7 +224,9 @@ def worker(args) -> None:
                   "median_s": {m: statistics.median(t) for m, t in times.items()},
                   "min_s": {m: min(t) for m, t in times.items()},
                   "small_allreduce_4KiB_s": crossing,
-                  "jax": jax.__version__, "load_average_end": os.getloadavg()[0]}
+                  "profile_rank0_s": {m: [statistics.median(x) for x in zip(*v)] for m, v in profile.items() if v},
+                  "jax": jax.__version__, "warmup": args.warmup, "load_average_start": load_start,
+                  "load_average_end": os.getloadavg()[0]}
         print("RESULT " + json.dumps(result), flush=True)
     jax.distributed.shutdown()
     cj.shutdown()
@@ -203,8 +246,9 @@ def table(result: dict, args, command: str) -> str:
              f"jax {result['jax']}; {result['ranks']} ranks; MLP {result['params']:,} parameters "
              f"({result['gradient_bytes'] / 1e6:.1f} MB of float32 gradients), batch {result['batch_per_rank']} per "
              f"rank; {result['rounds']} rotated rounds x {result['steps']} steps per mode; the slowest rank's "
-             f"step, median. The machine (2 cores) was shared with other work while this ran (load average "
-             f"{result['load_average_end']:.1f} at the end).", "",
+             f"step, median, after {result.get('warmup', 1)} warm-up steps per mode. Load average "
+             f"{result.get('load_average_start', float('nan')):.1f} at the start, {result['load_average_end']:.1f} at the "
+             f"end ({'the 2 cores are shared by both ranks' if not args.rate else 'both emulated hosts share the 2 cores'}).", "",
              "| mode | median step (s) | min (s) | vs gloo-psum | vs local |", "|---|---|---|---|---|"]
     for mode in MODES:
         lines.append(f"| {mode} | {med[mode]:.3f} | {result['min_s'][mode]:.3f} | "
@@ -216,6 +260,15 @@ def table(result: dict, args, command: str) -> str:
                   f"{med['commlib'] / (bound + med['local']):.2f}x of that; gloo-psum: "
                   f"{med['gloo-psum'] / (bound + med['local']):.2f}x; commlib-fp16 against half the bytes: "
                   f"{med['commlib-fp16'] / (bound / 2 + med['local']):.2f}x."]
+    if result.get("profile_rank0_s"):
+        lines += ["", "Where a commlib step's time goes (rank 0, medians): from the step's start to the first "
+                  "crossing into commlib (the forward and backward pass up to the first gradient handed over), "
+                  "from there to the end of the last crossing (communication, overlapping the rest of the "
+                  "backward pass when the optimizer overlaps), and after it (XLA copies the results into its "
+                  "buffers and applies the update):", "",
+                  "| mode | before (s) | crossings (s) | after (s) |", "|---|---|---|---|"]
+        for mode, (before, span, after) in result["profile_rank0_s"].items():
+            lines.append(f"| {mode} | {before:.3f} | {span:.3f} | {after:.3f} |")
     small = result["small_allreduce_4KiB_s"]
     lines += ["", "4 KiB allreduce (Sum), per call, median of rounds of 100, slowest rank:", "",
               "| how | us per allreduce | vs numpy |", "|---|---|---|"]
@@ -232,6 +285,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--small-rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=12, help="steps per commlib mode before timing")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -248,7 +302,8 @@ def main() -> int:
                                  text=True).stdout.strip()
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     job = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds", str(args.rounds), "--steps",
-           str(args.steps), "--small-rounds", str(args.small_rounds), "--batch", str(args.batch)]
+           str(args.steps), "--small-rounds", str(args.small_rounds), "--batch", str(args.batch),
+           "--warmup", str(args.warmup)]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

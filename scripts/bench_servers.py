@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 ALLREDUCES = ("ring", "rabenseifner", "hierarchical_pipelined", "native", "auto")
 
 
-def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
+def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...], auto_warmup: int = 0) -> None:
     import numpy as np
 
     import commlib as cl
@@ -53,6 +53,8 @@ def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
 
     for method in methods:  # warm-up: buffers, connections, the cost model's choices
         call(method)
+    for _ in range(auto_warmup if "auto" in methods else 0):  # auto learns which candidate is fastest
+        call("auto")
     times: dict[str, list[float]] = {m: [] for m in methods}
     for r in range(rounds):
         for method in methods[r % len(methods):] + methods[:r % len(methods)]:
@@ -68,14 +70,87 @@ def worker(nbytes: int, rounds: int, allreduces: tuple[str, ...]) -> None:
     cl.push_pull_(buf, op=cl.Sum, name="bench")
     ref = cl.allreduce(data, op=cl.Sum, name="bench.ref")
     assert np.allclose(buf, ref, rtol=1e-4, atol=1e-4)
+    from commlib.algorithms import select
+    from commlib.api import _rt
+
+    ctx = _rt().coordinator._engine.context
+    auto = {"runs": select.current(ctx, nbytes).algorithm,
+            "predicted": [(c.algorithm, c.predicted_s) for c in select.ranked(ctx, nbytes)[:4]]}
     if cl.rank() == 0:
-        print("RESULT " + json.dumps({"times": times, "workers": cl.size(), "servers": cl.num_servers()}),
-              flush=True)
+        print("RESULT " + json.dumps({"times": times, "workers": cl.size(), "servers": cl.num_servers(),
+                                      "auto": auto}), flush=True)
     cl.shutdown()
 
 
+def traced_worker(nbytes: int, rounds: int, out: str) -> None:
+    """push_pull alone, ``rounds`` times, with the client's per-partition trace kept (``--trace``)."""
+    import numpy as np
+
+    import commlib as cl
+    from commlib.api import _rt
+
+    cl.init()
+    buf = np.random.default_rng(cl.rank()).standard_normal(nbytes // 4).astype(np.float32)
+    cl.push_pull_(buf, op=cl.Sum, name="bench")
+    client = _rt().servers
+    client.trace = []
+    spans = []
+    for _ in range(rounds):
+        cl.barrier()
+        start = time.monotonic()
+        cl.push_pull_(buf, op=cl.Sum, name="bench")
+        spans.append((start, time.monotonic()))
+    Path(out, f"worker{cl.rank()}.json").write_text(json.dumps({"spans": spans, "trace": client.trace}))
+    cl.shutdown()
+
+
+def traced_server(out: str) -> None:
+    """A summation server that keeps its trace and writes it to ``out`` when it exits (``--trace``)."""
+    from mpi4py import MPI
+
+    from commlib.server.discovery import SERVER, job
+    from commlib.server.loop import Server
+
+    server = Server(job(MPI.COMM_WORLD, SERVER))
+    server.trace = []
+    server.run()
+    Path(out, f"server{server.index}.json").write_text(json.dumps(server.trace))
+
+
+def analyze(out: str, nbytes: int, rate_bps: float) -> list[str]:
+    """Where a traced push_pull's time goes, round by round: per worker when its pushes went out and its
+    answers came in, per server when the last push arrived and the last answer left."""
+    workers = sorted(Path(out).glob("worker*.json"))
+    servers = sorted(Path(out).glob("server*.json"))
+    w = [json.loads(p.read_text()) for p in workers]
+    s = [json.loads(p.read_text()) for p in servers]
+    bound = nbytes / (rate_bps / 8)
+    lines = [f"S/B bound {bound:.3f} s"]
+    for r, (start, _) in enumerate(w[0]["spans"]):
+        t0 = min(x["spans"][r][0] for x in w)
+        t1 = max(x["spans"][r][1] for x in w)
+        lines.append(f"round {r}: {t1 - t0:.3f} s ({(t1 - t0) / bound:.2f}x S/B)")
+        for i, x in enumerate(w):
+            a, b = x["spans"][r]
+            ev = [e for e in x["trace"] if a <= e[0] <= b]
+            sent = [e[0] for e in ev if e[1] == "sent"]
+            ans = [e[0] for e in ev if e[1] == "answered"]
+            if sent and ans:
+                lines.append(f"  worker {i}: start +{a - t0:.3f}, last push sent +{max(sent) - t0:.3f}, "
+                             f"first answer +{min(ans) - t0:.3f}, last answer +{max(ans) - t0:.3f}, end +{b - t0:.3f}")
+        for j, tr in enumerate(s):
+            ev = [e for e in tr if t0 <= e[0] <= t1]
+            rec = [e[0] for e in ev if e[1] == "received"]
+            ans = [e[0] for e in ev if e[1] == "answer"]
+            if rec and ans:
+                lines.append(f"  server {j}: first push in +{min(rec) - t0:.3f}, last push in +{max(rec) - t0:.3f},"
+                             f" first answer +{min(ans) - t0:.3f}, last answer posted +{max(ans) - t0:.3f}, "
+                             f"{len(ans)} answers")
+    return lines
+
+
 def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rounds: int,
-            allreduces: tuple[str, ...]) -> dict:
+            allreduces: tuple[str, ...], auto_warmup: int = 0) -> dict:
     from commlib.testing.cluster import Cluster
 
     hosts = workers + servers if layout == "own" else workers
@@ -84,7 +159,8 @@ def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rou
     env = dict(os.environ, PYTHONPATH=str(REPO))
     programs = [(list(range(workers)), [sys.executable, str(Path(__file__).resolve()), "--worker",
                                         "--bytes", str(nbytes), "--rounds", str(rounds),
-                                        "--allreduces", ",".join(allreduces)]),
+                                        "--allreduces", ",".join(allreduces),
+                                        "--auto-warmup", str(auto_warmup)]),
                 (server_hosts, [sys.executable, "-m", "commlib.server"])]
     with Cluster([1] * hosts, rate=rate) as cluster:
         command = cluster.mpmd_args(programs)
@@ -95,13 +171,26 @@ def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rou
     return result
 
 
+def run_traced(workers: int, servers: int, rate: str, nbytes: int, rounds: int, out: str) -> None:
+    from commlib.testing.cluster import Cluster
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    programs = [(list(range(workers)), me + ["--worker", "--bytes", str(nbytes), "--rounds", str(rounds),
+                                             "--trace", out]),
+                (list(range(workers, workers + servers)), me + ["--serve", "--trace", out])]
+    with Cluster([1] * (workers + servers), rate=rate) as cluster:
+        cluster.mpiexec_mpmd(programs, timeout=600, env=env)
+
+
 def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[list[str], dict]:
     n = result["workers"]
     link = rate_bps / 8
     ps_bound = nbytes / link
     ar_bound = 2 * (n - 1) / n * nbytes / link
     med = {m: statistics.median(t) for m, t in result["times"].items()}
-    best = min((m for m in med if m != "push_pull"), key=med.get)
+    # auto may run ps itself (servers on hosts of their own): the best allreduce is among the named ones
+    best = min((m for m in med if m not in ("push_pull", "auto")), key=med.get)
     lines = [f"## {name}: {n} workers, {result['servers']} servers",
              f"{'method':24s} {'median s':>9s} {'min s':>8s} {'/ own bound':>12s}  all (s)"]
     for m, t in result["times"].items():
@@ -112,6 +201,9 @@ def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[li
               f"best allreduce: {best} {med[best]:.3f} s; push_pull {med['push_pull']:.3f} s = "
               f"{med['push_pull'] / ps_bound:.2f}x its bound, {med[best] / med['push_pull']:.2f}x faster than "
               f"{best}"]
+    if "auto" in result:
+        lines.append(f"auto runs {result['auto']['runs']} after its warm-up; the cost model predicted "
+                     + ", ".join(f"{a} {t:.3f} s" for a, t in result["auto"]["predicted"]))
     return lines, {"median_s": med, "best_allreduce": best, "push_pull_bound_s": ps_bound,
                    "allreduce_bound_s": ar_bound, **result}
 
@@ -126,14 +218,26 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layouts", default="own,beside")
     parser.add_argument("--allreduces", default=",".join(ALLREDUCES), help="allreduce algorithms to compare")
+    parser.add_argument("--auto-warmup", type=int, default=16,
+                        help="calls of auto before the timed rounds, while it learns (reported: what it runs then)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--report-only", action="store_true", help="rewrite OUT.txt from OUT.json (no jobs)")
+    parser.add_argument("--trace", default=None, help="push_pull alone with per-partition traces kept in "
+                        "this directory, then where its time went (own layout)")
     parser.add_argument("--out", default=None, help="write OUT.txt and OUT.json (default: print only)")
     args = parser.parse_args()
     from commlib.config import parse_size
     from commlib.testing.cluster import parse_rate
 
     nbytes = parse_size(args.bytes)
+    if args.serve:
+        traced_server(args.trace)
+        return 0
+    if args.worker and args.trace:
+        traced_worker(nbytes, args.rounds, args.trace)
+        return 0
     if args.worker:
-        worker(nbytes, args.rounds, tuple(args.allreduces.split(",")))
+        worker(nbytes, args.rounds, tuple(args.allreduces.split(",")), args.auto_warmup)
         return 0
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
@@ -141,12 +245,28 @@ def main() -> int:
     lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}, "
              f"COMMLIB_SERVER_PARTITION={partition}",
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
-             f"{os.cpu_count()} cores (shared with other work while measured)",
+             f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f} (1 min)",
              f"# {' '.join(sys.argv)}"]
+    if args.report_only:
+        report = json.loads(Path(args.out + ".json").read_text())
+        old = Path(args.out + ".txt").read_text().splitlines()
+        lines = [line for line in old[:3]] + [f"# (report rewritten from {args.out}.json by --report-only)"]
+        for layout, result in report.items():
+            text, _ = summarize(f"servers {'on hosts of their own' if layout == 'own' else 'on the worker hosts'}",
+                                result, nbytes, parse_rate(args.rate))
+            lines += [""] + text + [f"command: {result['command']}"]
+        Path(args.out + ".txt").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
+    if args.trace:
+        Path(args.trace).mkdir(parents=True, exist_ok=True)
+        run_traced(args.workers, args.servers, args.rate, nbytes, args.rounds, args.trace)
+        print("\n".join(analyze(args.trace, nbytes, parse_rate(args.rate))))
+        return 0
     report = {}
     for layout in args.layouts.split(","):
         result = run_job(layout, args.workers, args.servers, args.rate, nbytes, args.rounds,
-                         tuple(args.allreduces.split(",")))
+                         tuple(args.allreduces.split(",")), args.auto_warmup)
         text, report[layout] = summarize(f"servers {'on hosts of their own' if layout == 'own' else 'on the worker hosts'}",
                                          result, nbytes, parse_rate(args.rate))
         lines += [""] + text + [f"command: {result['command']}"]

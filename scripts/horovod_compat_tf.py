@@ -10,7 +10,7 @@ launch it shares). Horovod's code is not part of commlib: get a copy yourself, e
 It runs ``test/parallel/test_tensorflow.py`` and ``test_tensorflow_process_sets.py`` (with their
 ``base_test_tensorflow.py``) against commlib.tensorflow with Keras 3, and ``test_tensorflow2_keras.py``
 against commlib.tensorflow.keras on tf-keras (``TF_USE_LEGACY_KERAS=1``, as that file uses Keras 2's API;
-it also needs ``pip install parameterized``). The shim package adds ``horovod.tensorflow`` (+ ``util``,
+it also needs ``parameterized``, which the ``test`` extra installs; the script checks for it first). The shim package adds ``horovod.tensorflow`` (+ ``util``,
 ``keras``), ``horovod.keras`` and ``horovod.runner.common.util.env`` to horovod_compat.py's
 (whose ``horovod.common.util`` serves the version check the Keras test imports).
 
@@ -336,6 +336,14 @@ def render(results, args, suite_name, parallel: Path, files, command: str, elaps
     return "\n".join(lines)
 
 
+def missing_modules(python: str, modules: list[str]) -> list[str]:
+    """Those of ``modules`` that ``python`` cannot import."""
+    probe = ("import importlib.util, sys\n"
+             "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+    done = subprocess.run([python, "-c", probe, *modules], capture_output=True, text=True, timeout=120)
+    return done.stdout.split() if done.returncode == 0 else modules
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -354,6 +362,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     suite = SUITE
+    missing = missing_modules(args.python, ["pytest", "parameterized", "tensorflow", "tf_keras"])
+    if missing:
+        raise SystemExit(f"{args.python} cannot import {', '.join(missing)}, which Horovod's TensorFlow tests "
+                         "need: pip install -e '.[test,tensorflow,keras]' (or bash scripts/venv.sh test)")
     parallel = find_parallel(args.horovod, suite)
     tests = [t for f in suite.files for t in list_tests(parallel / f)]
     if args.select:

@@ -72,6 +72,18 @@ def test_shaped_link_limits_transfers(make_cluster):
     assert report["mbit_s"] > 600, report
 
 
+def test_per_host_rates_shape_each_host_alone(make_cluster):
+    """rate as a list: host 0's link at 250 Mbit/s, host 1's unshaped; 16 MiB from host 0 to host 1 moves
+    at host 0's rate, not faster; a list of the wrong length is refused."""
+    from commlib.testing.cluster import Cluster
+
+    with pytest.raises(ValueError, match="one per host"):
+        Cluster([1, 1], rate=["1gbit"])
+    cluster = make_cluster([1, 1], rate=["250mbit", None])
+    report = cluster.probe(nbytes=16 << 20)  # raises if faster than 250 Mbit/s
+    assert report["mbit_s"] > 150, report
+
+
 def test_missing_prerequisites_are_named(monkeypatch, tmp_path):
     """Without root and without the tools, up() says what is missing (nothing is created)."""
     from commlib.testing.cluster import Cluster, ClusterUnavailable

@@ -58,6 +58,14 @@ def test_across_two_emulated_hosts(make_cluster):
     assert out.count("jax_all OK") == 2, out[-4000:]
 
 
+def test_keras_fit_on_the_jax_backend_matches_one_process_on_the_combined_batch():
+    """commlib.keras's DistributedOptimizer in model.fit with KERAS_BACKEND=jax (the gradients cross into
+    commlib inside the train step Keras jits), as tests/test_tensorflow.py runs it on tensorflow and torch."""
+    pytest.importorskip("keras")
+    out = run_mpi(2, "keras_fit.py", timeout=400, env={**ENV, "KERAS_BACKEND": "jax"})
+    assert out.count("keras_fit OK jax") == 2, out[-4000:]
+
+
 def test_example_trains_to_its_target_accuracy():
     out = run_mpi(2, REPO / "examples" / "train_digits_jax.py", timeout=400, env={"PYTHONPATH": str(REPO)})
     assert "reached target accuracy 0.95" in out, out[-4000:]

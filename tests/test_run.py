@@ -63,6 +63,34 @@ def test_open_mpi_command_line():
                     "-mca", "btl", "tcp,vader,self", "-x", "NCCL_IB_DISABLE=1", "python", "train.py", "--lr", "0.1"]
 
 
+def test_servers_command_lines():
+    """--num-servers: an MPMD job, workers then servers (python -m commlib.server), each on its hosts."""
+    server = ["python", "-m", "commlib.server"]
+    own = dict(hosts=[H.Host("a", 2), H.Host("b", 2)], settings={}, servers=2,
+               server_hosts=[H.Host("s1", 1), H.Host("s2", 1)], server_command=server)
+    _, argv = mpi.command_line(_launch(mpi.MPICH, **own))
+    assert argv == ["mpiexec", "-prepend-rank", "-hosts", "a:2,b:2,s1:1,s2:1",
+                    "-n", "4", "python", "train.py", "--lr", "0.1", ":", "-n", "2", *server]
+    _, argv = mpi.command_line(_launch(mpi.OPEN_MPI, **own))
+    assert argv == ["mpiexec", "--tag-output", "-np", "4", "-H", "a:2,b:2", "-bind-to", "none", "-map-by",
+                    "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib", "python", "train.py", "--lr", "0.1",
+                    ":", "-np", "2", "-H", "s1:1,s2:1", *server]
+    # beside the workers: one per worker host in turn; fewer ranks than slots fill the first hosts
+    beside = dict(own, server_hosts=[], servers=3, np=3)
+    _, argv = mpi.command_line(_launch(mpi.MPICH, **beside))
+    assert argv[:4] == ["mpiexec", "-prepend-rank", "-hosts", "a:2,b:1,a:1,b:1,a:1"], argv
+    assert argv[argv.index(":"):] == [":", "-n", "3", *server], argv
+    _, argv = mpi.command_line(_launch(mpi.OPEN_MPI, **beside))
+    assert argv[:6] == ["mpiexec", "--tag-output", "-np", "3", "-H", "a:2,b:1"], argv
+    assert argv[argv.index(":"):] == [":", "-np", "3", "-H", "a:1,b:1,a:1", *server], argv
+    # this machine
+    _, argv = mpi.command_line(_launch(mpi.MPICH, hosts=[], settings={}, np=2, servers=1, server_command=server))
+    assert argv == ["mpiexec", "-prepend-rank", "-n", "2", "python", "train.py", "--lr", "0.1", ":", "-n", "1",
+                    *server]
+    with pytest.raises(UsageError, match="slots of --server-hosts"):
+        mpi.command_line(_launch(mpi.MPICH, **dict(own, servers=3)))
+
+
 def test_mpich_takes_one_interface():
     with pytest.raises(UsageError, match="one network interface"):
         mpi.command_line(_launch(mpi.MPICH, nics=["eth1", "eth2"]))
@@ -202,6 +230,15 @@ def test_job_on_this_host_with_settings_and_timeline(tmp_path):
 def test_job_failure_is_the_exit_code():
     done = _commlib_run("-np", "2", sys.executable, "-c", "import sys; sys.exit(3)")
     assert done.returncode != 0
+
+
+def test_job_with_servers_on_this_host():
+    script = ("import numpy as np, commlib as cl; cl.init(); assert cl.num_servers() == 1 and cl.size() == 2; "
+              "x = cl.push_pull(np.ones(5, np.float32), op=cl.Sum, name='a'); assert (x == 2).all(); "
+              "print('servers ok', flush=True); cl.shutdown()")
+    done = _commlib_run("-np", "2", "--num-servers", "1", sys.executable, "-c", script)
+    assert done.returncode == 0 and done.stdout.count("servers ok") == 2, done.stdout + done.stderr
+    assert "-m commlib.server" in done.stderr, done.stderr
 
 
 def test_usage_error_exit_code():

@@ -73,3 +73,33 @@ def test_push_pull_across_emulated_hosts(make_cluster):
         cluster.down()
     for case in ("values", "orders", "wire", "ps"):
         assert out.count(f"{case} ok on worker") == 2, out[-3000:]
+
+
+def test_calibrate_with_servers_measures_ps(tmp_path):
+    """--calibrate in a job with servers: ps is timed and corrected like every algorithm, and the profile
+    names where the servers were (its corrections hold for that placement only)."""
+    import json
+
+    profile = tmp_path / "tuning.json"
+    out = run_mpmd(2, 1, "bench_cli.py", "-b", "4K", "-n", "1", "-w", "0", "--rounds", "1", "--algo", "auto",
+                   "--calibrate", str(profile), "--json", str(tmp_path / "out.json"), timeout=300)
+    doc = json.loads(profile.read_text())
+    model = doc["model"]
+    assert "ps" in model["corrections"] and model["corrections"]["ps"], out[-3000:]
+    assert "+servers:" in model["corrected_for"], model["corrected_for"]
+    assert model["server"]["beta_s_per_byte"] > 0, model
+
+
+def test_a_server_that_never_starts_fails_every_worker_naming_it():
+    """The last rank initialises MPI and hangs instead of serving: every worker's init() fails within the
+    start deadline, naming its rank."""
+    import sys
+
+    from mpirun import run_mpi
+
+    start = time.monotonic()
+    hang = "from mpi4py import MPI; import time; time.sleep(120)"
+    out = run_mpi(2, "server_start.py", env=dict(SMALL, COMMLIB_START_TIMEOUT="3"), expect_fail=True,
+                  timeout=90, extra=[":", "-n", "1", sys.executable, "-c", hang])
+    assert time.monotonic() - start < 60
+    assert out.count("start failed after") == 2 and "rank 2 of the MPI job did not start" in out, out[-3000:]

@@ -34,6 +34,17 @@ def test_keras_fit_matches_one_process_on_the_combined_batch(backend):
     assert out.count(f"keras_fit OK {backend}") == 2, out
 
 
+@pytest.mark.parametrize("keras_flavour", ["tf-keras", "keras3"])
+def test_keras_gradient_accumulation_local_variables_and_saving(keras_flavour):
+    """backward_passes_per_step in fit against one process, the passes counter, local variables,
+    PartialDistributedOptimizer, and a trained model saved and loaded (tests/workers/tf_keras_optimizer.py)."""
+    if keras_flavour == "tf-keras":
+        pytest.importorskip("tf_keras")
+    env = {**ENV, "TF_USE_LEGACY_KERAS": "1" if keras_flavour == "tf-keras" else "0"}
+    out = run_mpi(2, "tf_keras_optimizer.py", timeout=400, env=env)
+    assert out.count(f"tf_keras_optimizer OK legacy={keras_flavour == 'tf-keras'}") == 2, out
+
+
 def test_import_without_tensorflow_says_what_to_install(tmp_path):
     """``import commlib.tensorflow`` where TensorFlow cannot be imported names the extra to install."""
     import subprocess

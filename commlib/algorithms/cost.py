@@ -3,7 +3,8 @@
 Parameters (:class:`CostModel`), all in seconds:
 
 - ``intra``, ``inter``: a :class:`Link` per class - within a node (shared memory) and between nodes (one
-  network link per node, shared by all its ranks). A message of m bytes costs ``alpha + m * beta``; when
+  network link per node, shared by all its ranks). ``server``: the link between workers and summation
+  servers (the ``ps`` algorithm; per node, shared by the node's workers and servers). A message of m bytes costs ``alpha + m * beta``; when
   s messages leave (or enter) one node at once over the inter-node link, each costs ``alpha + m * beta * s``.
 - ``reduce_s_per_byte`` (gamma): ``dst = dst op src`` per byte of float32 ``dst``;
   ``copy_s_per_byte``: a memory copy per byte.
@@ -70,6 +71,7 @@ class CostModel:
 
     intra: Link = Link(5e-6, 1 / 7e9)
     inter: Link = Link(50e-6, 1 / 1.25e9)  # 10 Gbit/s Ethernet
+    server: Link = Link(50e-6, 1 / 1.25e9)  # as inter until --calibrate measures it
     reduce_s_per_byte: float = 1 / 10e9
     copy_s_per_byte: float = 1 / 10e9
     codec_s_per_byte: Mapping[str, float] = dataclasses.field(
@@ -106,7 +108,7 @@ class CostModel:
                               "recreate it with commlib-bench --calibrate")
         values = dict(data)
         try:
-            for key in ("intra", "inter"):
+            for key in ("intra", "inter", "server"):
                 if key in values:
                     values[key] = Link(**values[key])
             values["codec_s_per_byte"] = dict(values.get("codec_s_per_byte", DEFAULTS.codec_s_per_byte))
@@ -151,6 +153,10 @@ class Shape:
     cma: bool = False
     torus: tuple[int, int] | None = None  # (X, Y) with rank = y * X + x; None: torus2d cannot run
     small_message_bytes: int = 128 << 10  # hierarchical's switch to recursive doubling across nodes
+    #: the node of each summation server (numbered as ``node_of_rank``: a server beside a worker has that
+    #: worker's node, one on a host of its own a number no worker has); empty: no servers (``ps`` cannot run)
+    servers: tuple[int, ...] = ()
+    server_partition_bytes: int = 4096000  # push_pull's partition size (COMMLIB_SERVER_PARTITION)
 
     @property
     def ranks(self) -> int:
@@ -405,8 +411,12 @@ def cma(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 0)
 
 
 def layout_of(shape: Shape) -> str:
-    """The node layout corrections are measured on: ranks per node, in node order (``"2,2"``)."""
-    return ",".join(str(len(group)) for group in shape.node_groups())
+    """The node layout corrections are measured on: ranks per node, in node order (``"2,2"``), and with
+    summation servers, their nodes (``"1,1,1,1+servers:4,5,6,7"``)."""
+    layout = ",".join(str(len(group)) for group in shape.node_groups())
+    if shape.servers:
+        layout += "+servers:" + ",".join(str(n) for n in shape.servers)
+    return layout
 
 
 def correction(model: CostModel, algorithm: str, nbytes: float, shape: Shape) -> float:

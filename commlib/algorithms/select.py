@@ -50,9 +50,12 @@ def shape_of(ctx) -> Shape:
             from .context import torus_layout
 
             torus = torus_layout(ctx.topology, ctx.config)[0]
+        servers = ctx.servers  # the summation servers' lane (ps), or None
         cached = ctx.tuning["select.shape"] = Shape(
             node_of_rank=tuple(ctx.topology.node_of_rank), cma=ctx.peer_memory is not None and ctx.size > 1,
-            torus=torus, small_message_bytes=ctx.config.small_message_bytes)
+            torus=torus, small_message_bytes=ctx.config.small_message_bytes,
+            servers=tuple(servers.server_nodes) if servers is not None else (),
+            server_partition_bytes=ctx.config.server_partition_bytes)
     return cached
 
 

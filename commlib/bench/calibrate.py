@@ -20,7 +20,11 @@ What is measured (every rank takes part; figures are combined so that every rank
   algorithms take turns in 5 rounds of 1 to 200 consecutive calls (~50 ms where calls are short), as
   commlib-bench interleaves and times them; per round the slowest rank's time per call, then the median
   over the rounds;
-- the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one.
+- the cost of one more message in a pipelined step: 4 MiB as 32 posted messages against one;
+- with summation servers in the job, the link between workers and servers: rank 0 alone pushes 8 and
+  32 MiB through the servers (the others wait); ``beta`` is the extra time per byte over what its
+  busiest link carries of it (``ps.link_bytes`` for one worker), ``alpha`` half the rest at 8 MiB less
+  that link time. ``ps`` then gets its correction like every algorithm.
 """
 
 from __future__ import annotations
@@ -144,6 +148,41 @@ def _link(transport, comm, peer: int | None, large: int, reps_large: int) -> tup
     beta = max(swap_big - swap_small, 1e-12) / (large - _SMALL)
     return cost.Link(alpha, beta), {"peer": peer, "round_trip_8B_s": small, "exchange_8B_s": swap_small,
                                     f"exchange_{large}B_s": swap_big}
+
+
+_SERVER_SIZES = (8 << 20, 32 << 20)
+
+
+def _server_link(engine, comm, shape: cost.Shape) -> tuple[cost.Link | None, dict]:
+    """Fit the worker-server link (None where the job has no servers, or they all share rank 0's node):
+    rank 0 pushes alone (``contributors=1``), the fastest of 3 calls per size."""
+    from ..algorithms import ps
+
+    lane = engine.context.servers
+    if lane is None or not shape.servers:
+        return None, {}
+    one = dataclasses.replace(shape, node_of_rank=shape.node_of_rank[:1])
+    factor, crosses = ps.link_bytes(1.0, one)
+    if not crosses:
+        return None, {}
+    times = {}
+    if comm.Get_rank() == 0:
+        for nbytes in _SERVER_SIZES:
+            buf = np.ones(nbytes // 4, np.float32)
+            best = math.inf
+            for call in range(4):  # the first one warms up
+                start = time.perf_counter()
+                handle = lane.client.push_pull_async(buf, f"calibrate.server.{nbytes}", contributors=1)
+                lane.client.wait(handle)
+                handle.result()
+                if call:
+                    best = min(best, time.perf_counter() - start)
+            times[nbytes] = best
+    times = comm.bcast(times, root=0)
+    (a, ta), (b, tb) = sorted(times.items())
+    beta = max(tb - ta, 1e-12) / ((b - a) * factor)
+    alpha = max(0.0, (ta - a * factor * beta) / 2)
+    return cost.Link(alpha, beta), {f"push_pull_1_worker_{n}B_s": t for n, t in times.items()}
 
 
 def _kernels(comm) -> dict:
@@ -310,6 +349,8 @@ def calibrate(engine, comm) -> tuple[cost.CostModel, dict]:
         codec_s_per_byte={"fp16": rates["codec_fp16"], "bf16": rates["codec_bf16"]},
         message_s=_message_cost(transport, comm, (same_node or other_node or [None])[0]),
         source="calibration")
+    server, measured["server"] = _server_link(engine, comm, shape)
+    model = dataclasses.replace(model, server=server or model.inter)
     if topo.size > 1:
         alpha, factor, measured["native"] = _native(engine, comm, model, shape)
         field = "native_inter_beta_factor" if shape.nodes > 1 else "native_beta_factor"
@@ -341,7 +382,7 @@ def describe(model: cost.CostModel) -> list[str]:
         return f"{1 / s / 1e9:.2f} GB/s" if s else "inf"
     codecs = ", ".join(f"{k} {rate(v)}" for k, v in model.codec_s_per_byte.items())
     return [f"# cost model ({model.source}):",
-            link("intra", model.intra), link("inter", model.inter),
+            link("intra", model.intra), link("inter", model.inter), link("server", model.server),
             f"# reduce {rate(model.reduce_s_per_byte)}, copy {rate(model.copy_s_per_byte)}, codecs: {codecs}",
             f"# per call {model.call_s * 1e6:.1f} us, per extra segment {model.message_s * 1e6:.1f} us; "
             f"native: {model.native_alpha_s * 1e6:.1f} us per log2(p) step, "

@@ -66,15 +66,24 @@ def _job_errors(options: Options, nranks: int) -> list[str]:
     return errors
 
 
-def run(options: Options, comm, collective=None, command: str = "commlib-bench") -> int:
+def run(options: Options, comm, collective=None, command: str = "commlib-bench", servers=None) -> int:
     """Run the sweep of ``options`` on ``comm`` (collective); rank 0 prints. Returns the exit status.
 
     ``collective`` defaults to the one named by ``options.collective``; passing another
-    :class:`~commlib.bench.collective.Collective` measures it with the same core."""
+    :class:`~commlib.bench.collective.Collective` measures it with the same core. ``servers``: the job's
+    layout (``commlib.server.discovery.Job``) when it has summation servers, so that ``ps`` runs (and
+    ``--calibrate`` measures the servers' links)."""
     rank = comm.Get_rank()
     collective = collective if collective is not None else make_collective(options.collective)
     config = options.config()
     lane = open_lane(comm, config)
+    client = None
+    if servers is not None and servers.servers:
+        from ..server.client import ServerClient, ServerLane
+
+        client = ServerClient(servers, config.server_partition_bytes, config.server_timeout_s)
+        nodes = client.server_nodes(list(servers.workers), lane.topology.node_of_rank)
+        lane.engine.context.servers = ServerLane(client, "commlib-bench", comm.Get_size(), nodes)
     try:
         refused = refusals(options, collective, lane.engine)
         error = _refusal_error(options, refused)
@@ -107,6 +116,8 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench")
         comm.Barrier()
         return 1 if report.total_wrong(results) else 0
     finally:
+        if client is not None:
+            client.close()
         lane.close()
 
 
@@ -218,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         return options
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    from ..server import discovery
+
+    # summation servers launched in the same job (MPMD) are split off; the benchmark runs on the workers
+    layout = discovery.job(MPI.COMM_WORLD, discovery.WORKER, options.config().start_timeout_s)
+    comm = layout.own
     rank = comm.Get_rank()
     errors = _job_errors(options, comm.Get_size())
     if errors:
@@ -227,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"commlib-bench: error: {error}", file=sys.stderr)
         return 2
     try:
-        return run(options, comm, command=shlex.join(["commlib-bench", *argv]))
+        return run(options, comm, command=shlex.join(["commlib-bench", *argv]), servers=layout)
     except Exception:  # one rank failing would leave the others waiting: stop the whole job
         sys.stderr.write(f"commlib-bench: rank {rank} failed:\n{traceback.format_exc()}")
         sys.stderr.flush()

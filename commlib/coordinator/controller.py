@@ -57,6 +57,7 @@ from .execution import LaneSet
 from .lifecycle import Lifecycle, StallShutdown
 from .fusion import fuse
 from .negotiation import ReadyTable
+from .priority import PartResponse, PriorityQueue
 from .progress import REPLY_POLLS, Progress
 from .requests import Entry, Handle, Kind, Response
 from .rounds import make_rounds
@@ -100,6 +101,7 @@ class Coordinator(Lifecycle):
         self._failure: BaseException | None = None
         self._lost_in_lane: PeerLostError | None = None  # a lane's transfer timed out: fail in the cycle
         self._closed = False
+        self._queue = PriorityQueue(config.priority_partition_bytes, config.priority_credit_bytes, self._finish)
         self._progress = Progress(self, config.cycle_time_ms / 1e3)
         if not label and not self._lanes.threaded:  # the world's; a lane thread must not read the channel
             channel.deadline.watch = self.watch
@@ -155,12 +157,12 @@ class Coordinator(Lifecycle):
         return self._lanes.threaded
 
     def undecided(self) -> bool:
-        return bool(self._undecided)
+        return bool(self._undecided) or bool(self._queue)
 
     def has_work(self) -> bool:
         """Something to drive: own requests or notices, or (rank 0, the stall checker) tensors that some
         ranks submitted. Peers' rounds alone are answered at the idle poll."""
-        return bool(self._incoming or self._in_flight or self._extra or
+        return bool(self._incoming or self._in_flight or self._extra or self._queue or
                     (self.rank == 0 and self._table.has_pending()))
 
     # ---- the cycle ---------------------------------------------------------------------------------
@@ -176,8 +178,8 @@ class Coordinator(Lifecycle):
         if now - self._last_cycle > self._away_s:
             self._catch_up()
         self._last_cycle = now
-        if self._incoming or self._extra:
-            busy = True
+        if self._incoming or self._extra or (self._queue and rounds.sent == rounds.completed and self._lanes.idle()):
+            busy = True  # (priority scheduling: something waits, so every rank starts the next round)
             self._contribute()
             for _ in range(REPLY_POLLS):  # peers usually answer within microseconds: wait here for it
                 if not rounds.blocked() or rounds.receive():
@@ -264,6 +266,10 @@ class Coordinator(Lifecycle):
         responses = table.take_ready()
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
             responses = table.fail_stalled(*stalled, describe=self.describe_ranks) + responses
+        if self._queue or (responses and PriorityQueue.wanted(responses)):
+            self._execute(responses, queued=True)
+            self._run_released()
+            return
         if len(responses) > 1:
             # the in-place limit is searched on first use (tens of ms on 16 ranks), not at init
             responses = fuse(responses, self._config.fusion_threshold_bytes, self._engine.fusion_inplace_bytes,
@@ -274,12 +280,33 @@ class Coordinator(Lifecycle):
     def _rank_gone(self, source: int, reason: str) -> None:
         """``source`` sent its last message: later rounds complete without it; what needs it fails."""
         who = self._who(source)
+        for response, entries in self._queue.drop():  # decided with it, not started: cannot run any more
+            self._finish(response, entries, CollectiveError(f"{who} {reason} before this tensor ran"))
         self._table.rank_gone(source, f"{who} {reason}")
         self._rounds.leave(source)
         if self._rounds.orphaned:  # what rank 0 was to relay is lost: it fails here
             self._fail_all(f"{who} {reason}")
 
-    def _execute(self, responses: list[Response]) -> None:
+    def _run_released(self) -> None:
+        """Priority scheduling: start what the queue releases after this round (:mod:`.priority`), small
+        ones fused as usual (partitions never: they are slices of one buffer)."""
+        released = self._queue.release()
+        if not released:
+            return
+        responses = [response for response, _ in released]
+        if len(responses) > 1:
+            parts = {id(r.metas[0]) for r in responses if type(r) is PartResponse}
+            eager = self._eager.applies
+            fused = fuse(responses, self._config.fusion_threshold_bytes, self._engine.fusion_inplace_bytes,
+                         apart=lambda meta: id(meta) in parts or eager(meta))
+            if len(fused) < len(responses):
+                entries_of = {id(r): e for r, e in released}
+                by_name = {r.metas[0].name: e[0] for r, e in released if type(r) is not PartResponse}
+                released = [(r, entries_of.get(id(r)) or [by_name[m.name] for m in r.metas]) for r in fused]
+        for response, entries in released:
+            self._lanes.run(response, entries)
+
+    def _execute(self, responses: list[Response], queued: bool = False) -> None:
         for response in responses:
             if response.kind is _JOIN:
                 self._finish_join(response.last_joined, response.error)
@@ -310,6 +337,8 @@ class Coordinator(Lifecycle):
                 raise CollectiveError(
                     f"rank {self.rank} decided a collective on tensor(s) it never submitted: "
                     f"{[m.name for m, e in zip(response.metas, entries) if e is None]}")
+            elif queued:
+                self._queue.push(response, entries)
             else:
                 self._lanes.run(response, entries)
 
@@ -331,6 +360,9 @@ class Coordinator(Lifecycle):
 
     def _finish(self, response: Response, entries: list, error: BaseException | None) -> None:
         """Called when a response ran (or failed): release the names and complete failed handles."""
+        if type(response) is PartResponse:  # one partition: the split finishes the whole on its last one
+            response.split.part_done(error)
+            return
         with self._names:
             for meta, entry in zip(response.metas, entries):
                 if entry is not None and self._in_flight.get(meta.name) is entry:

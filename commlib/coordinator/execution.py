@@ -195,6 +195,7 @@ class LaneSet:
         self.lanes = lanes
         self._finish = finish
         self._sequence = 0
+        self._ran = [0] * len(lanes)  # responses each lane has run (each counter written by one thread)
         self._queues: list[queue.SimpleQueue] = []
         self._threads: list[threading.Thread] = []
         if len(lanes) > 1:
@@ -209,6 +210,10 @@ class LaneSet:
     @property
     def threaded(self) -> bool:
         return bool(self._threads)
+
+    def idle(self) -> bool:
+        """Every response handed to the lanes has run (always, with one lane: it runs inline)."""
+        return not self._threads or sum(self._ran) == self._sequence
 
     def run(self, response: Response, entries: list[Entry | None]) -> None:
         """Execute now (one lane) or queue on lane ``sequence mod lanes``."""
@@ -233,11 +238,13 @@ class LaneSet:
             self._finish(response, entries, None)
 
     def _serve(self, lane: Lane, q: queue.SimpleQueue) -> None:
+        ran = self._ran
         while True:
             item = q.get()
             if item is None:
                 return
             self._execute(lane, *item)
+            ran[lane.index] += 1
 
     def set_timeline(self, timeline) -> None:
         for lane in self.lanes:

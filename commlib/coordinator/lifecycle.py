@@ -72,6 +72,8 @@ class Lifecycle:
             return
         self._failure = exc
         if isinstance(exc, PeerLostError):
+            lost_ranks = set(exc.ranks or ())
+            self._channel.unreachable.update(r for r in range(self.size) if self._world_ranks[r] in lost_ranks)
             self._channel.deadline.lose(exc)  # every transport of the runtime: later waits raise it at once
             if not isinstance(exc, StallShutdown):  # (a stall verdict was logged and told already)
                 log.error("commlib on rank %d: %s", self._world_ranks[self.rank], exc)
@@ -101,6 +103,7 @@ class Lifecycle:
         self._incoming.clear()
         self._undecided.clear()
         self._eager.clear()
+        self._queue.drop()
         for entry in entries:
             entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
 
@@ -111,6 +114,12 @@ class Lifecycle:
         self._incoming.clear()
         self._extra["gone"] = reason
         self._contribute(last=True)
+
+    def forget(self, world_ranks) -> None:
+        """Send nothing more to ``world_ranks`` (ranks of the runtime's communicator): they are gone for
+        good (elastic recovery abandons this coordinator without them)."""
+        gone = set(world_ranks)
+        self._channel.unreachable.update(r for r in range(self.size) if self._world_ranks[r] in gone)
 
     def close(self, leaving: bool = False) -> None:
         """Stop the coordinator: pending operations fail, and the other ranks are told. ``leaving``: the

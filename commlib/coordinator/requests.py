@@ -52,6 +52,7 @@ class Meta:
     algorithm: str = ""
     error: str = ""
     device: str = "cpu"  # where the tensor lives ("cpu" or "cuda", see commlib.device); ranks must agree
+    priority: int = 0    # allreduce: higher runs sooner once several are ready (:mod:`.priority`); 0: unordered
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -69,7 +70,8 @@ class Meta:
         if self.kind in (Kind.ALLREDUCE, Kind.REDUCESCATTER):
             fields.update(op=self.op, prescale_factor=self.prescale, postscale_factor=self.postscale)
         if self.kind is Kind.ALLREDUCE:
-            fields.update(compression=self.compression, algorithm=self.algorithm or "default")
+            fields.update(compression=self.compression, algorithm=self.algorithm or "default",
+                          priority=self.priority)
         if self.kind is Kind.BROADCAST:
             fields["root_rank"] = self.root
         return fields

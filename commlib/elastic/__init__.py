@@ -1,8 +1,9 @@
 """Elastic training, framework-neutral: state that survives a lost worker, and the run loop.
 
 ``commlib.elastic.run``, :class:`State`, :class:`ObjectState`, :class:`HostsUpdatedInterrupt` follow
-Horovod Elastic's API; ``commlib.torch.elastic`` adds ``TorchState`` and ``ElasticSampler``. Recovery is by
-restart under commlib-run's elastic driver (``commlib-run --min-np/--max-np``, docs/elastic.md).
+Horovod Elastic's API; ``commlib.torch.elastic`` adds ``TorchState`` and ``ElasticSampler``. Under commlib-run's
+elastic driver (``commlib-run --min-np/--max-np``, docs/elastic.md) the survivors of a lost rank go on in
+process (:mod:`.recover`); added hosts, and MPIs that cannot keep the survivors running, restart the job.
 """
 
 from ..errors import CollectiveError as HorovodInternalError

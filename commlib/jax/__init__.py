@@ -19,6 +19,7 @@ from ..process_sets import ProcessSet
 from .basics import (add_process_set, cross_rank, cross_size, global_process_set, init, is_initialized,
                      local_rank, local_size, rank, remove_process_set, shutdown, size)
 from .collectives import (Handle, allgather, allreduce, allreduce_async, alltoall, barrier, broadcast,
-                          grouped_allreduce, grouped_allreduce_async, reducescatter, synchronize)
+                          grouped_allreduce, grouped_allreduce_async, overlapped_allreduce, reducescatter,
+                          synchronize)
 from .functions import allgather_object, broadcast_object, broadcast_parameters
 from .optimizer import DistributedOptimizer, LocalSGD, distributed_gradients

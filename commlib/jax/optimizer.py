@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ..compression import Compression
 from ..ops import Average
-from .collectives import _reduce_op, _set_size, grouped_allreduce
+from .collectives import _reduce_op, _set_size, grouped_allreduce, overlapped_allreduce
 
 try:
     import optax
@@ -24,7 +24,8 @@ except ImportError as _exc:
 
 
 def distributed_gradients(op=Average, compression=Compression.none, gradient_predivide_factor: float = 1.0,
-                          name: str = "DistributedOptimizer", process_set=None) -> optax.GradientTransformation:
+                          name: str = "DistributedOptimizer", process_set=None,
+                          overlap: bool = True) -> optax.GradientTransformation:
     """An optax transformation that replaces the updates (the gradients, when first in a chain) with their
     reduction over ranks (``op``: Average by default), as one grouped allreduce named ``name.0``,
     ``name.1``, ... in leaf order. Put it first in an ``optax.chain``.
@@ -32,7 +33,12 @@ def distributed_gradients(op=Average, compression=Compression.none, gradient_pre
     ``compression``: ``Compression.fp16``/``.bf16`` on the wire, or a lossy compressor
     (``Compression.topk(0.01)``, ``.powersgd(...)``...; its per-tensor state lives in the compressor object
     on the host, keyed by the names above: create one per model and keep it). ``gradient_predivide_factor``
-    f (Average only): scale by 1/f before the sum and by f/size after it."""
+    f (Average only): scale by 1/f before the sum and by f/size after it.
+
+    ``overlap`` (default True; with no compression or ``Compression.fp16``/``.bf16``): inside ``jit`` each
+    gradient's allreduce starts as soon as XLA has computed it and the step waits for all of them once,
+    so communication overlaps the rest of the backward pass (:func:`commlib.jax.overlapped_allreduce`).
+    False, or a lossy compressor: the pytree crosses as one grouped allreduce after the backward pass."""
     op = _reduce_op(op)
     f = float(gradient_predivide_factor)
     if f != 1.0 and op is not Average:
@@ -50,15 +56,16 @@ def distributed_gradients(op=Average, compression=Compression.none, gradient_pre
 
     def update(updates, state, params=None):
         del params
-        return grouped_allreduce(updates, name=name, compression=compression, process_set=process_set,
-                                 **kwargs), state
+        reduce = overlapped_allreduce if overlap else grouped_allreduce
+        return reduce(updates, name=name, compression=compression, process_set=process_set, **kwargs), state
 
     return optax.GradientTransformation(init, update)
 
 
 def DistributedOptimizer(optimizer: optax.GradientTransformation, op=Average, compression=Compression.none,
                          backward_passes_per_step: int = 1, gradient_predivide_factor: float = 1.0,
-                         name: str = "DistributedOptimizer", process_set=None) -> optax.GradientTransformation:
+                         name: str = "DistributedOptimizer", process_set=None,
+                         overlap: bool = True) -> optax.GradientTransformation:
     """Wrap ``optimizer`` (an optax ``GradientTransformation``) so that it sees gradients averaged over ranks.
 
     ``backward_passes_per_step`` k > 1: gradients are accumulated locally (their mean over the k calls,
@@ -80,7 +87,7 @@ def DistributedOptimizer(optimizer: optax.GradientTransformation, op=Average, co
     k = backward_passes_per_step
     if isinstance(k, bool) or int(k) != k or k < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, got {k!r}")
-    chain = optax.chain(distributed_gradients(op, compression, gradient_predivide_factor, name, process_set),
+    chain = optax.chain(distributed_gradients(op, compression, gradient_predivide_factor, name, process_set, overlap),
                         optimizer)
     if int(k) == 1:
         return chain

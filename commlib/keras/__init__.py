@@ -20,7 +20,7 @@ from ..compression import Compression  # noqa: F401
 from . import backend as _backend
 from . import callbacks as _callbacks
 from .callbacks import broadcast_variables  # noqa: F401
-from .optimizer import GradientOptions, wrap
+from .optimizer import GradientOptions, wrap_keras3
 
 callbacks = _callbacks.make(_keras)
 BroadcastGlobalVariablesCallback = callbacks.BroadcastGlobalVariablesCallback
@@ -35,6 +35,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          process_set=None, **kwargs):
     """``optimizer`` (any ``keras.optimizers.Optimizer``) with its gradients averaged over the ranks.
 
+    ``backward_passes_per_step=k`` accumulates k passes locally (Keras' ``gradient_accumulation_steps``)
+    and reduces once per k passes; the reduced gradient is their sum, or their mean with
+    ``average_aggregated_gradients=True``.
+
     Example::
 
         import keras, commlib.keras as hvd
@@ -46,7 +50,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     options = GradientOptions(compression, sparse_as_dense, gradient_predivide_factor, backward_passes_per_step,
                               average_aggregated_gradients, op, groups, process_set)
     _backend.plugin()  # a clear error now, not at the first step, when the backend has no plug-in here
-    return wrap(optimizer, "apply", _reduce_for(options), options, name)
+    return wrap_keras3(optimizer, _reduce_for(options), options, name, _backend.backend_name())
 
 
 def _reduce_for(options):

@@ -1,8 +1,9 @@
 """The collective for Keras 3's backend: each backend's plug-in reduces its own tensors.
 
 ``tensorflow`` -> :mod:`commlib.tensorflow` (works inside the ``tf.function`` Keras compiles), ``torch`` ->
-:mod:`commlib.torch`, ``jax`` -> ``commlib.jax.grouped_allreduce`` (usable inside ``jax.jit``). Variables
-and metrics are moved as numpy arrays through commlib's own API, the same on every backend.
+:mod:`commlib.torch`, ``jax`` -> ``commlib.jax.overlapped_allreduce`` (inside the ``jax.jit`` Keras compiles
+the train step into). Variables and metrics are moved as numpy arrays through commlib's own API, the same
+on every backend.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def grouped_allreduce(tensors, op=_cl.Average, compression=None, prescale_factor
         kwargs.update(prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if compression is not None:
         kwargs["compression"] = compression
+    if backend_name() == "jax":  # inside the jitted train step: each gradient's allreduce starts as XLA
+        # computes it, overlapping the rest of the backward pass (commlib.jax.overlapped_allreduce)
+        kwargs["name"] = name or "keras.DistributedOptimizer"
+        return backend.overlapped_allreduce(tensors, **kwargs)
     return backend.grouped_allreduce(tensors, **kwargs)
 
 

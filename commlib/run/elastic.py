@@ -1,8 +1,10 @@
-"""commlib-run's elastic driver: keep a job training while hosts come and go, by restarting it.
+"""commlib-run's elastic driver: keep a job training while hosts come and go.
 
-MPI cannot replace a lost rank inside a running job (with MPICH, ``Comm.Revoke`` raises NotImplementedError,
-and hydra takes every rank down when one dies by a signal), so the driver works as torchrun does, with
-Horovod Elastic's state and flags on the workers' side (:mod:`commlib.elastic`):
+With MPICH (hydra) the job runs with ``-disable-auto-cleanup``, so the survivors of a lost rank keep
+running; they report to the driver, which decides who goes on (:mod:`.survivors`), and they rebuild
+commlib over themselves in process (:mod:`commlib.elastic.recover`). Growth, too few survivors, and any
+loss under Open MPI restart the job, as torchrun does, with Horovod Elastic's state and flags on the
+workers' side (:mod:`commlib.elastic`):
 
 1. Discover the hosts: ``--host-discovery-script`` prints ``host`` or ``host:slots`` lines (without it:
    ``-H``/``--hostfile``, or the emulated cluster's hosts); leave out blacklisted hosts.
@@ -10,11 +12,13 @@ Horovod Elastic's state and flags on the workers' side (:mod:`commlib.elastic`):
    was found), and start ``min(slots, --max-np)`` ranks with ``COMMLIB_ELASTIC_DIR`` set.
 3. While the job runs, discover again every second; a change is flagged in that directory, and the
    workers' next ``commit()`` raises ``HostsUpdatedInterrupt`` on every rank, which ends the job with
-   the restart code.
-4. When the job ends: 0 is done. The restart code (hosts changed, or a collective failed) restarts it.
-   Any other failure blacklists the host hydra names as where a process died (``RUNNING AT host``), for
-   a cool-down drawn from ``--blacklist-cooldown-range`` (without it: for good), and restarts it.
-   Every restart counts against ``--reset-limit``.
+   the restart code. With in-process recovery, read the workers' reports of a failed collective every
+   50 ms, decide the survivors, blacklist the lost ranks' hosts.
+4. When the job ends: 0 is done (after a recovery: every survivor wrote status 0). The restart code
+   (hosts changed, a collective failed, too few survivors) restarts it. Any other failure blacklists the
+   host hydra names as where a process died (``RUNNING AT host``), for a cool-down drawn from
+   ``--blacklist-cooldown-range`` (without it: for good), and restarts it. Every restart counts against
+   ``--reset-limit``.
 
 The restarted workers resume from the state rank 0 committed last (``state.pkl`` in the directory).
 """
@@ -35,6 +39,7 @@ import time
 from typing import Callable, Sequence
 
 from ..elastic import control
+from . import survivors
 from .hosts import Host
 from .options import UsageError
 
@@ -141,6 +146,14 @@ class Launcher:
     static_hosts: list[Host]
     discovery_env: dict = dataclasses.field(default_factory=dict)
     check_hosts: Callable[[list[Host]], None] | None = None
+    in_process: bool = False  # hydra: survivors of a lost rank go on (-disable-auto-cleanup), see survivors.py
+
+
+#: COMMLIB_TIMEOUT of an elastic job that sets none: how long a lost rank takes to be noticed
+ELASTIC_TIMEOUT_S = "10"
+#: after the first report of a failed collective, how long the driver collects near-simultaneous ones
+#: before leaving out the suspected ranks that have not reported (a suspect leaves either way)
+SETTLE_S = 0.25
 
 
 class Driver:
@@ -203,6 +216,11 @@ class Driver:
 
     def _loop(self, directory: str) -> int:
         settings = dict(self.settings, COMMLIB_ELASTIC_DIR=directory)
+        if "COMMLIB_TIMEOUT" not in settings and "COMMLIB_TIMEOUT" not in os.environ:
+            settings["COMMLIB_TIMEOUT"] = ELASTIC_TIMEOUT_S
+        self.peer_timeout = float(settings.get("COMMLIB_TIMEOUT") or os.environ["COMMLIB_TIMEOUT"])
+        if self.launcher.in_process:
+            settings["COMMLIB_ELASTIC_IN_PROCESS"] = "1"
         while True:
             hosts, np = self.wait_for_hosts()
             if self.launcher.check_hosts is not None:
@@ -216,7 +234,10 @@ class Driver:
                             self.blacklist.add(host.name, now)
                     continue
             control.clear_hosts_updated(directory)
+            survivors.clear(directory)
             env, argv = self.launcher.command(hosts, np, settings)
+            if self.launcher.in_process:
+                argv = [argv[0], "-disable-auto-cleanup", *argv[1:]]
             self.say(f"starting {np} rank(s) on {', '.join(f'{h.name}:{h.slots}' for h in hosts)}"
                      f" (restart {self.resets})")
             code, died_at = self._run_job(env, argv, hosts, directory)
@@ -224,7 +245,12 @@ class Driver:
                 self.say("job finished")
                 return 0
             self.resets += 1
-            if code == control.RESTART_EXIT_CODE:
+            if code == control.RESTART_EXIT_CODE and died_at:  # survivors asked for it after a loss
+                now = self.clock()
+                for host in died_at:
+                    self.blacklist.add(host, now)
+                self.say(f"the survivors asked for a restart (lost hosts {', '.join(died_at)} blacklisted)")
+            elif code == control.RESTART_EXIT_CODE:
                 self.say("the workers asked for a restart (hosts changed, or a collective failed)")
             else:
                 now = self.clock()
@@ -256,9 +282,28 @@ class Driver:
         reader.start()
         running = {h.name for h in hosts}
         flagged = False
+        recovery = _Recovery(survivors.rank_hosts(hosts)) if self.launcher.in_process else None
+        next_discovery = self.clock() + self.opts.interval
         try:
             while job.poll() is None:
-                time.sleep(self.opts.interval)
+                time.sleep(0.05 if recovery is not None else self.opts.interval)
+                if recovery is not None:
+                    self._recover(recovery, directory)
+                    if recovery.finished(directory):  # every survivor ended; mpiexec may wait on a cut host
+                        try:
+                            job.wait(timeout=5)
+                        except subprocess.TimeoutExpired:
+                            self.launcher.kill(job)
+                        break
+                    if recovery.restart:
+                        break
+                    lost = {recovery.hosts[r] for r in recovery.lost}
+                    if lost & running:
+                        running -= lost
+                        hosts = [h for h in hosts if h.name in running]
+                if self.clock() < next_discovery:
+                    continue
+                next_discovery = self.clock() + self.opts.interval
                 if flagged or job.poll() is not None:
                     continue
                 try:
@@ -276,9 +321,74 @@ class Driver:
         except BaseException:
             self.launcher.kill(job)
             raise
+        if recovery is not None and recovery.restart and job.poll() is None:
+            try:
+                job.wait(timeout=self.peer_timeout + 10)  # the survivors exit with the restart code
+            except subprocess.TimeoutExpired:
+                pass
+            self.launcher.kill(job)
         reader.join(timeout=10)
         code = job.returncode
         if code != 0:
             self.launcher.kill(job)  # what hydra left behind
         died = sorted({m.group(1) for line in tail for m in [_DIED_AT.search(line)] if m})
+        if recovery is not None and recovery.generation:
+            lost_hosts = sorted({recovery.hosts[r] for r in recovery.lost})
+            if recovery.restart:
+                return control.RESTART_EXIT_CODE, lost_hosts
+            codes = survivors.exit_codes(directory, recovery.members)
+            if len(codes) == len(recovery.members):  # mpiexec's own status is the lost ranks'
+                bad = {r: c for r, c in codes.items() if c != 0}
+                if not bad:
+                    return 0, lost_hosts
+                code = max(bad.values())
+                return code, lost_hosts if code == control.RESTART_EXIT_CODE else [recovery.hosts[r] for r in bad]
         return code, [h for h in died if h in running] or died
+
+    def _recover(self, recovery: "_Recovery", directory: str) -> None:
+        """Decide on the survivors once the reports of the current generation allow it."""
+        reports = survivors.read_reports(directory, recovery.generation)
+        if not reports:
+            return
+        now = self.clock()
+        if recovery.first_report is None:
+            recovery.first_report = now
+            self.say(f"rank(s) {sorted(reports)} report a failed collective; deciding who goes on")
+        chosen = survivors.decide(recovery.members, {r: rep.get("suspects", []) for r, rep in reports.items()},
+                                  now - recovery.first_report, SETTLE_S, 2 * self.peer_timeout + 5.0)
+        if chosen is None:
+            return
+        lost = sorted(set(recovery.members) - set(chosen))
+        lost_hosts = sorted({recovery.hosts[r] for r in lost})
+        for host in lost_hosts:
+            until = self.blacklist.add(host, now)
+            self.say(f"lost rank(s) on {host}: blacklisted "
+                     f"{'for good' if until == float('inf') else f'for {until - now:.0f} s'}")
+        if len(chosen) < self.opts.min_np:
+            survivors.write_decision(directory, recovery.generation,
+                                     {"restart": f"{len(chosen)} survivor(s), fewer than --min-np {self.opts.min_np}"})
+            self.say(f"{len(chosen)} survivor(s) < --min-np {self.opts.min_np}: restarting the job")
+            recovery.restart = True
+        else:
+            survivors.write_decision(directory, recovery.generation, {"members": chosen})
+            self.say(f"{len(chosen)} rank(s) go on in process (world ranks {chosen}; lost {lost})")
+        recovery.lost |= set(lost)
+        recovery.members = chosen
+        recovery.generation += 1
+        recovery.first_report = None
+
+
+class _Recovery:
+    """One launch's in-process recoveries: its current members (world ranks) and what was lost."""
+
+    def __init__(self, hosts: list[str]):
+        self.hosts = hosts
+        self.members = list(range(len(hosts)))
+        self.lost: set[int] = set()
+        self.generation = 0
+        self.first_report: float | None = None
+        self.restart = False
+
+    def finished(self, directory: str) -> bool:
+        return bool(self.generation) and not self.restart and \
+            len(survivors.exit_codes(directory, self.members)) == len(self.members)

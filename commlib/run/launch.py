@@ -28,6 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for warning in warnings:
             print(f"commlib-run: warning: {warning}", file=sys.stderr, flush=True)
         opts = _elastic.options(args)
+        if opts is not None and args.num_servers:
+            raise UsageError("--num-servers does not apply to elastic jobs (the driver restarts workers only)")
         if args.emulate:
             return _run_emulated(args, env, opts)
         if opts is not None:
@@ -79,8 +81,20 @@ def build(args, env: dict[str, str], environ=None) -> tuple[dict[str, str], list
         flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=env,
         forward=_mpi.forwarded(environ), nics=[n for n in (args.nics or "").split(",") if n],
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
-        tcp=args.tcp, binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0)
+        tcp=args.tcp, binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0,
+        **_servers(args))
     return _mpi.command_line(launch)
+
+
+def _servers(args) -> dict:
+    """The Launch fields for ``--num-servers`` / ``--server-hosts``."""
+    if args.num_servers < 0:
+        raise UsageError(f"--num-servers {args.num_servers}: give 0 or more")
+    if args.server_hosts and not args.num_servers:
+        raise UsageError("--server-hosts needs --num-servers N")
+    return dict(servers=args.num_servers,
+                server_hosts=_hosts.parse_hosts(args.server_hosts) if args.server_hosts else [],
+                server_command=[sys.executable, "-m", "commlib.server"])
 
 
 def _run(args, env: dict[str, str]) -> int:
@@ -145,7 +159,8 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
         if any(not _hosts.is_local(h.name) for h in hosts) or nics:
             _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
 
-    launcher = _elastic.Launcher(command=command, kill=_kill, static_hosts=given, check_hosts=check)
+    launcher = _elastic.Launcher(command=command, kill=_kill, static_hosts=given, check_hosts=check,
+                                 in_process=flavor == _mpi.MPICH)
     return _elastic.Driver(opts, launcher, env).run()
 
 
@@ -169,12 +184,16 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
     tail = ["-prepend-rank"] + [arg for name, value in sorted(env.items()) for arg in ("-env", name, value)]
     tail += list(args.command)
     timeout = 3600.0 if args.timeout is None else args.timeout
+    if args.server_hosts:
+        raise UsageError("--server-hosts does not apply to --emulate: the servers get emulated hosts of their own")
     try:
-        with Cluster([per_host] * nhosts, rate=args.link_rate) as cluster:
+        with Cluster([per_host] * nhosts + [1] * args.num_servers, rate=args.link_rate) as cluster:
             print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks, "
                   f"links {args.link_rate or 'unshaped'}", file=sys.stderr, flush=True)
             if opts is not None:
                 return _elastic.Driver(opts, _emulated_launcher(cluster, args.command), env).run()
+            if args.num_servers:
+                return _emulated_servers(cluster, args, env, np, timeout)
             print(f"commlib-run: {_mpi.printable({}, cluster.mpiexec_args(np) + tail)}", file=sys.stderr, flush=True)
             done = cluster.mpiexec(tail, timeout=timeout, nprocs=np, check=False)
             sys.stdout.write(done.stdout)
@@ -186,6 +205,21 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
         sys.stdout.write(exc.completed.stdout or "")
         print(f"commlib-run: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 124 if exc.completed.returncode == -9 else (exc.completed.returncode or 1)
+
+
+def _emulated_servers(cluster, args, env: dict[str, str], np: int, timeout: float) -> int:
+    """An MPMD job on the emulated cluster: ``np`` workers on the first hosts, one server on each of the
+    last ``--num-servers`` hosts."""
+    nhosts = len(cluster.hosts) - args.num_servers
+    per_host = cluster.ranks_per_host[0]
+    workers = [r // per_host for r in range(np)]
+    programs = [(workers, list(args.command)),
+                (list(range(nhosts, len(cluster.hosts))), [sys.executable, "-m", "commlib.server"])]
+    print(f"commlib-run: {_mpi.printable(env, cluster.mpmd_args(programs))}", file=sys.stderr, flush=True)
+    done = cluster.mpiexec_mpmd(programs, timeout=timeout, env=dict(os.environ, **env), check=False)
+    sys.stdout.write(done.stdout)
+    sys.stdout.flush()
+    return done.returncode
 
 
 def _emulated_launcher(cluster, command: Sequence[str]):
@@ -205,7 +239,7 @@ def _emulated_launcher(cluster, command: Sequence[str]):
 
     hosts = [_hosts.Host(name, k) for name, k in zip(cluster.hosts, cluster.ranks_per_host)]
     return _elastic.Launcher(command=argv_for, kill=kill, static_hosts=hosts,
-                             discovery_env={"COMMLIB_RUN_HOSTS": ",".join(cluster.hosts)})
+                             discovery_env={"COMMLIB_RUN_HOSTS": ",".join(cluster.hosts)}, in_process=True)
 
 
 def check_build(mpiexec: str | None = None) -> str:

@@ -10,6 +10,7 @@ MPICH's hydra (and Intel MPI, which is hydra too) and Open MPI spell the same jo
 | ssh port / identity | ``HYDRA_LAUNCHER_EXTRA_ARGS`` in mpiexec's own environment | ``-mca plm_rsh_args "-p P -i F"`` |
 | network interface | ``-iface NIC`` (one) | ``-mca btl_tcp_if_include NIC,...`` |
 | output per rank | ``-prepend-rank``; ``-outfile-pattern`` | ``--tag-output``; ``--output-filename`` |
+| summation servers (MPMD) | ``-hosts`` lists every rank's host in order; ``... : -n S python -m commlib.server`` | ``... : -np S -H hosts python -m commlib.server`` |
 
 :func:`command_line` builds the command from a :class:`Launch` without running anything, so both forms are
 checked by golden tests on a machine that has only one of the two MPIs.
@@ -79,6 +80,51 @@ class Launch:
     binding_args: str | None = None
     mpi_args: str | None = None
     as_root: bool = False                  # Open MPI refuses root without --allow-run-as-root
+    servers: int = 0                       # summation servers, as further ranks of the job (MPMD)
+    server_hosts: Sequence[Host] = ()      # their hosts (slots: servers per host); empty: beside the workers
+    server_command: Sequence[str] = ("python", "-m", "commlib.server")
+
+
+def placement(launch: Launch) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """``(workers, servers)``: runs of ``(host, ranks)`` in rank order. Workers fill the hosts' slots in
+    order; servers fill ``server_hosts``' slots in order, or, without them, go one per worker host in turn
+    (beside the workers). Both empty without hosts (this machine)."""
+    workers, left = [], launch.np
+    for host in launch.hosts:
+        if left <= 0:
+            break
+        workers.append((host.name, min(host.slots, left)))
+        left -= host.slots
+    servers: list[tuple[str, int]] = []
+    if launch.server_hosts:
+        left = launch.servers
+        for host in launch.server_hosts:
+            if left <= 0:
+                break
+            servers.append((host.name, min(host.slots, left)))
+            left -= host.slots
+        if left > 0:
+            raise UsageError(f"--num-servers {launch.servers} is more than the "
+                             f"{sum(h.slots for h in launch.server_hosts)} slots of --server-hosts")
+    elif workers:
+        names = [name for name, _ in workers]
+        for i in range(launch.servers):
+            name = names[i % len(names)]
+            if servers and servers[-1][0] == name:
+                servers[-1] = (name, servers[-1][1] + 1)
+            else:
+                servers.append((name, 1))
+    return workers, servers
+
+
+def _runs(runs: Sequence[tuple[str, int]]) -> str:
+    merged: list[list] = []
+    for name, k in runs:
+        if merged and merged[-1][0] == name:
+            merged[-1][1] += k
+        else:
+            merged.append([name, k])
+    return ",".join(f"{name}:{k}" for name, k in merged)
 
 
 def command_line(launch: Launch) -> tuple[dict[str, str], list[str]]:
@@ -111,7 +157,10 @@ def _ssh_args(launch: Launch) -> str:
 def _hydra(launch: Launch) -> tuple[dict[str, str], list[str]]:
     env = {}
     argv = [launch.mpiexec, "-prepend-rank"]
-    if launch.hosts:
+    if launch.servers and (launch.hosts or launch.server_hosts):
+        workers, servers = placement(launch)  # one host list for the job: every rank's host, in order
+        argv += ["-hosts", _runs(workers + servers)]
+    elif launch.hosts:
         argv += ["-hosts", ",".join(f"{h.name}:{h.slots}" for h in launch.hosts)]
     ssh = _ssh_args(launch)
     if ssh:
@@ -130,7 +179,10 @@ def _hydra(launch: Launch) -> tuple[dict[str, str], list[str]]:
     for name, value in sorted(settings.items()):
         argv += ["-genv", name, str(value)]
     argv += shlex.split(launch.mpi_args or "")
-    return env, argv + ["-n", str(launch.np), *launch.command]
+    argv += ["-n", str(launch.np), *launch.command]
+    if launch.servers:
+        argv += [":", "-n", str(launch.servers), *launch.server_command]
+    return env, argv
 
 
 def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
@@ -138,7 +190,10 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
     if launch.as_root:
         argv.append("--allow-run-as-root")
     argv += ["--tag-output", "-np", str(launch.np)]
-    if launch.hosts:
+    workers, servers = placement(launch) if launch.servers else ([], [])
+    if launch.servers and launch.hosts:
+        argv += ["-H", _runs(workers)]
+    elif launch.hosts:
         argv += ["-H", ",".join(f"{h.name}:{h.slots}" for h in launch.hosts)]
     argv += shlex.split(launch.binding_args) if launch.binding_args else ["-bind-to", "none", "-map-by", "slot"]
     argv += ["-mca", "pml", "ob1", "-mca", "btl", "tcp,vader,self" if launch.tcp else "^openib"]
@@ -156,7 +211,11 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
         if name not in settings:
             argv += ["-x", name]
     argv += shlex.split(launch.mpi_args or "")
-    return {}, argv + list(launch.command)
+    argv += list(launch.command)
+    if launch.servers:  # a second app context; the options above are the whole job's
+        argv += [":", "-np", str(launch.servers)] + (["-H", _runs(servers)] if servers else [])
+        argv += list(launch.server_command)
+    return {}, argv
 
 
 def printable(env: dict[str, str], argv: Sequence[str]) -> str:

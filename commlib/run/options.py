@@ -34,6 +34,12 @@ def parser() -> argparse.ArgumentParser:
                    help="network interface(s) the ranks talk over, comma-separated (MPICH takes one)")
     p.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, default=None, help="ssh port of the hosts")
     p.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None, help="ssh identity file")
+    p.add_argument("--num-servers", type=int, default=0,
+                   help="also start this many summation servers (python -m commlib.server) as further ranks of "
+                        "the job, for push_pull and algorithm='ps' (docs/servers.md)")
+    p.add_argument("--server-hosts", default=None,
+                   help="the servers' hosts, e.g. s1:1,s2:1 (default: one per worker host in turn; with "
+                        "--emulate: hosts of their own)")
     p.add_argument("--start-timeout", type=float, default=30.0,
                    help="seconds each host check (ssh) may take (default 30)")
     p.add_argument("--output-filename", default=None, help="write each rank's output to files under this name")

@@ -26,7 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     from .discovery import SERVER, job
     from .loop import Server
 
-    layout = job(MPI.COMM_WORLD, SERVER)
+    from ..config import Config
+    from .discovery import StartError
+
+    try:
+        layout = job(MPI.COMM_WORLD, SERVER, Config.load().start_timeout_s)
+    except StartError as exc:
+        print(f"commlib-server: {exc}", file=sys.stderr, flush=True)
+        return 1
     if not layout.workers:
         print("commlib-server: this MPI job has no workers (no process called commlib.init()); launch the "
               "servers beside the training script: mpiexec -n W python train.py : -n S python -m "

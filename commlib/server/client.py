@@ -36,8 +36,10 @@ from .discovery import Job
 log = logging.getLogger("commlib")
 
 
-#: Partitions a worker sends to one server at a time (see ``ServerClient._launch``). 4 measured no
-#: better than 2 (64 MiB on 4 + 4 emulated hosts at 250 Mbit/s: 1.45x against 1.40x the S/B bound).
+#: Partitions a worker sends at a time, to all servers together (see ``ServerClient._launch``).
+#: On 4 + 4 emulated hosts at 1 Gbit/s (64 MiB, machine shared): 2 measured 1.35-1.41x the S/B bound,
+#: 1 and 3 1.43-1.68x; a credit on partitions awaiting their answer (6 or 10) 1.7-2.4x (the round trip,
+#: which waits for every worker's push, is long beside a partition's time on the link).
 WINDOW = 2
 
 
@@ -92,8 +94,8 @@ class ServerClient:
         self._slots = (protocol.FIRST_SLOT + n % (tag_ub - protocol.FIRST_SLOT) for n in itertools.count())
         self._lock = threading.Lock()
         self._parts: list[_Part] = []  # under _lock: sending or awaiting their answer
-        self._queued = [collections.deque() for _ in self.servers]  # not yet sent, per server
-        self._sending = [0] * len(self.servers)  # partitions being sent, per server
+        self._queued: collections.deque[_Part] = collections.deque()  # not yet sent, in sending order
+        self._sending = 0  # partitions being sent
         self._by_slot: dict[int, _Part] = {}
         self._in_flight: set[str] = set()
         self._heard = [time.monotonic()] * len(self.servers)
@@ -101,10 +103,26 @@ class ServerClient:
         self._thread: threading.Thread | None = None
         self._stop = False
         self._broken: BaseException | None = None
+        #: ``None``, or a list that receives ``(time, event, server, slot)`` per partition event ("post",
+        #: "sent", "answered"): scripts/bench_servers.py --trace sets it.
+        self.trace: list | None = None
 
     @property
     def num_servers(self) -> int:
         return len(self.servers)
+
+    def server_nodes(self, worker_ranks: list[int], node_of_worker) -> tuple[int, ...]:
+        """The node of each server in the numbering of ``node_of_worker`` (the node of each of
+        ``worker_ranks``, ranks of the job): a server on a host where one of those workers runs has that
+        worker's node; servers on other hosts get numbers past the workers', one per host."""
+        hosts = self.job.hosts
+        by_host = {hosts[r]: node for r, node in zip(worker_ranks, node_of_worker)}
+        nodes = []
+        for rank in self.servers:
+            if hosts[rank] not in by_host:
+                by_host[hosts[rank]] = max(by_host.values(), default=-1) + 1
+            nodes.append(by_host[hosts[rank]])
+        return tuple(nodes)
 
     # -- submitting -------------------------------------------------------------------------------------
     def push_pull_async(self, buf: np.ndarray, key: str, op: ReduceOp = ReduceOp.SUM, codec=None,
@@ -152,7 +170,8 @@ class ServerClient:
         wire_name = dtype_name(wire.dtype)
         with self._lock:
             self._in_flight.add(key)
-            for p in range(nparts):
+            for q in range(nparts):
+                p = (q + self.worker) % nparts  # each worker starts at another server (see _launch)
                 lo, hi = p * per, min(buf.size, (p + 1) * per)
                 server = protocol.server_of(key, p, len(self.servers))
                 dest = self.servers[server]
@@ -160,30 +179,35 @@ class ServerClient:
                 header = protocol.Push(key, p, buf.size, wire_name, hi - lo, int(op), contributors,
                                        self.worker, slot)
                 part = _Part(job, p, lo, hi, server, slot, wire[lo:hi], header)
-                self._queued[server].append(part)
+                self._queued.append(part)
                 self._by_slot[slot] = part
-            for server in range(len(self.servers)):
-                self._launch(server)
+            self._launch()
         self._ensure_thread()
         return handle
 
-    def _launch(self, server: int) -> None:
-        """Post the next partitions queued for ``server`` while fewer than ``WINDOW`` are being sent to it
-        (under the lock). A window, not everything at once: partitions sent together share the link and
-        all arrive at the end, so the server could answer none before the last; sent a few at a time, the
-        first answers travel back while later partitions still go out."""
-        queue = self._queued[server]
-        dest = self.servers[server]
-        while queue and self._sending[server] < WINDOW:
+    def _launch(self) -> None:
+        """Post the next queued partitions while fewer than ``WINDOW`` are being sent (under the lock).
+
+        A few at a time, not everything at once: partitions sent together share the worker's link and
+        all arrive at the end, so the servers could answer none before the last; sent a few at a time,
+        the first answers travel back while later partitions still go out. And each worker starts a
+        tensor at another partition (its rank's), so at each moment the workers push to different
+        servers: every server's link takes one worker's stream at a time instead of all of them by
+        turns, and the answers, which wait for the last worker's push, follow one step behind."""
+        queue = self._queued
+        while queue and self._sending < WINDOW:
             part = queue.popleft()
+            dest = self.servers[part.server]
             part.sends = [self.comm.isend(part.header, dest=dest, tag=protocol.TAG_PUSH),
                           self.comm.Isend(part.wire.view(np.uint8), dest=dest, tag=part.slot)]
             part.since = time.monotonic()
+            if self.trace is not None:
+                self.trace.append((part.since, "post", part.server, part.slot))
             self._parts.append(part)
             if MPI.Request.Testall(part.sends):  # a small partition leaves at once: await its answer now
                 part.recv = self.comm.Irecv(part.wire.view(np.uint8), source=dest, tag=part.slot)
             else:
-                self._sending[server] += 1
+                self._sending += 1
 
     # -- the progress thread ----------------------------------------------------------------------------
     def _ensure_thread(self) -> None:
@@ -231,7 +255,9 @@ class ServerClient:
                 if part.recv is None:  # its data went out (the header, sent first, has gone too)
                     MPI.Request.Waitall(part.sends)
                     self._heard[part.server] = time.monotonic()
-                    self._sending[part.server] -= 1
+                    if self.trace is not None:
+                        self.trace.append((self._heard[part.server], "sent", part.server, part.slot))
+                    self._sending -= 1
                     if part.job.failed:
                         gone.add(id(part))
                     else:
@@ -241,11 +267,12 @@ class ServerClient:
                 else:
                     finished.append(part)
                     gone.add(id(part))
+                    if self.trace is not None:
+                        self.trace.append((time.monotonic(), "answered", part.server, part.slot))
                     self._by_slot.pop(part.slot, None)
             if gone:
                 self._parts = [p for p in parts if id(p) not in gone]
-            for server in {parts[i].server for i in done}:
-                self._launch(server)
+            self._launch()
         now = time.monotonic()
         for part in finished:
             self._heard[part.server] = now
@@ -282,7 +309,7 @@ class ServerClient:
             return
         with self._lock:
             # queued partitions too: behind a server that stopped taking pushes, they never leave
-            for part in self._parts + [q for queue in self._queued for q in queue]:
+            for part in self._parts + list(self._queued):
                 if part.job.failed:
                     continue
                 waited = now - max(part.since, self._heard[part.server])
@@ -310,14 +337,14 @@ class ServerClient:
             else:
                 keep.append(part)
         self._parts = keep
-        for queue in self._queued:
-            if any(part.job is job for part in queue):
-                kept = [part for part in queue if part.job is not job]
-                for part in queue:
-                    if part.job is job:
-                        self._by_slot.pop(part.slot, None)
-                queue.clear()
-                queue.extend(kept)
+        queue = self._queued
+        if any(part.job is job for part in queue):
+            kept = [part for part in queue if part.job is not job]
+            for part in queue:
+                if part.job is job:
+                    self._by_slot.pop(part.slot, None)
+            queue.clear()
+            queue.extend(kept)
         job.handle.set_error(error)
 
     # -- waiting and closing ----------------------------------------------------------------------------
@@ -342,14 +369,14 @@ class ServerClient:
         """Wait for what is in flight (bounded by the timeout), stop the thread, and tell every server
         this worker's runtime is shutting down."""
         deadline = time.monotonic() + (self.timeout_s or 10.0)
-        while (self._parts or any(self._queued)) and time.monotonic() < deadline and self._thread is not None \
+        while (self._parts or self._queued) and time.monotonic() < deadline and self._thread is not None \
                 and self._thread.is_alive():
             time.sleep(1e-3)
         self._stop = True
         if self._thread is not None:
             self._thread.join()
         with self._lock:
-            for part in self._parts + [q for queue in self._queued for q in queue]:
+            for part in self._parts + list(self._queued):
                 if not part.job.failed:
                     self._fail(part.job, ServerError(f"push_pull {part.job.key!r}: commlib shut down"))
         if MPI.Is_finalized():
@@ -365,8 +392,9 @@ class ServerLane:
     every rank of the set derives alike (the set's label, the lane, and a count of this lane's ``ps``
     calls: the coordinator runs every rank's collectives in one agreed order per lane)."""
 
-    def __init__(self, client: ServerClient, prefix: str, contributors: int):
+    def __init__(self, client: ServerClient, prefix: str, contributors: int, server_nodes: tuple[int, ...] = ()):
         self.client = client
+        self.server_nodes = server_nodes  # the node of each server, as the set's topology numbers them
         self.prefix = prefix
         self.contributors = contributors
         self.calls = 0

@@ -29,6 +29,7 @@ from ..dtypes import BFLOAT16, HALF
 from ..ops import ReduceOp
 from . import protocol
 from .discovery import Job
+from .geo import GeoStore
 
 log = logging.getLogger("commlib.server")
 
@@ -85,17 +86,21 @@ class Server:
         self.backoff = Backoff(max_sleep_s)
         self.rounds_done = 0
         self.status = MPI.Status()
+        self.geo = GeoStore(job, self.index)  # Geo-SGD's tables (docs/servers.md)
+        #: ``None``, or a list that receives ``(time, event, worker, key, part)`` ("header", "received",
+        #: "answer", "answered"): scripts/bench_servers.py --trace sets it.
+        self.trace: list | None = None
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until every worker's process has said it is exiting."""
         last = time.monotonic()
-        while len(self.exits) < len(self.job.workers) or self.sending:
-            moved = self._control() | self._headers() | self._received() | self._sent()
+        while len(self.exits) < len(self.job.workers) or self.sending or self.geo.busy:
+            moved = self._control() | self._headers() | self._received() | self._sent() | self.geo.progress()
             now = time.monotonic()
             if moved:
                 last = now
-            elif self.receiving or self.sending:
+            elif self.receiving or self.sending or self.geo.busy:
                 yield_core()  # transfers under way progress only while MPI is polled: never sleep then
             else:
                 self.backoff.pause(now - last)
@@ -127,6 +132,7 @@ class Server:
                     self._bye(worker)
                 else:
                     self.exits.add(worker)
+                    self.geo.exit(worker)
         return moved
 
     # -- pushes -----------------------------------------------------------------------------------------
@@ -139,6 +145,8 @@ class Server:
         if rnd is None:
             rnd = self.rounds[key] = _Round(push)
         worker = self.worker_of_rank[source]
+        if self.trace is not None:
+            self.trace.append((time.monotonic(), "header", worker, push.key, push.part))
         if worker in rnd.pushed:  # its data is received and dropped
             self.receiving.append((request, push, buf, False))
             self._answer_error([(source, push.slot)], (
@@ -163,6 +171,8 @@ class Server:
         keep = set(done)
         self.receiving = [item for i, item in enumerate(self.receiving) if i not in keep]
         for _, push, buf, counted in finished:
+            if self.trace is not None:
+                self.trace.append((time.monotonic(), "received", push.worker, push.key, push.part))
             if counted:
                 self._add(push, buf)
             else:
@@ -213,6 +223,8 @@ class Server:
             kernels.to_half(rnd.acc, answer)
             self.pool.give(rnd.acc)
         holder = [answer, len(destinations)]  # back to the pool when its last send completes
+        if self.trace is not None:
+            self.trace.append((time.monotonic(), "answer", -1, rnd.first.key, rnd.first.part))
         for rank, slot in destinations:
             self.sending.append((self.comm.Isend(answer.view(np.uint8), dest=rank, tag=slot), holder))
 

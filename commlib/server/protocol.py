@@ -28,6 +28,9 @@ TAG_PUSH = 1
 TAG_ERROR = 2
 TAG_BYE = 3
 TAG_EXIT = 4
+#: Geo-SGD (:mod:`.geo`): a pickled GeoMessage header (worker -> server), its values, the answer's pickled
+#: GeoReply and its values. Fixed tags, matched in order per sender (MPI does not overtake on one tag).
+TAG_GEO, TAG_GEO_DATA, TAG_GEO_REPLY, TAG_GEO_VALUES = 12, 13, 14, 15
 #: Slot tags start here (below: the control tags above).
 FIRST_SLOT = 16
 

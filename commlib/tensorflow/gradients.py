@@ -13,13 +13,11 @@ import tensorflow as tf
 import commlib as _cl
 
 from ..frameworks import check_predivide, predivide_factors, resolve_op, set_size, split_evenly
+from .aggregation import variable_key as key
 from .collectives import _excluded, grouped_allreduce
 from .compression import Compression
 
 
-def key(variable):
-    """A hashable key of a TensorFlow or Keras 3 variable (Keras 3's have no ``ref()``)."""
-    return variable.ref() if hasattr(variable, "ref") else id(variable)
 
 
 class GradientReducer:

@@ -157,7 +157,7 @@ def _grouped_broadcast(tensors: Sequence, root_rank: int, name=None, process_set
         if len(arrays) == 1:
             return [_cl.broadcast(arrays[0], root_rank, name=name, **kwargs)]
         handles = [_cl.broadcast_async(a, root_rank, name=f"{name}.{i}", **kwargs) for i, a in enumerate(arrays)]
-        return [_cl.synchronize(h) for h in handles]
+        return [np.reshape(_cl.synchronize(h), np.shape(a)) for h, a in zip(handles, arrays)]  # 0-d stays 0-d
 
     @tf.custom_gradient
     def forward(*xs):

@@ -193,7 +193,8 @@ def _interrupt_on_signal(signum, frame):
 
 
 class Cluster:
-    """``hosts[i]`` ranks on emulated host ``i``, each host's link capped at ``rate`` (None: unshaped).
+    """``hosts[i]`` ranks on emulated host ``i``, each host's link capped at ``rate`` (None: unshaped), or
+    at ``rate[i]`` when ``rate`` is a list with one rate (or None) per host.
 
     ``name`` (default: ``cmlc`` + random hex) prefixes everything the cluster creates; several clusters
     may be up at once. ``owned`` clusters (the default) belong to this process and are swept if it dies.
@@ -203,8 +204,12 @@ class Cluster:
                  owned: bool = True):
         if not hosts or any(int(k) < 1 for k in hosts):
             raise ValueError(f"hosts must be a list of ranks per host, each at least 1; got {list(hosts)}")
-        if rate is not None:
-            parse_rate(rate)
+        self.rates = list(rate) if isinstance(rate, (list, tuple)) else [rate] * len(hosts)
+        if len(self.rates) != len(hosts):
+            raise ValueError(f"rate lists {len(self.rates)} rates for {len(hosts)} hosts; give one per host")
+        for one in self.rates:
+            if one is not None:
+                parse_rate(one)
         if name is not None and not re.fullmatch(rf"{PREFIX}[0-9a-z]{{1,6}}", name):
             raise ValueError(f"cluster name {name!r} must be '{PREFIX}' and 1-6 of [0-9a-z] (interface names "
                              "are at most 15 characters)")
@@ -253,7 +258,7 @@ class Cluster:
     # -- life cycle -----------------------------------------------------------------------------------
     def up(self) -> "Cluster":
         """Create the bridge, namespaces, veths and shaping; install teardown on exit and signals."""
-        missing = netns.missing_prerequisites(shaped=self.rate is not None)
+        missing = netns.missing_prerequisites(shaped=any(self.rates))
         if missing:
             raise ClusterUnavailable("cannot emulate a cluster here; missing: " + "; ".join(missing))
         check_hydra(find_mpiexec())
@@ -273,7 +278,7 @@ class Cluster:
             self._up = True
             self._install_teardown()
             try:
-                netns.create(self.name, self.hosts, self.subnet, self.rate)
+                netns.create(self.name, self.hosts, self.subnet, self.rates)
                 self._write_shim()
             except BaseException:
                 self.down()
@@ -441,9 +446,10 @@ class Cluster:
                             f"expected {expected_sizes}")
         if report["seconds"]:
             report["mbit_s"] = nbytes * 8 / report["seconds"] / 1e6
-            if self.rate and report["mbit_s"] > 1.05 * parse_rate(self.rate) / 1e6:
+            shaped = [parse_rate(r) for r in self.rates[:2] if r]
+            if shaped and report["mbit_s"] > 1.05 * min(shaped) / 1e6:
                 problems.append(f"{nbytes} bytes between hosts moved at {report['mbit_s']:.0f} Mbit/s, faster "
-                                f"than the {self.rate} link: MPI did not send them over eth0")
+                                f"than the {min(shaped) / 1e6:g} Mbit/s link: MPI did not send them over eth0")
         if problems:
             raise RuntimeError(f"cluster {self.name} is not what it should be: " + "; ".join(problems))
         return report
@@ -457,6 +463,10 @@ def _hosts_arg(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--hosts takes ranks per host, e.g. 2,2 or 2,1; got {text!r}")
 
 
+def _rate_arg(text: str) -> str | list:
+    return text.split(",") if "," in text else text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m commlib.testing.cluster",
                                      description="An emulated multi-host cluster (network namespaces, shaped "
@@ -467,7 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          ("verify", "create a cluster (or use --name), run the probe and report")):
         p = sub.add_parser(action, help=text)
         p.add_argument("--hosts", type=_hosts_arg, default=[2, 2], help="ranks per host (default 2,2)")
-        p.add_argument("--rate", default=None, help="each host's link rate, e.g. 1gbit (default: unshaped)")
+        p.add_argument("--rate", default=None, type=_rate_arg,
+                       help="each host's link rate, e.g. 1gbit, or one per host: 1gbit,250mbit (default: unshaped)")
         p.add_argument("--name", default=None, help=f"cluster name ({PREFIX} + up to 6 of [0-9a-z])")
         if action == "run":
             p.add_argument("--timeout", type=float, default=3600.0)

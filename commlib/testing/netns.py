@@ -94,9 +94,12 @@ def shape(dev: str, rate: str, netns: str | None = None) -> None:
         raise ClusterUnavailable(f"cannot shape {dev} with tbf rate {rate}: {done.stderr.strip()}{hint}")
 
 
-def create(name: str, hosts: Sequence[str], subnet: ipaddress.IPv4Network, rate: str | None) -> None:
+def create(name: str, hosts: Sequence[str], subnet: ipaddress.IPv4Network,
+           rate: str | Sequence[str | None] | None) -> None:
     """Bridge ``<name>-br`` holding the subnet's first address, and per host a namespace with ``eth0`` at
-    the next addresses, its peer on the bridge; both ends shaped at ``rate`` when given."""
+    the next addresses, its peer on the bridge; both ends shaped at ``rate`` (or host i's at ``rate[i]``)
+    when given."""
+    rates = list(rate) if isinstance(rate, (list, tuple)) else [rate] * len(hosts)
     addresses = list(subnet.hosts())
     bridge = f"{name}-br"
     sh("ip", "link", "add", bridge, "type", "bridge")
@@ -111,9 +114,9 @@ def create(name: str, hosts: Sequence[str], subnet: ipaddress.IPv4Network, rate:
         sh("ip", "-n", host, "addr", "add", f"{addresses[1 + i]}/{subnet.prefixlen}", "dev", HOST_IFACE)
         sh("ip", "-n", host, "link", "set", HOST_IFACE, "up")
         sh("ip", "-n", host, "link", "set", "lo", "up")
-        if rate:
-            shape(outer, rate)                  # what the host receives
-            shape(HOST_IFACE, rate, netns=host)  # what the host sends
+        if rates[i]:
+            shape(outer, rates[i])                  # what the host receives
+            shape(HOST_IFACE, rates[i], netns=host)  # what the host sends
 
 
 def kill_processes(ns: str) -> None:

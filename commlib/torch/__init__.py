@@ -25,6 +25,7 @@ from .collectives import (
     grouped_allreduce_async_, grouped_reducescatter_async, join, poll, reducescatter_async,
     sparse_allreduce_async, synchronize,
 )
+from .geo import GeoSGD
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .optimizer import DistributedOptimizer
 from .push_pull import declare, push_pull, push_pull_async, push_pull_async_inplace, push_pull_inplace

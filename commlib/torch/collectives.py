@@ -108,7 +108,7 @@ def _adasum_async(tensor, name, prescale_factor, postscale_factor, process_set, 
 
 
 def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_factor, compression,
-                     process_set) -> Handle:
+                     process_set, priority=0) -> Handle:
     if not isinstance(tensor, torch.Tensor):
         check_tensor(tensor, name, "allreduce")  # raises the TypeError naming what was passed
     if op is Adasum:
@@ -117,6 +117,8 @@ def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_facto
     sent, context = compress(compression, tensor)
     kwargs = dict(op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   compression=wire(compression), **set_kwargs(process_set))
+    if priority:
+        kwargs["priority"] = priority
     array = as_array(sent.contiguous(), name, "allreduce")
     if sent is tensor and inplace:
         return Handle(_cl.allreduce_async_(array, **kwargs), _same(tensor), tensor)
@@ -144,10 +146,11 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
-                     process_set=None, compression=Compression.none) -> Handle:
-    """Start reducing ``tensor`` over the ranks in place; ``synchronize`` returns ``tensor``."""
+                     process_set=None, compression=Compression.none, priority=0) -> Handle:
+    """Start reducing ``tensor`` over the ranks in place; ``synchronize`` returns ``tensor``.
+    ``priority``: among allreduces ready at once, higher ones run first (see :func:`commlib.allreduce_async`)."""
     return _allreduce_async(tensor, True, name, resolve_op(op, average), prescale_factor, postscale_factor,
-                            compression, process_set)
+                            compression, process_set, priority)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
@@ -175,18 +178,19 @@ def allreduce_now(tensor, name=None, op=Average, prescale_factor=1.0, postscale_
 
 
 def _grouped_allreduce(tensors, inplace, name, op, prescale_factor, postscale_factor, compression,
-                       process_set) -> Handle:
+                       process_set, priority=0) -> Handle:
     tensors = validation.check_tensor_list(tensors, "grouped_allreduce")
     if not tensors:
         raise ValueError("grouped_allreduce takes a non-empty list of tensors")
     if op is Adasum or horovod_style(compression):
         parts = [_allreduce_async(t, inplace, None if name is None else f"{name}.{i}", op, prescale_factor,
-                                  postscale_factor, compression, process_set) for i, t in enumerate(tensors)]
+                                  postscale_factor, compression, process_set, priority)
+                 for i, t in enumerate(tensors)]
         return Handle(None, lambda _none: [p.wait() for p in parts], tensors, parts=parts)
     arrays = [as_array(t, name, f"grouped_allreduce (tensor {i})") for i, t in enumerate(tensors)]
     submit = _cl.grouped_allreduce_async_ if inplace else _cl.grouped_allreduce_async
     inner = submit(arrays, op=op, name=name, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                   compression=compression, **set_kwargs(process_set))
+                   compression=compression, **set_kwargs(process_set), **({"priority": priority} if priority else {}))
     if inplace:
         return Handle(inner, lambda _results: tensors, tensors)
     return Handle(inner, lambda results: [as_tensor(r) for r in results], tensors)
@@ -200,10 +204,11 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
 
 def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=None, compression=Compression.none) -> Handle:
+                             postscale_factor=1.0, process_set=None, compression=Compression.none,
+                             priority=0) -> Handle:
     """Start reducing a list of tensors in place as one operation; ``synchronize`` returns the list."""
     return _grouped_allreduce(tensors, True, name, resolve_op(op, average), prescale_factor,
-                              postscale_factor, compression, process_set)
+                              postscale_factor, compression, process_set, priority)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,

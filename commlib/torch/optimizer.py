@@ -58,6 +58,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
         sparse_as_dense: sparse gradients (``nn.Embedding(sparse=True)``) are densified for the
             allreduce and made sparse again; without it they are reduced as Horovod does, by an
             allgather of every rank's indices and values.
+        priority: ``None`` (default): gradients are reduced in the order they become ready.
+            ``"forward"``: each gradient's priority is its layer's place in the forward pass (the first
+            layer highest): among gradients ready at once the coordinator sends the one the next forward
+            pass needs first, large ones in partitions so that a small urgent one goes between them
+            (ByteScheduler's scheduling; docs/torch.md, "Priority scheduling"). The order is the
+            parameters' registration order (``named_parameters``) until ``model``'s first forward pass
+            has run, then the order its modules ran in on rank 0, broadcast at the next synchronize.
+        model: the ``torch.nn.Module`` whose parameters these are: its forward pass is recorded for
+            ``priority="forward"``, and ``overlap_forward`` waits in its modules' forward pre-hooks.
+        overlap_forward: ``step()`` returns at once; each module's forward pre-hook waits for its own
+            parameters' gradients (and those of every layer before it), and steps the wrapped optimizer
+            for those parameters only, so the next forward pass starts while the last gradients are still
+            on the wire. Needs ``model``; the weights are those of the blocking step (the optimizer runs
+            per parameter with the hyperparameters of the ``step()`` call). Call ``synchronize()`` before
+            reading the parameters outside a forward pass (evaluation without a forward, saving).
+            An optimizer whose step couples parameters (a global gradient norm) needs the blocking step.
 
     Example::
 
@@ -82,7 +98,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # to the wrapped optimizer and are exposed through the properties below.
     def __init__(self, optimizer, named_parameters=None, compression=Compression.none,
                  backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set=None):
+                 sparse_as_dense=False, process_set=None, priority=None, model=None, overlap_forward=False):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
         if isinstance(optimizer, DistributedOptimizer):
@@ -116,6 +132,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._handles = {}         # unit -> function waiting for its reduction
         self._seen = set()         # parameters whose gradient arrived since the last synchronize
         self._hooks = []
+        self._priority = {}        # unit -> its priority (priority="forward"), else empty
+        self._pending = []         # overlap_forward: (unit, wait) of the last step, most urgent first
+        self._applied = 0          # ... how many of them are applied
+        self._step_groups = None   # ... the hyperparameters of that step (param_groups without params)
+        self._zero_pending = None  # ... zero_grad(set_to_none) asked for while their update was pending
+        self._pending_unit = {}    # ... unit -> its index in _pending
         self._synchronized = False
         self._should_synchronize = True
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
@@ -129,6 +151,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         weakref.finalize(self, _remove_hooks, self._hooks)
         for unit in units:
             self._add_unit(unit)
+        self._setup_priority(priority, model, overlap_forward)
 
     # --- delegation to the wrapped optimizer ----------------------------------------------------------------
 
@@ -180,10 +203,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return self._names
 
     def state_dict(self):
+        self._apply_pending()
         return self._optimizer.state_dict()
 
     def load_state_dict(self, state_dict):
         """Load the wrapped optimizer's state; gradients in flight are dropped (call it between steps)."""
+        self._apply_pending()
         self._reset()
         self._optimizer.load_state_dict(state_dict)
 
@@ -196,6 +221,144 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if p.requires_grad and p not in self._unit_of and self._included:
                 self._names[p] = self._named.get(p, f"allreduce.noname.{index}.{j}")
                 self._add_unit((p,))
+
+    # --- priority scheduling and overlap_forward -----------------------------------------------------------
+
+    def _setup_priority(self, priority, model, overlap_forward):
+        if priority not in (None, "forward"):
+            raise ValueError(f"DistributedOptimizer: priority must be None or 'forward', got {priority!r}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError(f"DistributedOptimizer: model must be a torch.nn.Module, not {type(model).__name__}")
+        if overlap_forward and model is None:
+            raise ValueError("DistributedOptimizer: overlap_forward=True needs model=, the module whose forward "
+                             "pre-hooks wait for the parameters' updates")
+        self.priority = priority
+        self.overlap_forward = bool(overlap_forward)
+        self._recorded = None      # priority="forward" with a model: modules in the order their forward ran
+        self._module_units = {}    # overlap_forward: module -> the units of its own parameters
+        if not self._included:
+            return
+        if priority == "forward":
+            self._set_order(list(self._named))  # registration order until a forward pass is recorded
+        if model is None:
+            return
+        modules = list(model.modules())
+        if priority == "forward":
+            self._recorded = {}
+        if self.overlap_forward:
+            for module in modules:
+                units = list(dict.fromkeys(self._unit_of[p] for p in module.parameters(recurse=False)
+                                           if p in self._unit_of))
+                if units:
+                    self._module_units[module] = units
+            for p in self._unit_of:
+                self._hooks.append(p.register_hook(_weak_grad_check(self, p)))
+        if self._recorded is not None or self._module_units:
+            for module in modules:
+                self._hooks.append(module.register_forward_pre_hook(_weak_pre_hook(self, module)))
+
+    def _set_order(self, params):
+        """Priorities from a forward order of parameters (first highest); units take their first member's."""
+        position = {}
+        for p in params:
+            if p in self._unit_of and p not in position:
+                position[p] = len(position)
+        last = len(position)
+        for unit in self._units:
+            first = min(position.get(p, last) for p in unit)
+            self._priority[unit] = last + 1 - first  # >= 1: every gradient asks for scheduling
+
+    def _agree_order(self):
+        """Once, after the first step: rank 0's recorded forward order (parameter names) for every rank."""
+        recorded, self._recorded = self._recorded, None
+        own = [self._names[p] for module in recorded for p in module.parameters(recurse=False)
+               if p in self._names]
+        root = 0 if self.process_set is None else self.process_set.ranks[0]
+        names = _cl.broadcast_object(own, root_rank=root, name="DistributedOptimizer.forward_order",
+                                     **set_kwargs(self.process_set))
+        by_name = {name: p for p, name in self._names.items()}
+        order = [by_name[n] for n in names if n in by_name] + list(self._named)
+        self._set_order(order)
+
+    def _before_forward(self, module):
+        recorded = self._recorded
+        if recorded is not None and module not in recorded:
+            recorded[module] = None
+        if self._applied < len(self._pending):
+            units = self._module_units.get(module)
+            if units:
+                index = self._pending_unit
+                target = max(index.get(u, -1) for u in units)
+                if target >= self._applied:
+                    self._apply_until(target + 1)
+
+    def _check_fresh(self, p):
+        """overlap_forward: a gradient computed for a parameter whose last update is still pending means the
+        forward pass read the parameter before it was updated: an error, not stale weights."""
+        index = self._pending_unit.get(self._unit_of[p])
+        if index is not None and index >= self._applied:
+            raise RuntimeError(
+                f"DistributedOptimizer(overlap_forward=True): the gradient of {self._names[p]!r} was computed "
+                "from a forward pass that read the parameter before its previous update was applied (it was "
+                "not used inside the forward of the module that owns it, or of a module after it); use "
+                "overlap_forward=False for this model")
+
+    def _defer_step(self):
+        """overlap_forward's step(): start what backward did not, and leave the updates to the pre-hooks."""
+        error = None
+        try:
+            for unit in self._units:
+                if unit not in self._handles:
+                    self._handles[unit] = self._start(unit)
+        except BaseException as exc:  # wait for what was submitted, as synchronize does
+            error = exc
+        if error is not None:
+            for wait in self._handles.values():
+                with contextlib.suppress(BaseException):
+                    wait()
+            self._reset()
+            raise error
+        units = [u for u in self._units if u in self._handles]
+        if self._priority:
+            units.sort(key=lambda u: -self._priority[u])  # stable: equal ones in unit order
+        self._pending = [(u, self._handles[u]) for u in units]
+        self._pending_unit = {u: i for i, u in enumerate(units)}
+        self._applied = 0
+        self._step_groups = [{k: v for k, v in g.items() if k != "params"} for g in self._optimizer.param_groups]
+        self._zero_pending = None
+        self._handles = {}
+        self._reset()
+        if self._recorded is not None:
+            self._agree_order()
+
+    def _apply_until(self, stop):
+        """Wait for the pending units up to ``stop`` (most urgent first) and step the optimizer for them."""
+        items = self._pending[self._applied:stop]
+        self._applied = stop
+        for _, wait in items:
+            wait()
+        params = {p for unit, _ in items for p in unit}
+        original = self._optimizer.param_groups
+        groups = []
+        for hyper, group in zip(self._step_groups, original):
+            subset = [p for p in group["params"] if p in params]
+            if subset:
+                groups.append(dict(hyper, params=subset))
+        self._optimizer.param_groups = groups
+        try:
+            self._optimizer.step()
+        finally:
+            self._optimizer.param_groups = original
+        if self._zero_pending is not None:
+            for p in params:
+                _zero(p, self._zero_pending)
+        if self._applied == len(self._pending):
+            self._pending, self._pending_unit, self._applied, self._zero_pending = [], {}, 0, None
+
+    def _apply_pending(self):
+        """overlap_forward: apply every update still pending (at synchronize, state_dict, a new step)."""
+        if self._applied < len(self._pending):
+            self._apply_until(len(self._pending))
 
     # --- hooks and communication --------------------------------------------------------------------------
 
@@ -241,6 +404,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             elif not grad.is_contiguous():
                 grad = p.grad = grad.contiguous()
             grads.append(grad)
+        priority = self._priority.get(unit, 0)
         if self.op is Average:
             # Divide part before the sum and the rest after it (commlib's Average divides by size after).
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
@@ -248,6 +412,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             prescale = postscale = 1.0
         kwargs = dict(op=self.op, prescale_factor=prescale, postscale_factor=postscale,
                       compression=self.compression, process_set=self.process_set)
+        if priority:
+            kwargs["priority"] = priority
         if len(unit) == 1:
             handle = C.allreduce_async_(grads[0], name=self._names[unit[0]], **kwargs)
         else:
@@ -284,9 +450,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return wait
 
     def synchronize(self):
-        """Wait until every gradient is averaged over ranks (starting the ones backward did not produce)."""
+        """Wait until every gradient is averaged over ranks (starting the ones backward did not produce).
+        With ``overlap_forward``, first applies the last step's updates still pending; called with no
+        backward since that step, it does only that."""
         if not self._included:
             self._synchronized = True
+            return
+        self._apply_pending()
+        if self.overlap_forward and not self._seen and not self._handles:
             return
         error = None
         try:
@@ -306,6 +477,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if error is not None:
             raise error
         self._synchronized = True
+        if self._recorded is not None:
+            self._agree_order()
 
     def _reset(self):
         self._handles.clear()
@@ -347,6 +520,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 return loss
 
             return self._optimizer.step(synchronized_closure)
+        if self.overlap_forward and self._included:
+            self._apply_pending()
+            if self._should_synchronize and not self._synchronized:
+                self._defer_step()
+                return None
         if self._should_synchronize and self._synchronized and self._included:
             # Horovod's warning (it would reduce the gradients a second time; commlib does not)
             warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -365,6 +543,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(); the gradients are being reduced in place. Call zero_grad() before "
                 "the forward pass (or after step()).")
+        if self._applied < len(self._pending):  # overlap_forward: those still reduced are zeroed once applied
+            waiting = {p for unit, _ in self._pending[self._applied:] for p in unit}
+            self._zero_pending = set_to_none
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p not in waiting:
+                        _zero(p, set_to_none)
+            return
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
 
@@ -392,6 +578,43 @@ def _weak_hook(optimizer):
             target._on_gradient(p)
 
     return hook
+
+
+def _weak_pre_hook(optimizer, module):
+    """A forward pre-hook of ``module`` that forwards to ``optimizer`` while it exists."""
+    ref = weakref.ref(optimizer)
+
+    def hook(_module, _args):
+        target = ref()
+        if target is not None:
+            target._before_forward(module)
+
+    return hook
+
+
+def _weak_grad_check(optimizer, p):
+    ref = weakref.ref(optimizer)
+
+    def hook(grad):
+        target = ref()
+        if target is not None:
+            target._check_fresh(p)
+
+    return hook
+
+
+def _zero(p, set_to_none):
+    """torch.optim.Optimizer.zero_grad for one parameter."""
+    if p.grad is None:
+        return
+    if set_to_none:
+        p.grad = None
+    else:
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        p.grad.zero_()
 
 
 def _remove_hooks(handles):

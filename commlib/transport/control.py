@@ -56,9 +56,15 @@ class ControlChannel:
         self._status = MPI.Status()
         self.notices: list[tuple[int, str, tuple]] = []  # read by receive_all, not yet taken
         self.farewells: set[int] = set()   # ranks whose goodbye has arrived
+        # ranks lost for good (a PeerLostError named them): nothing more is sent to them. With hydra's
+        # -disable-auto-cleanup (elastic recovery) a dead rank's endpoint stays in MPI, and a send to it
+        # crashed the sender (segmentation fault in MPICH's UCX netmod, mpich 5.0.2 wheel)
+        self.unreachable: set[int] = set()
 
     def post(self, dest: int, message: Any) -> None:
         """Send ``message`` to ``dest`` without waiting for it to be received."""
+        if dest in self.unreachable:
+            return
         self._sends.append(self._comm.isend(message, dest, _TAG))
         self._held.append(None)  # isend keeps its own buffer
         if len(self._sends) > 64:
@@ -70,6 +76,8 @@ class ControlChannel:
         data = _PICKLE.dumps(message)
         send, spec = self._comm.Isend, [data, MPI.BYTE]
         for dest in dests:
+            if dest in self.unreachable:
+                continue
             self._sends.append(send(spec, dest, _TAG))
             self._held.append(data)  # the buffer must outlive the send
         if len(self._sends) > 64:

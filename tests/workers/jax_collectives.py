@@ -70,8 +70,14 @@ def check_grouped(r, n):
             "s": jnp.asarray(data(r, ()))}
     expected = {"w": reference((4, 3), cj.Sum, n), "b": [reference((5,), cj.Sum, n), np.zeros((0,))],
                 "s": reference((), cj.Sum, n)}
+    overlapped = lambda t, b, name: cj.overlapped_allreduce(t, name, op=cj.Sum, bucket_bytes=b)  # noqa: E731
     for how, fn in (("eager", lambda t: cj.grouped_allreduce(t, op=cj.Sum, name="grouped.eager")),
-                    ("jit", jax.jit(lambda t: cj.grouped_allreduce(t, op=cj.Sum, name="grouped.jit")))):
+                    ("jit", jax.jit(lambda t: cj.grouped_allreduce(t, op=cj.Sum, name="grouped.jit"))),
+                    # a bucket per array, buckets of 2 arrays (the 48-byte w closes one), one bucket
+                    ("overlapped 1 B", jax.jit(lambda t: overlapped(t, 1, "ov.1"))),
+                    ("overlapped 40 B", jax.jit(lambda t: overlapped(t, 40, "ov.40"))),
+                    ("overlapped 4 MiB", jax.jit(lambda t: overlapped(t, 4 << 20, "ov.4M"))),
+                    ("overlapped eager", lambda t: overlapped(t, 1, "ov.eager"))):
         out = fn(tree)
         assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(tree), how
         jax.tree_util.tree_map(lambda a, e: close(a, e, f"grouped {how}"), out, expected)

@@ -79,6 +79,10 @@ def check_equivalence(r, n, xs, ys):
         chained = train(optax.chain(cj.distributed_gradients(name=f"chain.{label}"), make()), xs[:, :, shard],
                         ys[:, :, shard], init_params())
         assert_close(chained, mine, f"{label}: chain vs DistributedOptimizer", 1e-6)
+        # overlap=False (one grouped allreduce after the backward pass) is the same transformation
+        grouped = train(cj.DistributedOptimizer(make(), name=f"grouped.{label}", overlap=False),
+                        xs[:, :, shard], ys[:, :, shard], init_params())
+        assert_close(grouped, mine, f"{label}: overlap=False vs overlap=True", 1e-6)
     # backward_passes_per_step=2: the mean of two micro-batches on every rank, applied every other update
     mine = train(cj.DistributedOptimizer(optax.sgd(0.5), backward_passes_per_step=2, name="eq.bpps"),
                  xs[:, :, shard], ys[:, :, shard], init_params(), micro_batches=2)

@@ -25,6 +25,33 @@ def model_and_data(seed=0):
     return model, x, y
 
 
+def check_accumulation(me, n, x, y):
+    """backward_passes_per_step=2, average_aggregated_gradients=True: two passes of each rank, reduced once
+    and applied every other step, give one process's step on the four batches combined."""
+    if keras.backend.backend() == "jax":  # not built there: a clear error at construction, never a wrong step
+        try:
+            hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+        except NotImplementedError as exc:
+            assert "JAX backend" in str(exc), exc
+            return
+        raise AssertionError("backward_passes_per_step=2 on the JAX backend was accepted")
+    per_rank = BATCH // n
+    model, _, _ = model_and_data(seed=0)
+    reference, _, _ = model_and_data(seed=0)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                   average_aggregated_gradients=True)
+    model.compile(optimizer=opt, loss="mse")
+    order = np.concatenate([np.arange(s * BATCH, (s + 1) * BATCH)[me::n][:per_rank] for s in range(STEPS)])
+    model.fit(x[order], y[order], batch_size=per_rank, epochs=1, shuffle=False, verbose=0)
+    rows = [np.arange(s * BATCH, (s + 1) * BATCH)[r::n][:per_rank] for s in range(STEPS) for r in range(n)]
+    combined = np.concatenate(rows)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(x[combined], y[combined], batch_size=2 * per_rank * n, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        assert np.allclose(a, b, atol=1e-5), f"backward_passes_per_step=2: weights differ: {np.abs(a - b).max()}"
+    assert int(np.asarray(opt.iterations)) == STEPS // 2, f"{STEPS} passes made {opt.iterations} updates"
+
+
 def main():
     hvd.init()
     me, n = hvd.rank(), hvd.size()
@@ -61,6 +88,7 @@ def main():
     model.fit(x[order], y[order], batch_size=per_rank, epochs=1, shuffle=False, verbose=0, callbacks=[warm])
     lr = float(np.asarray(model.optimizer.learning_rate))
     assert abs(lr - 0.1) < 1e-6, f"after warm-up the learning rate is {lr}"
+    check_accumulation(me, n, x, y)
     print(f"keras_fit OK {backend} {os.environ.get('KERAS_BACKEND')}", flush=True)
     hvd.shutdown()
 

@@ -1,0 +1,94 @@
+"""The elastic driver's side of in-process recovery (commlib.elastic.recover has the workers' side):
+read the workers' reports of a failed collective, decide who goes on, and write the decision.
+
+Every rank whose collective failed writes ``report.<generation>.<world rank>`` naming the ranks it
+suspects; a killed rank writes nothing. :func:`decide` turns the reports into the survivors:
+
+- a member that did not report is gone once every member not suspected by anyone has reported (a rank
+  waiting behind the lost one fails its own wait within the timeout and reports) and ``settle`` seconds
+  have passed since the first report (to gather reports made at nearly the same moment); a suspected
+  member is not waited for, since it leaves even if it reports (below);
+- a reporter that another reporter suspects leaves too, the one suspected by the most leaving first
+  (ties: the higher rank) until no remaining reporter suspects another: a host whose link went down
+  suspects everyone and everyone suspects it, so it leaves and the connected side stays. This errs on
+  the safe side: a slow but healthy rank may be left out; a communicator built with an unreachable rank
+  would hang in its creation;
+- past ``limit`` seconds the reporters so far are the survivors, whatever is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Mapping, Sequence
+
+
+def read_reports(directory: str, generation: int) -> dict[int, dict]:
+    """World rank -> report, for the reports of ``generation`` written so far."""
+    prefix = f"report.{generation}."
+    reports = {}
+    for name in os.listdir(directory):
+        if name.startswith(prefix) and not name.endswith(".tmp"):
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    reports[int(name[len(prefix):])] = json.load(f)
+            except (OSError, ValueError):  # renamed into place whole: a partial read is impossible
+                continue
+    return reports
+
+
+def decide(members: Sequence[int], reports: Mapping[int, Sequence[int]], waited: float, settle: float,
+           limit: float) -> list[int] | None:
+    """The survivors (sorted world ranks), or None to wait for more reports. ``reports``: reporter ->
+    the ranks it suspects; ``waited``: seconds since the first report."""
+    members = set(members)
+    reporters = set(reports) & members
+    suspected = {r for suspects in reports.values() for r in suspects} & members
+    missing = members - reporters
+    if missing and waited < limit:
+        if missing - suspected:  # a member nobody suspects has not reported yet
+            return None
+        if waited < settle:
+            return None
+    alive = set(reporters)
+    while True:
+        votes = {r: sum(1 for s in alive if s != r and r in reports[s]) for r in alive}
+        worst = max(alive, key=lambda r: (votes[r], r), default=None)
+        if worst is None or votes[worst] == 0:
+            return sorted(alive)
+        alive.discard(worst)
+
+
+def write_decision(directory: str, generation: int, decision: dict) -> None:
+    target = os.path.join(directory, f"members.{generation}")
+    temporary = f"{target}.tmp"
+    with open(temporary, "w") as f:
+        json.dump(decision, f)
+    os.replace(temporary, target)
+
+
+def exit_codes(directory: str, ranks: Sequence[int]) -> dict[int, int]:
+    """The exit status each of ``ranks`` wrote when it ended after a recovery (those that wrote one)."""
+    codes = {}
+    for rank in ranks:
+        try:
+            with open(os.path.join(directory, f"exit.{rank}")) as f:
+                codes[rank] = int(json.load(f)["code"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return codes
+
+
+def clear(directory: str) -> None:
+    """Remove the previous launch's recovery files (a new launch numbers its ranks afresh)."""
+    for name in os.listdir(directory):
+        if name.split(".", 1)[0] in ("report", "members", "exit"):
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+
+def rank_hosts(hosts) -> list[str]:
+    """The host of each world rank of a launch on ``hosts`` (hydra fills each host's slots in order)."""
+    return [h.name for h in hosts for _ in range(h.slots)]
