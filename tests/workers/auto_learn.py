@@ -91,10 +91,15 @@ def main() -> None:
         if key[0] <= 3:
             continue  # none here; a 1-element call would be its own class
         assert bucket.settled is not None, f"{learn.bucket_label(key)} did not settle in {CALLS} calls"
-        assert bucket.explored <= 20, f"{learn.bucket_label(key)} explored {bucket.explored} calls"
+        # at most 20 calls to settle (near-tie rounds included), plus each re-check's 2 rounds of at most 3
+        # algorithms x 2 calls
+        checked = bucket.checks * 3 * 2 * learn.CHECK_ROUNDS
+        assert bucket.explored <= 20 + checked, f"{learn.bucket_label(key)} explored {bucket.explored} calls"
         assert bucket.settled in bucket.candidates
-    assert learning.explored <= len(learning.buckets) * 20
-    assert learning.agreements <= 2 * len(learning.buckets)
+    checks = sum(b.checks for b in learning.buckets.values())
+    assert learning.explored <= len(learning.buckets) * 20 + checks * 3 * 2 * learn.CHECK_ROUNDS
+    assert learning.agreements <= ((learn.ROUNDS + learn.EXTRA_ROUNDS) * len(learning.buckets)
+                                   + learn.CHECK_ROUNDS * checks)
     # what auto runs now is what it learned
     for nbytes in SIZES:
         assert select.current(ctx, nbytes).algorithm == learning.settled(select.bucket_key(nbytes))
