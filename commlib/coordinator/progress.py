@@ -98,11 +98,10 @@ class Progress:
             with self._wakeup:
                 self._woken = False
                 if self._waiters or not coordinator.has_work():
-                    self._wakeup.wait(IDLE_POLL_S)
+                    gather = self._wakeup.wait(IDLE_POLL_S)  # True: a submission woke it
                     idle_since = None
                     if self._waiters or self._stopped:
                         continue
-                    gather = True
                 else:
                     gather = False
             if gather and self._cycle_s:
