@@ -141,14 +141,18 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
                                    scale_local_gradients)
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    for layer in local_layers:
-        for var in layer.trainable_weights:
-            tape.register_local_source(var)
+    for var in local_layer_variables(local_layers):
+        tape.register_local_source(var)
     return tape
+
+
+def local_layer_variables(local_layers) -> list:
+    """The trainable variables of ``local_layers``: a Keras layer, a list of them, or None."""
+    if local_layers is None:
+        return []
+    if not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    return [var for layer in local_layers for var in layer.trainable_weights]
 
 
 class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer):

@@ -26,6 +26,7 @@ import torch
 import commlib as _cl
 
 from . import collectives as C
+from .local_optimizer import LocalOptimizerWrapper
 
 
 def _parameters(params) -> list[torch.Tensor]:
@@ -152,7 +153,7 @@ class HierarchicalModelAverager(ModelAverager):
         self.step += 1
 
 
-class LocalSGDOptimizer(torch.optim.Optimizer):
+class LocalSGDOptimizer(LocalOptimizerWrapper):
     """PyTorch's ``PostLocalSGDOptimizer``: ``step()`` runs the wrapped (local) optimizer, then
     ``averager.average_parameters``. During the averager's ``warmup_steps`` the gradients are first
     averaged over all ranks (synchronous SGD, as PyTorch's post-localSGD communication hook does before
@@ -165,25 +166,8 @@ class LocalSGDOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, averager: ModelAverager):
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"LocalSGDOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
-        if type(optimizer).__name__ == "DistributedOptimizer":
-            raise TypeError("LocalSGDOptimizer wraps a local optimizer; a DistributedOptimizer would average "
-                            "gradients every step as well")
-        self.optim = optimizer
+        super().__init__(optimizer, "would average gradients every step as well")
         self.averager = averager
-
-    @property
-    def param_groups(self):
-        return self.optim.param_groups
-
-    @property
-    def state(self):
-        return self.optim.state
-
-    @property
-    def defaults(self):
-        return self.optim.defaults
 
     def __repr__(self):
         return f"LocalSGDOptimizer({self.optim!r})"

@@ -19,10 +19,11 @@ from __future__ import annotations
 import torch
 
 from ..geo import _DEFAULT, GeoSGD as _GeoCore
+from .local_optimizer import LocalOptimizerWrapper
 from .tensors import DeviceNotSupportedError
 
 
-class GeoSGD(torch.optim.Optimizer):
+class GeoSGD(LocalOptimizerWrapper):
     """Wraps a local ``optimizer`` (a plain ``torch.optim`` one, not a DistributedOptimizer).
 
     ``named_parameters``: ``model.named_parameters()`` (default: the optimizer's parameters, named by
@@ -35,12 +36,7 @@ class GeoSGD(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, k: int | None = None,
                  staleness=_DEFAULT, average: bool = True, overlap: bool = True, name: str = "geo"):
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"GeoSGD wraps a torch.optim.Optimizer, not {type(optimizer).__name__}")
-        if type(optimizer).__name__ == "DistributedOptimizer":
-            raise TypeError("GeoSGD wraps a local optimizer; a DistributedOptimizer would also average the "
-                            "gradients every step, synchronously")
-        self.optim = optimizer
+        super().__init__(optimizer, "would also average the gradients every step, synchronously")
         if named_parameters is None:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             named = [(f"param{i}", p) for i, p in enumerate(params)]
@@ -55,18 +51,6 @@ class GeoSGD(torch.optim.Optimizer):
                 raise ValueError(f"GeoSGD: parameter {n!r} is not contiguous")
             arrays.append((n, p.data.numpy()))  # shares the parameter's memory
         self.geo = _GeoCore(arrays, k=k, staleness=staleness, average=average, overlap=overlap, name=name)
-
-    @property
-    def param_groups(self):
-        return self.optim.param_groups
-
-    @property
-    def state(self):
-        return self.optim.state
-
-    @property
-    def defaults(self):
-        return self.optim.defaults
 
     def __repr__(self):
         return f"GeoSGD({self.optim!r}, k={self.geo.k}, staleness={self.geo.staleness})"

@@ -20,6 +20,7 @@ from ..collectives import (Adasum, Average, Max, Min, Product, Sum, allgather, a
                            alltoall, barrier, broadcast, join, reducescatter)
 from ..compression import Compression  # noqa: F401
 from ..functions import allgather_object, broadcast_object  # noqa: F401
+from ..gradients import local_layer_variables
 from ...keras.callbacks import broadcast_variables as _broadcast_variables
 from ...keras.callbacks import make as _make_callbacks
 from ...keras.optimizer import GradientOptions, reducer, wrap, wrap_keras3
@@ -156,13 +157,8 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
         raise NotImplementedError("PartialDistributedOptimizer needs a tf-keras optimizer "
                                   "(TF_USE_LEGACY_KERAS=1); with Keras 3 use PartialDistributedGradientTape "
                                   "in a custom loop")
-    if local_layers is None:
-        local_layers = []
-    elif not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    for layer in local_layers:
-        for var in layer.trainable_weights:
-            opt.register_local_var(var)
+    for var in local_layer_variables(local_layers):
+        opt.register_local_var(var)
     return opt
 
 
