@@ -190,6 +190,12 @@ class Config:
         return config
 
     @property
+    def recovers_in_process(self) -> bool:
+        """Elastic in-process recovery applies: under the elastic driver, which asked for it (hydra
+        started with ``-disable-auto-cleanup``, so a dead rank's endpoint stays in MPI)."""
+        return bool(self.elastic_dir) and self.elastic_in_process
+
+    @property
     def wait_limit_s(self) -> float:
         """The longest wait for a peer anywhere: the timeout, or the stall shutdown time if shorter (a
         rank stuck in a transfer gives up as one stuck in a negotiation round would)."""

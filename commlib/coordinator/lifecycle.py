@@ -72,8 +72,10 @@ class Lifecycle:
             return
         self._failure = exc
         if isinstance(exc, PeerLostError):
-            lost_ranks = set(exc.ranks or ())
-            self._channel.unreachable.update(r for r in range(self.size) if self._world_ranks[r] in lost_ranks)
+            if self._config.recovers_in_process:  # a send to a dead rank can crash the sender there
+                self.forget(exc.ranks or ())
+            # (otherwise the lost ranks are told as the others are: a held or frozen rank that wakes
+            # then fails at once, naming who gave up on it)
             self._channel.deadline.lose(exc)  # every transport of the runtime: later waits raise it at once
             if not isinstance(exc, StallShutdown):  # (a stall verdict was logged and told already)
                 log.error("commlib on rank %d: %s", self._world_ranks[self.rank], exc)

@@ -53,8 +53,7 @@ def enabled() -> bool:
     ``-disable-auto-cleanup``)."""
     from ..config import Config
 
-    config = Config.load()
-    return bool(config.elastic_dir) and config.elastic_in_process
+    return Config.load().recovers_in_process
 
 
 def rebuild(error: BaseException) -> bool:
