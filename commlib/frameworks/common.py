@@ -103,3 +103,13 @@ def split_evenly(items: Sequence[T], groups: int) -> list[list[T]]:
             out.append(list(items[start:stop]))
         start = stop
     return out
+
+
+def local_layer_variables(local_layers) -> list:
+    """The trainable variables of ``local_layers``: a Keras layer, a list of them, or None
+    (the layers that keep local gradients in Horovod's Partial* wrappers)."""
+    if local_layers is None:
+        return []
+    if not isinstance(local_layers, (list, tuple)):
+        local_layers = [local_layers]
+    return [var for layer in local_layers for var in layer.trainable_weights]

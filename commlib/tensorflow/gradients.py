@@ -12,7 +12,8 @@ import tensorflow as tf
 
 import commlib as _cl
 
-from ..frameworks import check_predivide, predivide_factors, resolve_op, set_size, split_evenly
+from ..frameworks import (check_predivide, local_layer_variables, predivide_factors, resolve_op, set_size,
+                          split_evenly)
 from .aggregation import variable_key as key
 from .collectives import _excluded, grouped_allreduce
 from .compression import Compression
@@ -144,15 +145,6 @@ def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", 
     for var in local_layer_variables(local_layers):
         tape.register_local_source(var)
     return tape
-
-
-def local_layer_variables(local_layers) -> list:
-    """The trainable variables of ``local_layers``: a Keras layer, a list of them, or None."""
-    if local_layers is None:
-        return []
-    if not isinstance(local_layers, (list, tuple)):
-        local_layers = [local_layers]
-    return [var for layer in local_layers for var in layer.trainable_weights]
 
 
 class _DistributedLegacyOptimizer(tf.compat.v1.train.Optimizer):

@@ -20,7 +20,7 @@ from ..collectives import (Adasum, Average, Max, Min, Product, Sum, allgather, a
                            alltoall, barrier, broadcast, join, reducescatter)
 from ..compression import Compression  # noqa: F401
 from ..functions import allgather_object, broadcast_object  # noqa: F401
-from ..gradients import local_layer_variables
+from ...frameworks import local_layer_variables
 from ...keras.callbacks import broadcast_variables as _broadcast_variables
 from ...keras.callbacks import make as _make_callbacks
 from ...keras.optimizer import GradientOptions, reducer, wrap, wrap_keras3
