@@ -6,9 +6,10 @@ whether the call reduces one buffer or several fused in place - the learner runs
 (every input is equal on every rank, so every rank runs the same algorithm on the same call):
 
 1. Candidates: the cost model's ranking at the bucket's first size (:func:`.select.rank_all`), keeping the
-   algorithms predicted within ``SPREAD`` times the best, at most ``MAX_CANDIDATES`` of them, and MPI's own
-   allreduce (``native``) wherever it can run: the model is unsure between those, and MPI's own is the
-   baseline auto must never lose to.
+   algorithms predicted within ``SPREAD`` times the best, at most ``MAX_CANDIDATES`` of them besides MPI's
+   own allreduce (``native``), which is measured wherever it can run: the model is unsure between those,
+   and MPI's own is the baseline auto must never lose to (where the model ranks it among its first, it
+   does not take the place of one of commlib's).
    Algorithms predicted exactly alike count once (the model's first): on such a layout they make the same
    exchanges (on 2 ranks ring, rabenseifner and hierarchical all swap halves).
 2. Warm-up: each candidate that has not run on this lane yet runs once, untimed (first calls create
@@ -16,9 +17,13 @@ whether the call reduces one buffer or several fused in place - the learner runs
    are small beside the call.
 3. Measured calls, 2 per candidate: where the model predicts under ``SMALL_S``, one round of 2
    consecutive calls each; above, ``ROUNDS`` rounds of one call each, the order rotating by one per round,
-   and after the first, candidates slower than ``DROP`` times the best are dropped. At the end of a round
-   every rank's vector of per-call times is reduced with MAX over the lane's communicator (one small
-   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
+   and after the first, candidates slower than ``DROP`` times the best are dropped. Every measured call
+   starts after a barrier of the lane (``sync``, untimed): without it a rank that enters early times its
+   wait for the others - how late another call or the framework let them go, or a rank descheduled where
+   ranks outnumber cores - which on 2 hosts x 2 ranks over 2 cores was ten times a 4 KiB call and
+   ranked the candidates at random. At the end of a round every rank's vector of per-call times is
+   reduced with MAX over the lane's communicator (one small allreduce): from then on every rank holds
+   the same numbers, the slowest rank's time of each call from a common start.
 4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
    closest such one alone run up to ``EXTRA_ROUNDS`` more rounds (a one-call difference between near-equal algorithms is mostly
    noise; more calls separate them or show that either will do).
@@ -102,8 +107,10 @@ class Learner:
     """The learning state of one execution lane (one :class:`~.context.AlgorithmContext`); every rank of the
     lane holds an equal one because it sees the same calls in the same order and the same agreed times."""
 
-    def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter,
+                 sync: Callable[[], None] = lambda: None):
         self.agree = agree
+        self.sync = sync    # a barrier of the lane: every measured call starts from it
         self.clock = clock  # replaceable in tests: a rank whose clock disagrees must still choose alike
         self.buckets: dict[tuple, Bucket] = {}
         self.calls = 0          # auto calls seen
@@ -123,7 +130,7 @@ class Learner:
         names: list[str] = []
         last = None
         for c in ranked:
-            if c.predicted_s > SPREAD * best or len(names) == MAX_CANDIDATES:
+            if c.predicted_s > SPREAD * best or len([n for n in names if n != "native"]) == MAX_CANDIDATES:
                 break
             if last is not None and c.predicted_s <= last * (1 + TIE):
                 continue  # the same predicted time: on this layout the same exchanges (2 ranks: ring,
@@ -202,13 +209,17 @@ class Learner:
                                               else " (re-checked: kept)"))
 
     def pick(self, bucket: Bucket) -> str | None:
-        """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``)."""
+        """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``). A
+        call to measure returns after the lane's barrier: the caller starts its clock then."""
         self.calls += 1
         if bucket.settled is not None and not bucket.checking:
             bucket.since += 1
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
-        return bucket.slots[len(bucket.local)]
+        name = bucket.slots[len(bucket.local)]
+        if bucket.phase > 0 or bucket.checking:  # measured (a warm-up call is not)
+            self.sync()
+        return name
 
     def record(self, bucket: Bucket, seconds: float) -> None:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
