@@ -34,10 +34,10 @@ for layout in $which; do
     1host) run auto_learn_1host_2ranks .venv/bin/mpiexec -n 2 "$BENCH" --explain --algo all -b 4K -e 64M -f 4 \
              -w 2 --auto-warmup 19 -n 20 --rounds 5 --min-time 0.2 --json "$OUT/auto_learn_1host_2ranks.json" ;;
     2x1)   run auto_learn_2x1_1gbit "$PY" -m commlib.testing.cluster run --hosts 1,1 --rate 1gbit --timeout 1500 -- \
-             "$BENCH" --explain --algo all -b 4K -e 64M -f 4 -w 2 --auto-warmup 19 -n 8 --rounds 4 --min-time 1 \
+             "$BENCH" --explain --algo all -b 4K -e 64M -f 4 -w 2 --auto-warmup 19 -n 8 --rounds 4 --min-time 2 \
              --link-rate 1gbit --json "$OUT/auto_learn_2x1_1gbit.json" ;;
     2x2)   run auto_learn_2x2_1gbit "$PY" -m commlib.testing.cluster run --hosts 2,2 --rate 1gbit --timeout 1500 -- \
-             "$BENCH" --explain --algo all -b 4K -e 64M -f 4 -w 2 --auto-warmup 19 -n 8 --rounds 4 --min-time 1 \
+             "$BENCH" --explain --algo all -b 4K -e 64M -f 4 -w 2 --auto-warmup 19 -n 8 --rounds 4 --min-time 2 \
              --link-rate 1gbit --json "$OUT/auto_learn_2x2_1gbit.json" ;;
     *) echo "unknown layout $layout (1host, 2x1, 2x2)" >&2; exit 2 ;;
   esac
