@@ -212,17 +212,17 @@ def test_exploration_is_bounded():
     assert learner.agreements == learn.ROUNDS + bucket.extra and bucket.extra == learn.EXTRA_ROUNDS
 
 
-@pytest.mark.parametrize("predicted_s", [1e-4, 4e-3], ids=["small", "large"])
-def test_near_ties_get_more_rounds_within_20_calls(predicted_s):
+@pytest.mark.parametrize("predicted_s, extra", [(1e-4, 1), (4e-3, learn.EXTRA_ROUNDS)], ids=["small", "large"])
+def test_near_ties_get_more_rounds_within_20_calls(predicted_s, extra):
     """Two candidates within NEAR of each other after the scheduled rounds: those two alone run up to
-    EXTRA_ROUNDS more rounds, every rank alike (one rank's clock 40x fast), all within 20 calls; a clear
-    winner gets none."""
+    EXTRA_ROUNDS more rounds, every rank alike (one rank's clock 40x fast), all within 20 calls (short
+    calls, which had two scheduled rounds, have room for one); a clear winner gets none."""
     predicted = {"ring": predicted_s, "rabenseifner": 1.2 * predicted_s, "native": 1.5 * predicted_s}
     tied = {"ring": 1e-3, "rabenseifner": 1.02e-3, "native": 3e-3}
     picks, learners = simulate(3, 30, tied, predicted, clocks=[1.0, 1.0, 40.0], noise=0.05)
     assert all(p == picks[0] for p in picks)
     bucket = learners[0].buckets[(20, None, False)]
-    assert bucket.extra == learn.EXTRA_ROUNDS and bucket.explored <= 20
+    assert bucket.extra == extra and bucket.explored <= learn.MAX_CALLS
     assert bucket.settled in ("ring", "rabenseifner")
     assert all(name == bucket.settled for _, name in picks[0][bucket.explored:])
     assert "near-tie round(s)" in learners[0].summary()[0]
@@ -266,18 +266,20 @@ def test_recheck_keeps_a_right_choice():
     assert picks[0] == picks[1]
 
 
-def test_small_messages_settle_in_one_round():
-    """Below 2 ms predicted: a warm-up call each, then one round of 2 consecutive calls each, one agreement;
-    a second size class warms up only what had not run when it started."""
+def test_small_messages_settle_in_two_rounds():
+    """Below 2 ms predicted: a warm-up call each, then a round of a block of 2 consecutive calls each, then
+    a second of those not dropped (over 2x the best), the order rotated: two agreements; a second size
+    class warms up only what had not run when it started."""
     predicted = {"ring": 1e-4, "recursive_doubling": 1.2e-4, "native": 1.5e-4}
-    truth = {"ring": 3e-4, "recursive_doubling": 1e-4, "native": 2e-4}
+    truth = {"ring": 3e-4, "recursive_doubling": 1e-4, "native": 1.5e-4}
     keys = ((12, None, False), (14, None, False))
-    picks, learners = simulate(2, 12, truth, predicted, keys=keys)
+    picks, learners = simulate(2, 20, truth, predicted, keys=keys)
     learner = learners[0]
     first, second = (learner.buckets[k] for k in keys)
-    assert first.explored == 3 + 2 * 3 and second.explored == 2 + 2 * 3  # ring had run
+    assert first.dropped == second.dropped == ["ring"]  # 3x the best after the first round
+    assert first.explored == 3 + 2 * 3 + 2 * 2 and second.explored == 2 + 2 * 3 + 2 * 2  # ring had run
     assert first.settled == second.settled == "recursive_doubling"
-    assert learner.agreements == 2
+    assert learner.agreements == 4
 
 
 def test_exploration_budget_across_size_classes():

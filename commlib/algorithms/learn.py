@@ -16,7 +16,9 @@ whether the call reduces one buffer or several fused in place - the learner runs
    sub-groups and scratch memory); skipped where the model predicts ``LARGE_S`` or more, where set-up costs
    are small beside the call.
 3. Measured calls: one round in which each candidate runs a *block* of ``REPS`` consecutive calls,
-   and after it candidates slower than ``DROP`` times the best are dropped. Every block starts after a
+   and after it candidates slower than ``DROP`` times the best are dropped; where the model predicts
+   under ``SMALL_S``, a second round of the others, the order rotated by one (one block may fall on a
+   busy moment of the machine; short calls make a second cheap). Every block starts after a
    barrier of the lane (``sync``, untimed): without it a rank that enters early times its wait for the
    others - how late the previous algorithm or the framework let them go, or a rank descheduled where
    ranks outnumber cores - which on 2 hosts x 2 ranks over 2 cores was several times a 4 KiB call and
@@ -27,7 +29,7 @@ whether the call reduces one buffer or several fused in place - the learner runs
    round every rank's vector of block times is reduced with MAX over the lane's communicator (one small
    allreduce): from then on every rank holds the same numbers, the slowest rank's time of each block from
    a common start, per call.
-4. Near-ties: where a candidate ends the scheduled round within ``NEAR`` of the best, the best and the
+4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
    closest such one alone run up to ``EXTRA_ROUNDS`` more rounds, the order rotating (a one-block
    difference between near-equal algorithms is mostly noise; more blocks separate them or show that
    either will do), while the bucket's calls stay within ``MAX_CALLS``.
@@ -44,7 +46,7 @@ Decisions are a function of agreed data only (the model's ranking, the MAX-reduc
 of calls, which every rank sees alike), never of a rank's own clock, so ranks whose clocks disagree still
 choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x ``REPS`` measured calls
 per bucket, plus one warm-up call per algorithm and lane, plus ``EXTRA_ROUNDS`` rounds of the two
-near-tied (at most ``MAX_CALLS`` calls in all, usually 12 or fewer), only among algorithms the model predicts within
+near-tied (at most ``MAX_CALLS`` calls in all, usually 16 or fewer), only among algorithms the model predicts within
 ``SPREAD`` of the best; a re-check runs at most 3 algorithms measured within ``RECHECK`` of the settled
 one, ``CHECK_ROUNDS`` x 2 calls each, after 4x as many calls each time; and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
 ``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
@@ -61,7 +63,8 @@ import numpy as np
 
 SPREAD = 4.0         # candidates: predicted within this factor of the model's best
 MAX_CANDIDATES = 3   # besides native
-ROUNDS = 1           # scheduled measured rounds after the warm-up
+ROUNDS = 1           # scheduled measured rounds after the warm-up (2 below SMALL_S)
+SMALL_S = 2e-3       # predicted best below this: a second scheduled round, the order rotated
 REPS = 2             # consecutive calls per candidate per round: one block, timed from a barrier
 MAX_CALLS = 20       # a bucket settles within this many calls (near-tie rounds only while they fit)
 DROP = 2.0           # after the first round: drop candidates slower than this times the best
@@ -145,7 +148,8 @@ class Learner:
         if "native" not in names and any(c.algorithm == "native" for c in ranked):
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
-        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS)
+        # short calls: a second round (of the candidates not dropped), as one block may fall on a busy moment
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if best < SMALL_S else ROUNDS)
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
