@@ -118,7 +118,7 @@ class Learner:
     def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter,
                  sync: Callable[[], None] = lambda: None):
         self.agree = agree
-        self.sync = sync    # a barrier of the lane: every measured call starts from it
+        self.sync = sync    # a barrier of the lane: every measured block starts from it
         self.clock = clock  # replaceable in tests: a rank whose clock disagrees must still choose alike
         self.buckets: dict[tuple, Bucket] = {}
         self.calls = 0          # auto calls seen
