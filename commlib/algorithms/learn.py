@@ -74,10 +74,10 @@ FREE_CALLS = 400     # exploring calls always allowed per learner
 BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of all calls
 NEAR = 0.10          # candidates within this (relative) of the best after the scheduled rounds: near-tied
 EXTRA_ROUNDS = 2     # more rounds, of the near-tied only
-RECHECK_FIRST = 32   # settled calls before the first re-check; each later one after 4x as many
+RECHECK_FIRST = 64   # settled calls before the first re-check; each later one after 4x as many
 RECHECK = 1.25       # re-check the measured algorithms whose agreed time was within this of the settled one
 CHECK_ROUNDS = 2     # rounds per re-check
-SWITCH = 0.03        # a re-check switches to an algorithm faster than the settled one by more than this
+SWITCH = 0.05        # a re-check switches to an algorithm faster than the settled one by more than this
 
 Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
 
