@@ -55,14 +55,14 @@ def host_allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, prescale: flo
     shard = partition.offsets(n, width)
     held = partition.offsets(width, topo.local_size)
     chunks = [shard[g] for g in held]  # element boundaries of each local rank's shards
-    intra = ctx.intra() if topo.local_size > 1 else None  # collective on first use (every rank of the node)
+    intra = ctx.intra()  # collective over every rank on first use, even where a node has one rank
     overflow = 0
-    if intra is not None:
+    if intra.size > 1:
         overflow += ring.reduce_scatter_(ctx, intra, buf, op, chunks, None)
     mine = range(held[topo.local_rank], held[topo.local_rank + 1])
     ctx.servers.reduce_shards_([(j, buf[shard[j]:shard[j + 1]]) for j in mine], op, codec, prescale,
                                postscale, topo.cross_size)
-    if intra is not None:
+    if intra.size > 1:
         overflow += ring.allgather_(ctx, intra, buf, chunks, None)
     return overflow
 
