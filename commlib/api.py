@@ -707,10 +707,10 @@ def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
 def _reduces_in_hosts(runtime: "Runtime", nbytes: int, codec) -> bool:
     """Whether ``ps`` reduces inside each host first for a world tensor of ``nbytes`` (the rule every rank
     applies alike: commlib/algorithms/ps.py)."""
-    from .algorithms import ps, select
+    from .algorithms import ps
 
     ctx = runtime.world_context
-    return ps.reduces_in_hosts(ctx.cost_model, nbytes, select.shape_of(ctx), codec)
+    return ps.reduces_in_hosts(ctx.cost_model, nbytes, ps.shape_of(ctx), codec)
 
 
 def _through_servers(runtime: "Runtime", algorithm) -> bool:

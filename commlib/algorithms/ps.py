@@ -31,13 +31,23 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, *, prescale: float
               postscale: float = 1.0) -> int:
     """``buf = postscale * reduce(prescale * buf)`` through the servers; the same bits on every rank.
     With several ranks on a node, reduced inside the node first where :func:`reduces_in_hosts` says so."""
-    if buf.size:
-        from .select import shape_of  # select imports the registry, which imports this module
-
-        if reduces_in_hosts(ctx.cost_model, buf.nbytes, shape_of(ctx), codec):
-            return host_allreduce(ctx, buf, op, codec, prescale, postscale)
+    if buf.size and reduces_in_hosts(ctx.cost_model, buf.nbytes, shape_of(ctx), codec):
+        return host_allreduce(ctx, buf, op, codec, prescale, postscale)
     ctx.servers.reduce_(buf, op, codec, prescale, postscale)
     return 0  # the client warns about fp16 overflow itself, naming the key
+
+
+def shape_of(ctx) -> _cost.Shape:
+    """What :func:`reduces_in_hosts` reads of ``ctx`` (a lane with servers): the nodes of the ranks and of
+    the servers, the partition size and COMMLIB_SERVER_HOST_REDUCE; equal on every rank of the set."""
+    cached = ctx.tuning.get("ps.shape")
+    if cached is None:
+        config = ctx.config
+        cached = ctx.tuning["ps.shape"] = _cost.Shape(
+            node_of_rank=tuple(ctx.topology.node_of_rank), servers=tuple(ctx.servers.server_nodes),
+            server_partition_bytes=config.server_partition_bytes,
+            server_host_reduce=getattr(config, "server_host_reduce", "auto"))
+    return cached
 
 
 def host_allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, prescale: float = 1.0,
