@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from . import device
-from .compression import Compression, Exchange, WireCodec, codec_for
+from .compression import Compression, Compressor, Encoder, Exchange, WireCodec, codec_for
 from .compression import collective as _compressed
 from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
@@ -318,6 +318,18 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         meta = _plain_allreduce_meta(runtime, name, output, op, prescale_factor, postscale_factor, priority)
         if meta is not None:
             return _submit(member, meta, array, output, wait=wait)
+    if (isinstance(compression, Compressor) and staged is None and _through_servers(runtime, algorithm)
+            and (isinstance(compression, Encoder) or algorithm is not None)):
+        # a lossy encoder through the servers: each worker pushes its encoded partitions (push_pull). DGC
+        # and PowerSGD under COMMLIB_ALGORITHM=ps keep their own collectives; named with algorithm="ps",
+        # push_pull says why they do not apply
+        if process_set is not None and member is not runtime.sets.world:
+            raise CommlibError(f"{name}: {compression!r} through the summation servers reduces over every "
+                               "worker; a process set takes an allreduce algorithm (algorithm='ring', ...)")
+        handle = _push_pull_handle(output, True, op, name, prescale_factor, postscale_factor, compression)
+        if wait:
+            synchronize(handle)
+        return handle
     op, error = _op(op)
     dtype = output.dtype
     special = _compressed.is_special(compression)  # lossy or Horovod-style: commlib/compression/collective.py
@@ -672,14 +684,38 @@ def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     else:
         output = np.array(np.asarray(tensor), copy=True, order="C")
     codec = None if compression is Compression.none or compression is None else compression
-    if codec is not None and not isinstance(codec, WireCodec):
-        raise CommlibError(f"{name}: push_pull takes Compression.none, .fp16 or .bf16, not {codec!r}")
+    lossy = None
+    if codec is not None and not isinstance(codec, WireCodec):  # a lossy compressor, where one applies
+        from .compression import pushed
+
+        why = pushed.why_not(codec, output.dtype, op.name, name)
+        if why:
+            raise CommlibError(why)
+        lossy, codec = pushed.PushEncoder(codec), None
     validation.check_contiguous(output, name)
     validation.check_reducible(output, op, name)
     validation.check_options(output.dtype, codec, prescale_factor, postscale_factor, name)
+    if lossy is None and _reduces_in_hosts(runtime, output.nbytes, codec):
+        # one push per host: the host's ranks meet first, so this goes through the coordinator (agreed order)
+        return _allreduce_handle(output, True, op, name, prescale_factor, postscale_factor, "ps", codec,
+                                 wait=False)
     pre, post = _scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
     return runtime.servers.push_pull_async(output.reshape(-1), name, op.kernel_op, codec, pre, post,
-                                           result=output)
+                                           result=output, lossy=lossy)
+
+
+def _reduces_in_hosts(runtime: "Runtime", nbytes: int, codec) -> bool:
+    """Whether ``ps`` reduces inside each host first for a world tensor of ``nbytes`` (the rule every rank
+    applies alike: commlib/algorithms/ps.py)."""
+    from .algorithms import ps
+
+    ctx = runtime.world_context
+    return ps.reduces_in_hosts(ctx.cost_model, nbytes, ps.shape_of(ctx), codec)
+
+
+def _through_servers(runtime: "Runtime", algorithm) -> bool:
+    """Whether an allreduce runs on the summation servers (``ps`` asked for, or the configured default)."""
+    return runtime.servers is not None and str(algorithm or runtime.config.algorithm).lower() == "ps"
 
 
 def push_pull_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,

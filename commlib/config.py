@@ -86,6 +86,14 @@ def _algorithm(text: str) -> str:
     return str(text).strip().lower()
 
 
+def _auto_on_off(text: str) -> str:
+    value = str(text).strip().lower()
+    value = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}.get(value, value)
+    if value not in ("auto", "on", "off"):
+        raise ValueError(f"{text!r} is not auto, on or off")
+    return value
+
+
 def _size_or_auto(text: str) -> int | None:
     """A byte count, or ``auto`` (None): the cost model decides."""
     return None if str(text).strip().lower() == "auto" else parse_size(text)
@@ -151,6 +159,7 @@ class Config:
     elastic_in_process: bool = False
     priority_partition_bytes: int = 4096000
     priority_credit_bytes: int = 8192000
+    server_host_reduce: str = "auto"
     geo_steps: int = 4
     geo_staleness: int | None = None
 
@@ -206,7 +215,7 @@ class Config:
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
               "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes",
-              "priority_partition_bytes", "priority_credit_bytes")
+              "priority_partition_bytes", "priority_credit_bytes", "server_host_reduce")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -328,6 +337,11 @@ FIELDS: dict[str, _Field] = {
                                     "priority scheduling: bytes started per negotiation round, most urgent "
                                     "first; the rest waits for the next round, where newly ready tensors "
                                     "compete again (K/M/G suffix; default 8192000, two partitions)"),
+    "server_host_reduce": _Field("COMMLIB_SERVER_HOST_REDUCE", _auto_on_off,
+                                 "push_pull and algorithm='ps' with several workers on a host: reduce inside "
+                                 "the host first, so that each partition is pushed once per host; auto: where "
+                                 "the cost model finds it cheaper (the host's link to the servers is the "
+                                 "bottleneck), on, off (default auto)"),
     "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
                         "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
     "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,

@@ -59,3 +59,21 @@ def test_profile_round_trip_keeps_the_server_link_and_placement():
     assert cost.correction(back, "ps", 1 << 20, four_hosts([4, 5, 6, 7])) == pytest.approx(1.2)
     # measured with the servers elsewhere: the correction does not apply
     assert cost.correction(back, "ps", 1 << 20, four_hosts([0, 1, 2, 3])) == 1.0
+
+
+def test_reduce_inside_hosts_where_the_host_link_is_the_bottleneck():
+    """2 hosts x 2 workers and 2 server hosts: each host's link carries every worker's push unless the host
+    reduces first (one push per host): half the link bytes, which the rule finds cheaper at 64 MiB."""
+    two_by_two = Shape(node_of_rank=(0, 0, 1, 1), servers=(2, 3))
+    flat, host = ps.cost(MODEL, MB64, two_by_two), ps.host_cost(MODEL, MB64, two_by_two)
+    assert host < 0.6 * flat, (host, flat)
+    assert ps.reduces_in_hosts(MODEL, MB64, two_by_two)
+    assert ps.chosen_cost(MODEL, MB64, two_by_two) == host
+    # one worker per host: nothing to reduce; servers beside the workers on one host: no link to spare
+    assert not ps.reduces_in_hosts(MODEL, MB64, Shape(node_of_rank=(0, 1), servers=(2, 3)))
+    assert not ps.reduces_in_hosts(MODEL, MB64, Shape(node_of_rank=(0, 0), servers=(0,)))
+    assert not ps.reduces_in_hosts(MODEL, 0, two_by_two)
+    # COMMLIB_SERVER_HOST_REDUCE: off never, on wherever a host has several workers
+    assert not ps.reduces_in_hosts(MODEL, MB64, Shape((0, 0, 1, 1), servers=(2, 3), server_host_reduce="off"))
+    assert ps.reduces_in_hosts(MODEL, 4, Shape((0, 0), servers=(0,), server_host_reduce="on"))
+    assert not ps.reduces_in_hosts(MODEL, 4, Shape((0, 1), servers=(0,), server_host_reduce="on"))

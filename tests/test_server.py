@@ -14,14 +14,31 @@ EVERYTHING = "values,orders,wire,ps,sets,mismatch,lonely,reinit"
 
 @pytest.mark.parametrize("workers, servers, cases", [
     (1, 1, "values,orders,wire,ps"),
-    (2, 2, EVERYTHING),
+    (2, 2, EVERYTHING + ",lossy"),
     (3, 3, "values,orders,ps,sets,mismatch"),
-    (4, 2, "orders,wire,ps,sets,mismatch,reinit"),
+    (4, 2, "orders,wire,ps,sets,mismatch,lossy,reinit"),
 ])
 def test_push_pull(workers, servers, cases):
     out = run_mpmd(workers, servers, "server_check.py", cases, env=SMALL, timeout=240)
     for case in cases.split(","):
         if case in ("sets",) and workers < 3 or case in ("mismatch", "lonely") and workers < 2:
+            continue
+        assert out.count(f"{case} ok on worker") == workers, out[-3000:]
+    assert out.count("done") == workers
+
+
+@pytest.mark.parametrize("workers, servers, cases", [
+    (4, 2, "host,values,wire,ps,sets"),  # hosts of 2 workers
+    (3, 2, "host,orders,ps,lossy"),  # hosts of 2 workers and of 1
+])
+def test_push_pull_reduced_inside_hosts(workers, servers, cases):
+    """COMMLIB_SERVER_HOST_REDUCE=on with hosts of 2 workers (COMMLIB_LOCAL_SIZE): the workers of a host
+    reduce first and the servers count one push per host; results against numpy, the same bits on every
+    worker, the elements pushed (the tensor once per host) and a contributor count declared differently."""
+    env = dict(SMALL, COMMLIB_LOCAL_SIZE="2", COMMLIB_SERVER_HOST_REDUCE="on")
+    out = run_mpmd(workers, servers, "server_check.py", cases, env=env, timeout=240)
+    for case in cases.split(","):
+        if case == "sets" and workers < 3:
             continue
         assert out.count(f"{case} ok on worker") == workers, out[-3000:]
     assert out.count("done") == workers
@@ -73,6 +90,25 @@ def test_push_pull_across_emulated_hosts(make_cluster):
         cluster.down()
     for case in ("values", "orders", "wire", "ps"):
         assert out.count(f"{case} ok on worker") == 2, out[-3000:]
+
+
+def test_push_pull_reduced_inside_emulated_hosts(make_cluster):
+    """2 emulated hosts of 2 workers and 2 server hosts, COMMLIB_SERVER_HOST_REDUCE left at auto: the cost
+    model reduces inside each host first (the host's link would carry both workers' pushes), and the
+    results are numpy's on every worker."""
+    import sys
+
+    from mpirun import job_env, worker_path
+
+    cluster = make_cluster([2, 2, 1, 1])
+    programs = [([0, 0, 1, 1], [sys.executable, str(worker_path("server_check.py")), "host,values,lossy"]),
+                ([2, 3], [sys.executable, "-m", "commlib.server"])]
+    try:
+        out = cluster.mpiexec_mpmd(programs, timeout=300, env=job_env(SMALL)).stdout
+    finally:
+        cluster.down()
+    for case in ("host", "values", "lossy"):
+        assert out.count(f"{case} ok on worker") == 4, out[-3000:]
 
 
 def test_calibrate_with_servers_measures_ps(tmp_path):

@@ -55,7 +55,8 @@ def shape_of(ctx) -> Shape:
             node_of_rank=tuple(ctx.topology.node_of_rank), cma=ctx.peer_memory is not None and ctx.size > 1,
             torus=torus, small_message_bytes=ctx.config.small_message_bytes,
             servers=tuple(servers.server_nodes) if servers is not None else (),
-            server_partition_bytes=ctx.config.server_partition_bytes)
+            server_partition_bytes=ctx.config.server_partition_bytes,
+            server_host_reduce=getattr(ctx.config, "server_host_reduce", "auto"))
     return cached
 
 

@@ -96,7 +96,7 @@ SPECS: tuple[AlgorithmSpec, ...] = (
                   "X-by-Y grid: rings along rows, then columns, then rows", segmented=True),
     AlgorithmSpec("cma", _cma_one, _cma_many, True, cma.requires_reason, cost.cma,
                   "one node: each rank reduces its share straight from its peers' memory"),
-    AlgorithmSpec("ps", ps.allreduce, None, True, ps.requires, ps.cost,
+    AlgorithmSpec("ps", ps.allreduce, None, True, ps.requires, ps.chosen_cost,
                   "through summation servers (push_pull): each rank sends and receives its buffer once; needs "
                   "servers in the job (docs/servers.md)"),
 )

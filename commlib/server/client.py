@@ -50,7 +50,8 @@ class ServerError(CollectiveError):
 class _Part:
     """One partition in flight: sending, then receiving its answer."""
 
-    __slots__ = ("job", "index", "lo", "hi", "server", "slot", "wire", "header", "sends", "recv", "since")
+    __slots__ = ("job", "index", "lo", "hi", "server", "slot", "wire", "header", "sends", "recv", "since",
+                 "payload")
 
     def __init__(self, job: "_Job", index: int, lo: int, hi: int, server: int, slot: int, wire: np.ndarray,
                  header: protocol.Push):
@@ -60,6 +61,7 @@ class _Part:
         self.server = server
         self.slot = slot
         self.wire = wire  # the partition's wire memory: sent from, answered into
+        self.payload: np.ndarray | None = None  # a lossy compressor's push, sent instead of ``wire``
         self.header = header
         self.sends: list | None = None  # posted when the server's window has room
         self.recv: MPI.Request | None = None
@@ -127,12 +129,14 @@ class ServerClient:
     # -- submitting -------------------------------------------------------------------------------------
     def push_pull_async(self, buf: np.ndarray, key: str, op: ReduceOp = ReduceOp.SUM, codec=None,
                         prescale: float = 1.0, postscale: float = 1.0, contributors: int | None = None,
-                        result=None) -> Handle:
+                        result=None, lossy=None) -> Handle:
         """Start ``buf = postscale * reduce(prescale * buf)`` over the workers (``contributors`` of them
         push ``key``; default every worker) through the servers; ``buf`` is 1-D and C-contiguous. With
         ``codec`` (float32 ``buf``) the values travel in ``codec.wire_dtype`` and the servers accumulate
         in float32; half-precision ``buf`` travels as it is and also accumulates in float32. The handle's
-        result is ``result`` (default ``buf``)."""
+        result is ``result`` (default ``buf``). ``lossy`` (a :class:`commlib.compression.pushed.PushEncoder`,
+        float32 ``buf``, no ``codec``): each partition is pushed encoded, the servers decode and sum it in
+        float32 and answer with the dense float32 sum."""
         if self._broken is not None:
             raise ServerError(f"push_pull {key!r}: {self._broken}")
         contributors = contributors or len(self.job.workers)
@@ -176,9 +180,11 @@ class ServerClient:
                 server = protocol.server_of(key, p, len(self.servers))
                 dest = self.servers[server]
                 slot = next(self._slots)
+                payload, packed = (None, "") if lossy is None else lossy.encode(key, p, wire[lo:hi])
                 header = protocol.Push(key, p, buf.size, wire_name, hi - lo, int(op), contributors,
-                                       self.worker, slot)
+                                       self.worker, slot, packed, payload.nbytes if payload is not None else 0)
                 part = _Part(job, p, lo, hi, server, slot, wire[lo:hi], header)
+                part.payload = payload
                 self._queued.append(part)
                 self._by_slot[slot] = part
             self._launch()
@@ -199,7 +205,8 @@ class ServerClient:
             part = queue.popleft()
             dest = self.servers[part.server]
             part.sends = [self.comm.isend(part.header, dest=dest, tag=protocol.TAG_PUSH),
-                          self.comm.Isend(part.wire.view(np.uint8), dest=dest, tag=part.slot)]
+                          self.comm.Isend((part.wire if part.payload is None else part.payload).view(np.uint8),
+                                          dest=dest, tag=part.slot)]
             part.since = time.monotonic()
             if self.trace is not None:
                 self.trace.append((part.since, "post", part.server, part.slot))
@@ -406,3 +413,18 @@ class ServerLane:
         if not handle.done():
             self.client.wait(handle)
         handle.result()
+
+    def reduce_shards_(self, shards, op: ReduceOp, codec, prescale: float, postscale: float,
+                       contributors: int) -> None:
+        """One call's share when the set's nodes reduce inside first (``ps.host_allreduce``): each
+        ``(j, view)`` of ``shards`` is pushed under the call's key and ``.j``, counted by the servers
+        with ``contributors`` pushes (one per node: the holders of shard j); every rank counts the call
+        alike, whatever it holds."""
+        self.calls += 1
+        handles = [self.client.push_pull_async(view, f"{self.prefix}#{self.calls}.{j}", op, codec, prescale,
+                                               postscale, contributors) for j, view in shards]
+        for handle in handles:
+            if not handle.done():
+                self.client.wait(handle)
+        for handle in handles:
+            handle.result()

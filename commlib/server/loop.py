@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernels
+from ..compression import pushed
 from ..coordinator.backoff import Backoff, yield_core
 from ..dtypes import BFLOAT16, HALF
 from ..ops import ReduceOp
@@ -37,6 +38,7 @@ _WIRE = {np.dtype(t).name: np.dtype(t) for t in (np.float16, np.float32, np.floa
                                                  np.int16, np.int32, np.int64)}
 _WIRE[BFLOAT16.name] = BFLOAT16
 _F32 = np.dtype(np.float32)
+_U8 = np.dtype(np.uint8)
 
 
 class _Pool:
@@ -59,7 +61,7 @@ class _Pool:
 class _Round:
     """One key's open round."""
 
-    __slots__ = ("first", "acc", "pushed", "slots", "error", "arrived")
+    __slots__ = ("first", "acc", "pushed", "slots", "error", "arrived", "most")
 
     def __init__(self, first: protocol.Push):
         self.first = first
@@ -67,6 +69,7 @@ class _Round:
         self.pushed: dict[int, int] = {}  # worker -> slot
         self.arrived = 0  # pushes whose data has been added
         self.error = ""
+        self.most = first.contributors  # the most contributors any push declared: a refused round waits for them
 
 
 class Server:
@@ -139,7 +142,7 @@ class Server:
     def _start(self, push: protocol.Push, source: int) -> None:
         """A header arrived: post the receive of its data (always: the worker's send must complete)."""
         key = (push.key, push.part)
-        buf = self.pool.take(_WIRE[push.wire], push.count)
+        buf = self.pool.take(_U8 if push.codec else _WIRE[push.wire], push.nbytes if push.codec else push.count)
         request = self.comm.Irecv(buf.view(np.uint8), source=source, tag=push.slot)
         rnd = self.rounds.get(key)
         if rnd is None:
@@ -156,6 +159,7 @@ class Server:
             return
         self.receiving.append((request, push, buf, True))
         rnd.pushed[worker] = push.slot
+        rnd.most = max(rnd.most, push.contributors)
         if push.declaration() != rnd.first.declaration() and not rnd.error:
             rnd.error = (f"push_pull {push.key!r} partition {push.part}: worker {worker} declared "
                          f"{push.describe()}, worker {rnd.first.worker} declared {rnd.first.describe()}; "
@@ -185,6 +189,8 @@ class Server:
         if rnd is None:  # dropped when the workers shut down
             self.pool.give(buf)
             return
+        if push.codec and not rnd.error:  # a lossy compressor's push: decoded to float32 first
+            buf = self._decoded(push, buf, rnd)
         if not rnd.error:
             if rnd.acc is None:
                 if buf.dtype in HALF:  # accumulate in float32, round once for the answer
@@ -203,9 +209,21 @@ class Server:
         else:
             self.pool.give(buf)
         rnd.arrived += 1
-        if rnd.arrived == rnd.first.contributors:
+        if rnd.arrived == (rnd.most if rnd.error else rnd.first.contributors):
             del self.rounds[key]
             self._finish(rnd)
+
+    def _decoded(self, push: protocol.Push, data: np.ndarray, rnd: _Round) -> np.ndarray:
+        """The float32 values of a compressed push (:mod:`commlib.compression.pushed`); a payload that does
+        not decode refuses the round, naming the worker."""
+        values = self.pool.take(_F32, push.count)
+        try:
+            pushed.decode_into(push.codec, data, values, add=False)
+        except ValueError as exc:
+            rnd.error = (f"push_pull {push.key!r} partition {push.part}: worker {push.worker}'s {push.codec} "
+                         f"push of {push.nbytes} bytes does not decode: {exc}")
+        self.pool.give(data)
+        return values
 
     def _finish(self, rnd: _Round) -> None:
         """Every contributor has pushed: send each the sum (or the error)."""

@@ -41,7 +41,9 @@ class Push:
     partition, ``total`` the tensor's element count (so that a size mismatch shows in every partition),
     ``wire`` the dtype name on the wire, ``count`` the partition's elements, ``op`` the kernel ReduceOp's
     value, ``contributors`` how many workers push this key (the process set's size), ``worker`` the
-    sender's rank among the workers, ``slot`` the tag of its data and of the answer."""
+    sender's rank among the workers, ``slot`` the tag of its data and of the answer. ``codec``: empty, or
+    the format of a lossy compressor's payload of ``nbytes`` bytes (:mod:`commlib.compression.pushed`),
+    which the server decodes to ``count`` float32 values; the answer is then dense ``wire`` values."""
 
     key: str
     part: int
@@ -52,15 +54,19 @@ class Push:
     contributors: int
     worker: int
     slot: int
+    codec: str = ""
+    nbytes: int = 0
 
     def declaration(self) -> tuple:
         """What every contributor must declare alike."""
-        return (self.total, self.wire, self.count, self.op, self.contributors)
+        return (self.total, self.wire, self.count, self.op, self.contributors, self.codec)
 
     def describe(self) -> str:
         from ..ops import ReduceOp
 
-        return f"{self.wire}[{self.total}] {ReduceOp(self.op).name.lower()} among {self.contributors} workers"
+        codec = f" ({self.codec}-compressed)" if self.codec else ""
+        return (f"{self.wire}[{self.total}]{codec} {ReduceOp(self.op).name.lower()} among {self.contributors} "
+                "workers")
 
 
 #: A tensor that spans several partitions gets at least this many per server (while partitions stay at

@@ -1,6 +1,7 @@
 """push_pull through summation servers against numpy, on every worker of an MPMD job.
 
-argv: the cases to run (comma-separated): values, orders, wire, ps, sets, mismatch, lonely.
+argv: the cases to run (comma-separated): values, orders, wire, ps, sets, mismatch, lonely, host (with
+COMMLIB_SERVER_HOST_REDUCE=on and hosts of several workers), lossy, reinit.
 Runs with a small COMMLIB_SERVER_PARTITION so that modest sizes span several partitions.
 """
 
@@ -162,6 +163,152 @@ if "lonely" in cases and size >= 2:
             raise AssertionError("a key no other worker pushed completed")
     cl.barrier()
     print(f"lonely ok on worker {rank}", flush=True)
+
+if "host" in cases:
+    # every worker of a host reduces inside the host first (COMMLIB_SERVER_HOST_REDUCE=on, hosts of
+    # COMMLIB_LOCAL_SIZE ranks): the servers receive each partition once per host
+    from commlib import api
+    from commlib.server import protocol
+
+    runtime = api._rt()
+    hosts = runtime.topology.cross_size
+    several = runtime.topology.max_local_size > 1
+    if runtime.config.server_host_reduce == "on":
+        assert api._reduces_in_hosts(runtime, 4 * PART, None) == several
+    else:  # auto, on hosts of several workers with the servers on hosts of their own: the cost model's choice
+        assert api._reduces_in_hosts(runtime, 4 * (3 * PART + 7), None) == several
+    client = runtime.servers
+    pushed = []
+    original = client.push_pull_async
+
+    def counting(buf, key, *args, **kwargs):
+        pushed.append(buf.size)
+        return original(buf, key, *args, **kwargs)
+
+    client.push_pull_async = counting
+    try:
+        for n in (0, 1, size + 1, 3 * PART + 7):
+            for op in (cl.Sum, cl.Average):
+                x = data(np.float32, n, rank, salt=n)
+                expect = sum(data(np.float32, n, r, salt=n).astype(np.float64) for r in range(size))
+                expect = expect / (size if op is cl.Average else 1)
+                del pushed[:]
+                got = cl.push_pull(x, op=op, name=f"h.{n}.{op.name}")
+                assert np.allclose(got, expect, rtol=1e-6, atol=1e-6), (n, got[:4], expect[:4])
+                same_on_every_worker(got, f"h.{n}.{op.name}")
+                # the elements this worker pushed, summed over the workers: the tensor once per host
+                total = cl.allreduce(np.array([sum(pushed)], np.int64), op=cl.Sum, name=f"h.count.{n}.{op.name}",
+                                     algorithm="ring")
+                pushers = hosts if api._reduces_in_hosts(runtime, 4 * n, None) else size
+                assert int(total[0]) == n * pushers, (n, int(total[0]), pushers)
+    finally:
+        client.push_pull_async = original
+    # a contributor count declared differently (2 on worker 0, every worker on the others) is refused on
+    # every worker, naming both declarations (the refused round waits for the most contributors declared)
+    try:
+        handle = client.push_pull_async(np.ones(5, np.float32), "h.contributors", contributors=2 if rank == 0 else size)
+        client.wait(handle)
+        handle.result()
+    except ServerError as exc:
+        assert "h.contributors" in str(exc) and "declare every key alike" in str(exc), str(exc)
+        print(f"contributors mismatch refused on worker {rank}: {exc}", flush=True)
+    else:
+        raise AssertionError("a contributor count declared differently was accepted")
+    cl.barrier()
+    assert np.all(cl.push_pull(np.ones(7, np.float32), op=cl.Sum, name="h.after") == size)
+    print(f"host ok on worker {rank}", flush=True)
+
+if "lossy" in cases:
+    # lossy encoders through the servers: each worker pushes its encoded partitions, the servers decode
+    # and sum in float32, every worker receives the dense sum. Integer values keep every sum exact.
+    from commlib.server import protocol
+    from commlib.errors import CommlibError
+
+    servers = cl.num_servers()
+    n = 3 * PART // 4 * 5 + 3  # several partitions of a few hundred elements
+
+    def bounds(count):
+        per, nparts = protocol.partitions(count, 4, PART, servers)
+        return [(p * per, min(count, (p + 1) * per)) for p in range(nparts)]
+
+    def distinct(r, step):
+        """Distinct magnitudes (no ties for top-k), signs varying, different on every worker and step."""
+        rng = np.random.default_rng(1000 * r + step)
+        return ((rng.permutation(n) + 1) * np.where(rng.random(n) < 0.5, -1, 1)).astype(np.float32)
+
+    def topk_numpy(x, residual, ratio):
+        """What top-k with error feedback sends per partition (numpy), and the new residual."""
+        flat = x + residual
+        sent = np.zeros_like(flat)
+        for lo, hi in bounds(flat.size):
+            k = min(hi - lo, max(1, int(np.ceil(ratio * (hi - lo)))))
+            idx = lo + np.argsort(-np.abs(flat[lo:hi]), kind="stable")[:k]
+            if 2 * k >= hi - lo:
+                sent[lo:hi] = flat[lo:hi]
+            else:
+                sent[idx] = flat[idx]
+        return sent, flat - sent
+
+    for via in ("push_pull", "allreduce"):
+        c = cl.Compression.topk(0.1, min_elements=16)
+        residuals = {op: [np.zeros(n, np.float32) for _ in range(size)] for op in (cl.Sum, cl.Average)}
+        for step in range(3):
+            for op in (cl.Sum, cl.Average):
+                key = f"l.topk.{via}.{op.name}"
+                x = distinct(rank, step * 2 + (op is cl.Average))
+                if via == "push_pull":
+                    got = cl.push_pull(x, op=op, name=key, compression=c)
+                else:
+                    got = cl.allreduce(x, op=op, name=key, compression=c, algorithm="ps")
+                want = np.zeros(n, np.float64)
+                for r in range(size):
+                    sent, residuals[op][r] = topk_numpy(distinct(r, step * 2 + (op is cl.Average)),
+                                                        residuals[op][r], 0.1)
+                    want += sent
+                if op is cl.Average:
+                    assert np.allclose(got, want / size, rtol=1e-6), (via, step, np.abs(got - want / size).max())
+                else:
+                    assert np.array_equal(got, want), (via, step, np.abs(got - want).max())
+                same_on_every_worker(got, key)
+    # one-bit with error feedback: signs times the mean magnitude (a power of two per worker: exact sums)
+    c = cl.Compression.onebit(min_elements=16)
+    signs = np.where(np.random.default_rng(rank).random(n) < 0.5, -1.0, 1.0).astype(np.float32)
+    got = cl.push_pull(signs * np.float32(2.0 ** rank), op=cl.Sum, name="l.onebit", compression=c)
+    want = sum(np.where(np.random.default_rng(r).random(n) < 0.5, -1.0, 1.0) * 2.0 ** r for r in range(size))
+    assert np.array_equal(got, want), np.abs(got - want).max()
+    same_on_every_worker(got, "l.onebit")
+    # small tensors (below min_elements) travel dense, exactly
+    x = data(np.float32, 10, rank)
+    got = cl.push_pull(x, op=cl.Sum, name="l.small", compression=cl.Compression.topk(0.01))
+    assert np.array_equal(got, sum(data(np.float32, 10, r) for r in range(size)))
+    # where a compressor does not apply: a clear error, naming it and what to use instead
+    for what, call in (
+            ("powersgd", lambda: cl.push_pull(np.ones(4096, np.float32), name="l.p", compression=cl.Compression.powersgd())),
+            ("dgc", lambda: cl.allreduce(np.ones(4096, np.float32), name="l.d", compression=cl.Compression.dgc(),
+                                         algorithm="ps")),
+            ("float64", lambda: cl.push_pull(np.ones(4096), name="l.f", compression=cl.Compression.topk(0.1))),
+            ("max", lambda: cl.push_pull(np.ones(4096, np.float32), op=cl.Max, name="l.m",
+                                         compression=cl.Compression.onebit()))):
+        try:
+            call()
+        except CommlibError as exc:
+            assert ("does not apply to summation servers" in str(exc) if what in ("powersgd", "dgc")
+                    else "float32" in str(exc) or "Sum or Average" in str(exc)), (what, str(exc))
+        else:
+            raise AssertionError(f"{what} through the servers was accepted")
+    # a worker compressing a key that the others push dense: the server refuses the round on every worker
+    # (where dense pushes go straight to the servers: reduced inside hosts first, they meet in negotiation)
+    from commlib import api
+
+    if size >= 2 and not api._reduces_in_hosts(api._rt(), 4096 * 4, None):
+        try:
+            cl.push_pull(np.ones(4096, np.float32), op=cl.Sum, name="l.mixed",
+                         compression=cl.Compression.topk(0.1, min_elements=16) if rank == 0 else None)
+        except ServerError as exc:
+            assert "declare every key alike" in str(exc) and "compressed" in str(exc), str(exc)
+        else:
+            raise AssertionError("a key compressed on one worker only was accepted")
+    print(f"lossy ok on worker {rank}", flush=True)
 
 cl.shutdown()
 if "reinit" in cases:

@@ -46,6 +46,25 @@ def check_optimizer(r, n):
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         close(p, q, f"ps fp16: {name}", rtol=3e-2, atol=3e-3)
     assert_same_on_all_ranks(bps, list(model.parameters()), "ps fp16")
+    # a lossy encoder: the gradients' partitions are pushed encoded (counted here) and the servers answer
+    # the dense sum; every rank ends with the same bits
+    from commlib import api
+
+    client = api._rt().servers
+    original, encoded = client.push_pull_async, []
+
+    def counting(*args, **kwargs):
+        encoded.append(kwargs.get("lossy") is not None)
+        return original(*args, **kwargs)
+
+    client.push_pull_async = counting
+    try:
+        model, _ = train_pair(r, n, "sgd", compression=bps.Compression.topk(0.3, min_elements=1))
+    finally:
+        client.push_pull_async = original
+    assert encoded and all(encoded), encoded
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert_same_on_all_ranks(bps, list(model.parameters()), "ps topk")
 
 
 def main():
