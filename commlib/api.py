@@ -462,9 +462,10 @@ def persistent_allreduce(name: str, op=Average, prescale_factor: float = 1.0, po
     priority=priority)`` does, with less work per start (:class:`PersistentAllreduce`; no compression or
     forced algorithm: use ``allreduce_async_`` for those). ``name`` is required: it is what makes the
     repeated starts the same request on every rank."""
-    if name is None:
-        raise TypeError("persistent_allreduce: name must be a string (a persistent request is matched by name)")
-    name = validation.check_name(name, "persistent_allreduce")
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"persistent_allreduce: name must be a non-empty string (it is what matches the request's "
+                        f"starts across ranks), not {type(name).__name__} {name!r}"[:300])
+    name = str(name)
     if priority:
         priority = _priority(priority, name)
     prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", name)

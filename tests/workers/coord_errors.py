@@ -120,7 +120,7 @@ elif case == "persistent":
     x = np.ones(5, np.float32)
     cl.synchronize(request.start_(x))
     assert np.all(x == 2.0 * size), x
-    for bad in (None, 3.5):
+    for bad in (None, 3.5, ""):
         try:
             cl.persistent_allreduce(bad)
         except TypeError as exc:
