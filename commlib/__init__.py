@@ -11,7 +11,7 @@ from .api import (
     broadcast_async_, broadcast_object, cross_rank, cross_size, grouped_allreduce, grouped_allreduce_,
     grouped_allgather, grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
     grouped_reducescatter, grouped_reducescatter_async, init, is_initialized, join, local_rank, local_size,
-    mpi_threads_supported, num_servers, poll, push_pull, push_pull_, push_pull_async, push_pull_async_, rank,
+    mpi_threads_supported, num_servers, persistent_allreduce, poll, push_pull, push_pull_, push_pull_async, push_pull_async_, rank,
     reducescatter, reducescatter_async, shutdown, size, start_timeline, stop_timeline, synchronize,
 )
 from .adasum import Adasum

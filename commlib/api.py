@@ -418,6 +418,74 @@ def allreduce_async_(tensor: np.ndarray, op=Average, name: str | None = None, pr
                              compression, wait=False, process_set=process_set, priority=priority)
 
 
+class PersistentAllreduce:
+    """One named in-place allreduce started again and again (a gradient, every step), as MPI's persistent
+    collectives: the arguments are checked once, and after the first start of an array of a given dtype
+    and shape the request's metadata is kept, so a start only checks that the array is still a writable
+    C-contiguous numpy array of that dtype and shape and queues it (``allreduce_async_`` with the same
+    arguments builds and looks up the request on every call). Anything else (another dtype or shape, a
+    device array, commlib re-initialized) takes ``allreduce_async_``'s full path, with its checks and
+    errors. Made by :func:`persistent_allreduce`."""
+
+    __slots__ = ("name", "_kwargs", "_runtime", "_meta", "_dtype", "_shape", "_process_set")
+
+    def __init__(self, name: str, kwargs: dict):
+        self.name = name
+        self._kwargs = kwargs
+        self._process_set = kwargs.get("process_set")
+        self._runtime = None
+        self._meta: Meta | None = None
+        self._dtype = None
+        self._shape = None
+
+    def start_(self, array) -> Handle:
+        """Start reducing ``array`` in place; returns the handle to ``synchronize``."""
+        runtime = _state.runtime
+        meta = self._meta
+        if (meta is None or runtime is not self._runtime or type(array) is not np.ndarray
+                or array.dtype is not self._dtype or array.shape != self._shape):
+            return self._first(array)
+        flags = array.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return self._first(array)
+        member = runtime.sets.member(self._process_set, self.name)  # a removed set is still an error
+        return member.coordinator.submit(Entry(meta, array, array, Handle(meta.name)))
+
+    def _first(self, array) -> Handle:
+        """The full path; keeps the request's metadata when it was a plain one."""
+        kwargs = self._kwargs
+        handle = _allreduce_handle(array, True, kwargs["op"], self.name, kwargs["prescale_factor"],
+                                   kwargs["postscale_factor"], None, None, wait=False,
+                                   process_set=self._process_set, priority=kwargs["priority"])
+        runtime = _state.runtime
+        self._meta = None
+        if type(array) is np.ndarray and type(kwargs["op"]) is ReduceOp:
+            meta = _plain_allreduce_meta(runtime, self.name, array, kwargs["op"], kwargs["prescale_factor"],
+                                         kwargs["postscale_factor"], kwargs["priority"])
+            if meta is not None:
+                self._runtime, self._meta, self._dtype, self._shape = runtime, meta, array.dtype, array.shape
+        return handle
+
+
+def persistent_allreduce(name: str, op=Average, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                         process_set=None, priority: int = 0) -> PersistentAllreduce:
+    """An in-place allreduce of ``name`` to start many times: ``request.start_(array)`` does what
+    ``allreduce_async_(array, op, name, prescale_factor, postscale_factor, process_set=process_set,
+    priority=priority)`` does, with less work per start (:class:`PersistentAllreduce`; no compression or
+    forced algorithm: use ``allreduce_async_`` for those). ``name`` is required: it is what makes the
+    repeated starts the same request on every rank."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"persistent_allreduce: name must be a non-empty string (it is what matches the request's "
+                        f"starts across ranks), not {type(name).__name__} {name!r}"[:300])
+    name = str(name)
+    if priority:
+        priority = _priority(priority, name)
+    prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", name)
+    postscale_factor = validation.check_scale_factor(postscale_factor, "postscale_factor", name)
+    return PersistentAllreduce(name, dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                          process_set=process_set, priority=priority))
+
+
 def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, algorithm: str | None = None,
               compression: WireCodec | None = Compression.none, process_set=None) -> np.ndarray:

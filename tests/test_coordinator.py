@@ -40,7 +40,7 @@ def test_idle_job_does_not_spin():
 
 
 CASES = ["readonly", "shape", "dtype", "op", "root", "scale", "compression", "allgather_shape", "noncontiguous",
-         "unsupported_dtype", "average_bool", "bad_algorithm", "reuse", "execution_failure"]
+         "unsupported_dtype", "average_bool", "bad_algorithm", "reuse", "execution_failure", "persistent"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -21,6 +21,7 @@ is therefore False; use ``opt.optimizer`` for the wrapped object.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 import weakref
 from collections import Counter
@@ -32,7 +33,8 @@ import commlib as _cl
 from .. import validation
 from . import collectives as C
 from ..frameworks import split_evenly
-from .collectives import Average, Compression, Sum, resolve_op, set_kwargs, set_size
+from .collectives import Adasum, Average, Compression, Sum, resolve_op, set_kwargs, set_size
+from .tensors import NUMPY_DTYPES
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -122,15 +124,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.sparse_as_dense = bool(sparse_as_dense)
         self.process_set = process_set
+        # A plain reduction (no Horovod-style compressor, no Adasum, no compression): one-parameter units
+        # with dense CPU gradients take _start_plain.
+        self._plain = compression is Compression.none and op is not Adasum
+        # Average divides part before the sum and the rest after it (commlib's Average divides by size after)
+        self._scales = ((1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor) if op is Average
+                        else (1.0, 1.0))
 
         self._named = _named_parameters(optimizer, named_parameters)
         self._names = {}           # parameter -> allreduce name
         self._units = []           # tuples of parameters reduced together
         self._unit_of = {}         # parameter -> its unit
-        self._delay = {}           # parameter -> backward passes left before it is communicated
-        self._ready = Counter()    # unit -> members whose gradient is final for this step
+        self._unit_by_id = {}      # id(parameter) -> its unit (the gradient hook's lookup)
+        self._delay = {}           # id(parameter) -> backward passes left before it is communicated
+        self._ready = Counter()    # unit (of several parameters) -> members whose gradient is final
         self._handles = {}         # unit -> function waiting for its reduction
-        self._seen = set()         # parameters whose gradient arrived since the last synchronize
+        self._seen = set()         # id()s of the parameters whose gradient arrived since the last synchronize
+        self._requests = {}        # unit of one parameter -> (priority, commlib.PersistentAllreduce)
         self._hooks = []
         self._priority = {}        # unit -> its priority (priority="forward"), else empty
         self._pending = []         # overlap_forward: (unit, wait) of the last step, most urgent first
@@ -366,20 +376,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._units.append(unit)
         for p in unit:
             self._unit_of[p] = unit
-            self._delay[p] = self.backward_passes_per_step
+            self._unit_by_id[id(p)] = unit
+            self._delay[id(p)] = self.backward_passes_per_step
             self._hooks.append(p.register_post_accumulate_grad_hook(_weak_hook(self)))
 
     def _on_gradient(self, p):
-        if self._delay[p] == 0:
+        # Runs once per gradient per backward pass, on the thread that runs backward: kept to a few dict
+        # operations keyed by id(p) (a tensor's own __hash__ is a Python call).
+        key = id(p)
+        left = self._delay[key]
+        if left == 0:
             raise AssertionError(
                 f"the gradient of {self._names[p]!r} was computed more than backward_passes_per_step="
                 f"{self.backward_passes_per_step} times before step()/synchronize(); increase "
                 "backward_passes_per_step to accumulate gradients locally, or call step() after each backward")
-        self._seen.add(p)
+        self._seen.add(key)
         self._synchronized = False
-        self._delay[p] -= 1
-        if self._delay[p] == 0:
-            unit = self._unit_of[p]
+        self._delay[key] = left - 1
+        if left == 1:
+            unit = self._unit_by_id[key]
+            if len(unit) == 1:
+                self._handles[unit] = self._start(unit)
+                return
             self._ready[unit] += 1
             if self._ready[unit] == len(unit):
                 self._handles[unit] = self._start(unit)
@@ -387,6 +405,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _start(self, unit):
         """Start reducing the unit's gradients (zeros where backward produced none); return a function
         that waits for the result and puts it in place."""
+        if len(unit) == 1 and self._plain:
+            grad = unit[0].grad
+            if grad is not None and grad.dtype in _PLAIN_DTYPES and grad.layout is _STRIDED and grad.is_cpu \
+                    and not grad.requires_grad and grad.is_contiguous():
+                return self._start_plain(unit, grad)
         grads, densified = [], []
         for p in unit:
             grad = p.grad
@@ -425,6 +448,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = dense.to_sparse()
 
         return wait
+
+    def _start_plain(self, unit, grad):
+        """The usual case, a dense contiguous CPU gradient of one parameter reduced without compression:
+        started through a persistent request (the same checks once, less work per step), waited for
+        without a handle wrapper."""
+        priority = self._priority.get(unit, 0)
+        known = self._requests.get(unit)
+        if known is None or known[0] != priority:
+            prescale, postscale = self._scales
+            known = self._requests[unit] = (priority, _cl.persistent_allreduce(
+                self._names[unit[0]], op=self.op, prescale_factor=prescale, postscale_factor=postscale,
+                process_set=self.process_set, priority=priority))
+        handle = known[1].start_(grad.numpy())
+        return functools.partial(_cl.synchronize, handle)
 
     def _start_sparse(self, p):
         """Horovod's sparse allreduce: allgather every rank's (index, value) pairs; the result is the
@@ -484,8 +521,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._handles.clear()
         self._seen.clear()
         self._ready.clear()
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
+        self._delay = dict.fromkeys(self._delay, self.backward_passes_per_step)
         self._synchronized = False
 
     def set_backward_passes_per_step(self, passes):
@@ -552,6 +588,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         _zero(p, set_to_none)
             return
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+_STRIDED = torch.strided
+#: dtypes whose CPU tensors ``.numpy()`` views as they are (bfloat16 needs a view of its bits: commlib.torch.tensors)
+_PLAIN_DTYPES = frozenset(d for d in NUMPY_DTYPES if d is not torch.bfloat16)
 
 
 def check_momentum(optimizer, compression) -> None:

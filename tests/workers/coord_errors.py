@@ -107,6 +107,26 @@ elif case == "shutdown_root":
     expect_error(lambda: cl.allreduce(np.zeros(3), name="w"), "'w'", "rank 0", "shut down")
     cl.shutdown()
     sys.exit(0)
+elif case == "persistent":
+    # a persistent request: right sums on repeated starts (the kept metadata after the first), and a start
+    # that differs (shape on one rank) takes the full path: the error names the tensor on every rank
+    request = cl.persistent_allreduce("p", op=cl.Sum, postscale_factor=2.0)
+    for step in range(3):
+        x = np.full(5, rank + step, np.float32)
+        cl.synchronize(request.start_(x))
+        assert np.all(x == 2.0 * sum(r + step for r in range(size))), (step, x)
+        assert request._meta is not None, "the request's metadata was not kept"
+    expect_error(lambda: cl.synchronize(request.start_(np.zeros(5 + rank, np.float32))), "'p'", "shape")
+    x = np.ones(5, np.float32)
+    cl.synchronize(request.start_(x))
+    assert np.all(x == 2.0 * size), x
+    for bad in (None, 3.5, ""):
+        try:
+            cl.persistent_allreduce(bad)
+        except TypeError as exc:
+            assert "name" in str(exc), exc
+        else:
+            raise AssertionError(f"persistent_allreduce({bad!r}) raised nothing")
 elif case == "execution_failure":
     # an engine error during execution (a torus grid that does not fit) reaches every rank's handle
     expect_error(lambda: cl.allreduce(np.zeros(3), algorithm="torus2d", name="w"), "COMMLIB_TORUS_SHAPE")

@@ -95,7 +95,8 @@ def numpy_calls(draw):
     kind = draw(st.sampled_from(["allreduce", "allreduce_async", "allreduce_", "grouped_allreduce", "allgather",
                                  "broadcast", "broadcast_", "reducescatter", "alltoall", "broadcast_object",
                                  "allgather_object", "synchronize", "poll", "barrier", "grouped_allgather",
-                                 "grouped_reducescatter", "adasum", "add_process_set", "compressor"]))
+                                 "grouped_reducescatter", "adasum", "add_process_set", "compressor",
+                                 "persistent_allreduce"]))
     name = draw(names)
     if kind in ("allreduce", "allreduce_async", "allreduce_"):
         kwargs = dict(op=draw(ops), name=name, prescale_factor=draw(factors), postscale_factor=draw(factors),
@@ -104,6 +105,17 @@ def numpy_calls(draw):
         if kind == "allreduce_async":
             return kind, lambda: cl.synchronize(cl.allreduce_async(tensor, **kwargs))
         return kind, lambda: getattr(cl, kind)(tensor, **kwargs)
+    if kind == "persistent_allreduce":  # made once, started twice (the second start may take the kept request)
+        kwargs = dict(op=draw(ops), prescale_factor=draw(factors), postscale_factor=draw(factors),
+                      process_set=draw(process_sets))
+        tensor = draw(tensors)
+
+        def start_twice():
+            request = cl.persistent_allreduce(name, **kwargs)
+            for _ in range(2):
+                cl.synchronize(request.start_(tensor))
+
+        return kind, start_twice
     if kind == "grouped_allreduce":
         group = draw(st.one_of(st.lists(tensors, max_size=3), tensors))
         kwargs = dict(op=draw(ops), name=name, prescale_factor=draw(factors), compression=draw(compressions))
