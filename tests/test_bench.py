@@ -13,7 +13,7 @@ from mpirun import cross_memory_attach_permitted, run_mpi
 
 from commlib.bench.collective import exact_limit, reduction_input, reduction_result
 from commlib.bench.collectives import COLLECTIVES
-from commlib.bench.core import count_wrong, layouts, tolerance
+from commlib.bench.core import MAX_ROUNDS, count_wrong, layouts, timed_blocks, tolerance
 from commlib.bench.options import DTYPES, OPS, parse_options
 from commlib.algorithms.spec import names
 from commlib.compression import Compression
@@ -212,6 +212,35 @@ def test_options_parse_like_nccl_tests():
     assert opts.config().local_size == 2 and opts.config().torus_shape == (2, 2)
     assert opts.rounds == 5
     assert parse_options(["-n", "3"]).rounds == 3, "rounds never exceed iterations"
+
+
+def test_min_time_adds_rounds_of_the_same_length_where_calls_are_short():
+    """--min-time: short calls get more interleaved rounds (blocks of -n/--rounds calls), up to MAX_ROUNDS;
+    long calls keep -n in --rounds."""
+    assert timed_blocks(8, 4, 0.0, 1e-4) == [2, 2, 2, 2]
+    assert timed_blocks(8, 4, 0.5, 1.0) == [2, 2, 2, 2]  # 1 s calls: already over 0.5 s
+    assert timed_blocks(8, 4, 0.02, 1e-3) == [2] * 10  # 2 ms per round: 10 rounds make 20 ms
+    assert timed_blocks(5, 2, 1.0, 1e-6) == [3, 2] * (MAX_ROUNDS // 2)
+    opts = parse_options(["--auto-warmup", "19", "--min-time", "0.5", "-w", "2"])
+    assert (opts.auto_warmup, opts.min_time, opts.warmup_iters) == (19, 0.5, 2)
+    assert parse_options([]).auto_warmup is None and parse_options([]).min_time == 0.0
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_min_time_must_be_finite_and_not_negative(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_options(["--min-time", value])
+    assert exc.value.code == 2 and "--min-time must be a finite number" in capsys.readouterr().err
+
+
+def test_auto_warmup_and_min_time_on_a_job(tmp_path):
+    """auto gets its own untimed calls per size; 4 KiB calls get many more rounds than -n/--rounds (the
+    same on every rank: the sweep would hang otherwise), 1 round each of 1 call."""
+    data, out = bench(2, tmp_path, "-b", "4K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--rounds", "2",
+                      "--auto-warmup", "19", "--min-time", "0.01", "--algo", "native,auto")
+    assert_all_right(data, ["native", "auto"], 2)
+    assert all(r["rounds"] > 2 and r["iters"] == r["rounds"] for r in data["results"]), data["results"]
+    assert "warmup 1 (auto 19)" in out and "under 0.01 s" in out, out
 
 
 def test_layouts_round_sizes_to_whole_elements_per_rank():

@@ -6,23 +6,34 @@ whether the call reduces one buffer or several fused in place - the learner runs
 (every input is equal on every rank, so every rank runs the same algorithm on the same call):
 
 1. Candidates: the cost model's ranking at the bucket's first size (:func:`.select.rank_all`), keeping the
-   algorithms predicted within ``SPREAD`` times the best, at most ``MAX_CANDIDATES`` of them, and MPI's own
-   allreduce (``native``) wherever it can run: the model is unsure between those, and MPI's own is the
-   baseline auto must never lose to.
+   algorithms predicted within ``SPREAD`` times the best, at most ``MAX_CANDIDATES`` of them besides MPI's
+   own allreduce (``native``), which is measured wherever it can run: the model is unsure between those,
+   and MPI's own is the baseline auto must never lose to (where the model ranks it among its first, it
+   does not take the place of one of commlib's).
    Algorithms predicted exactly alike count once (the model's first): on such a layout they make the same
    exchanges (on 2 ranks ring, rabenseifner and hierarchical all swap halves).
 2. Warm-up: each candidate that has not run on this lane yet runs once, untimed (first calls create
    sub-groups and scratch memory); skipped where the model predicts ``LARGE_S`` or more, where set-up costs
    are small beside the call.
-3. Measured calls, 2 per candidate: where the model predicts under ``SMALL_S``, one round of 2
-   consecutive calls each; above, ``ROUNDS`` rounds of one call each, the order rotating by one per round,
-   and after the first, candidates slower than ``DROP`` times the best are dropped. At the end of a round
-   every rank's vector of per-call times is reduced with MAX over the lane's communicator (one small
-   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
+3. Measured calls: one round in which each candidate runs a *block* of ``REPS`` consecutive calls,
+   and after it candidates slower than ``DROP`` times the best are dropped; where the model predicts
+   under ``SMALL_S``, a second round of the others, the order rotated by one (one block may fall on a
+   busy moment of the machine; short calls make a second cheap). Every block starts after a
+   barrier of the lane (``sync``, untimed): without it a rank that enters early times its wait for the
+   others - how late the previous algorithm or the framework let them go, or a rank descheduled where
+   ranks outnumber cores - which on 2 hosts x 2 ranks over 2 cores was several times a 4 KiB call and
+   ranked the candidates at random. A block, not single calls, because what a job sees is calls back to
+   back, and an algorithm's next call can pay for how its last one ended: there, recursive doubling's
+   second call ran far faster than its first and MPI's did not; across 2 hosts x 1 rank at 16-64 MiB the
+   ring took 560 ms on a call after another algorithm's and 840 ms per call in twos. At the end of a
+   round every rank's vector of block times is reduced with MAX over the lane's communicator (one small
+   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each block from
+   a common start, per call.
 4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
-   closest such one alone run up to ``EXTRA_ROUNDS`` more rounds (a one-call difference between near-equal algorithms is mostly
-   noise; more calls separate them or show that either will do).
-5. Settled: the candidate with the least agreed time (its fastest call; ties to the model's order) runs
+   closest such one alone run up to ``EXTRA_ROUNDS`` more rounds, the order rotating (a one-block
+   difference between near-equal algorithms is mostly noise; more blocks separate them or show that
+   either will do), while the bucket's calls stay within ``MAX_CALLS``.
+5. Settled: the candidate with the least agreed time (its fastest block; ties to the model's order) runs
    every later call of the bucket, without timing.
 6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls, then after 4 times as
    many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
@@ -33,9 +44,9 @@ whether the call reduces one buffer or several fused in place - the learner runs
 
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times and the count
 of calls, which every rank sees alike), never of a rank's own clock, so ranks whose clocks disagree still
-choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x 2 measured calls per
-bucket, plus one warm-up call per algorithm and lane, plus ``EXTRA_ROUNDS`` rounds of the two near-tied
-(at most 20 calls in all, usually 12 or fewer), only among algorithms the model predicts within
+choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x ``REPS`` measured calls
+per bucket, plus one warm-up call per algorithm and lane, plus ``EXTRA_ROUNDS`` rounds of the two
+near-tied (at most ``MAX_CALLS`` calls in all, usually 16 or fewer), only among algorithms the model predicts within
 ``SPREAD`` of the best; a re-check runs at most 3 algorithms measured within ``RECHECK`` of the settled
 one, ``CHECK_ROUNDS`` x 2 calls each, after 4x as many calls each time; and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
 ``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
@@ -52,9 +63,11 @@ import numpy as np
 
 SPREAD = 4.0         # candidates: predicted within this factor of the model's best
 MAX_CANDIDATES = 3   # besides native
-ROUNDS = 2           # measured rounds after the warm-up (1 below SMALL_S: its 2 calls per candidate)
+ROUNDS = 1           # scheduled measured rounds after the warm-up (2 below SMALL_S)
+SMALL_S = 2e-3       # predicted best below this: a second scheduled round, the order rotated
+REPS = 2             # consecutive calls per candidate per round: one block, timed from a barrier
+MAX_CALLS = 20       # a bucket settles within this many calls (near-tie rounds only while they fit)
 DROP = 2.0           # after the first round: drop candidates slower than this times the best
-SMALL_S = 2e-3       # predicted best below this: one round of 2 consecutive calls per candidate
 LARGE_S = 20e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it)
 TIE = 1e-6           # predicted times this close (relative) count as one candidate
 FREE_CALLS = 400     # exploring calls always allowed per learner
@@ -76,12 +89,12 @@ class Bucket:
     key: tuple
     candidates: list[str]           # in the model's order
     predicted_s: dict[str, float]   # the model's time of each at the first size seen
-    reps: int                       # consecutive calls per candidate per round
+    reps: int                       # consecutive calls per candidate per round (a block)
     rounds: int                     # measured rounds
     phase: int = 0                  # 0: warm-up; 1..rounds: measured rounds
     slots: list[str] = dataclasses.field(default_factory=list)    # this phase's calls, in order
     local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of this phase's calls
-    agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call
+    agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call, per block
     dropped: list[str] = dataclasses.field(default_factory=list)
     settled: str | None = None
     explored: int = 0               # calls run while exploring
@@ -94,7 +107,7 @@ class Bucket:
     switches: int = 0               # of which changed the settled algorithm
 
     def best_times(self) -> dict[str, float]:
-        """The agreed time of each candidate measured: its fastest agreed call."""
+        """The agreed time of each candidate measured: its fastest agreed block, per call."""
         return {name: min(times) for name, times in self.agreed.items() if times}
 
 
@@ -102,8 +115,10 @@ class Learner:
     """The learning state of one execution lane (one :class:`~.context.AlgorithmContext`); every rank of the
     lane holds an equal one because it sees the same calls in the same order and the same agreed times."""
 
-    def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter,
+                 sync: Callable[[], None] = lambda: None):
         self.agree = agree
+        self.sync = sync    # a barrier of the lane: every measured block starts from it
         self.clock = clock  # replaceable in tests: a rank whose clock disagrees must still choose alike
         self.buckets: dict[tuple, Bucket] = {}
         self.calls = 0          # auto calls seen
@@ -123,7 +138,7 @@ class Learner:
         names: list[str] = []
         last = None
         for c in ranked:
-            if c.predicted_s > SPREAD * best or len(names) == MAX_CANDIDATES:
+            if c.predicted_s > SPREAD * best or len([n for n in names if n != "native"]) == MAX_CANDIDATES:
                 break
             if last is not None and c.predicted_s <= last * (1 + TIE):
                 continue  # the same predicted time: on this layout the same exchanges (2 ranks: ring,
@@ -133,8 +148,8 @@ class Learner:
         if "native" not in names and any(c.algorithm == "native" for c in ranked):
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
-        small = best < SMALL_S
-        bucket = Bucket(key, names, predicted, reps=2 if small else 1, rounds=1 if small else ROUNDS)
+        # short calls: a second round (of the candidates not dropped), as one block may fall on a busy moment
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if best < SMALL_S else ROUNDS)
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
@@ -152,6 +167,15 @@ class Learner:
     def _may_explore(self, bucket: Bucket, cold: int, calls: int | None = None) -> bool:
         cost = cold + (len(bucket.candidates) * bucket.rounds * bucket.reps if calls is None else calls)
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
+
+    def _agree_blocks(self, bucket: Bucket) -> list[tuple[str, float]]:
+        """(name, agreed seconds per call) of each block of this round: every rank's block sums, MAX over
+        the ranks in one small allreduce."""
+        reps = bucket.reps
+        sums = np.add.reduceat(np.asarray(bucket.local, np.float64), np.arange(0, len(bucket.local), reps))
+        agreed = self.agree(sums)
+        self.agreements += 1
+        return [(bucket.slots[b * reps], float(total) / reps) for b, total in enumerate(agreed.tolist())]
 
     # -- re-checks ---------------------------------------------------------------------------------------
     def _start_check(self, bucket: Bucket) -> bool:
@@ -178,12 +202,10 @@ class Learner:
         return True
 
     def _end_check_round(self, bucket: Bucket) -> None:
-        agreed = self.agree(np.asarray(bucket.local, np.float64))
-        self.agreements += 1
-        for name, seconds in zip(bucket.slots, agreed.tolist()):
+        for name, seconds in self._agree_blocks(bucket):
             bucket.checked.setdefault(name, []).append(seconds)
         bucket.local = []
-        rounds = len(bucket.checked[bucket.checking[0]]) // bucket.reps
+        rounds = len(bucket.checked[bucket.checking[0]])
         if rounds < CHECK_ROUNDS:
             order = bucket.checking[rounds % len(bucket.checking):] + bucket.checking[:rounds % len(bucket.checking)]
             bucket.slots = [name for name in order for _ in range(bucket.reps)]
@@ -202,13 +224,17 @@ class Learner:
                                               else " (re-checked: kept)"))
 
     def pick(self, bucket: Bucket) -> str | None:
-        """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``)."""
+        """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``). A
+        call to measure returns after the lane's barrier: the caller starts its clock then."""
         self.calls += 1
         if bucket.settled is not None and not bucket.checking:
             bucket.since += 1
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
-        return bucket.slots[len(bucket.local)]
+        index = len(bucket.local)
+        if (bucket.phase > 0 or bucket.checking) and index % bucket.reps == 0:  # a measured block begins
+            self.sync()
+        return bucket.slots[index]
 
     def record(self, bucket: Bucket, seconds: float) -> None:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
@@ -224,9 +250,7 @@ class Learner:
 
     def _end_phase(self, bucket: Bucket) -> None:
         if bucket.phase > 0:  # a measured round: agree on its times, then keep them
-            agreed = self.agree(np.asarray(bucket.local, np.float64))
-            self.agreements += 1
-            for name, seconds in zip(bucket.slots, agreed.tolist()):
+            for name, seconds in self._agree_blocks(bucket):
                 bucket.agreed.setdefault(name, []).append(seconds)
             if bucket.phase == 1:
                 best = min(bucket.best_times().values())
@@ -239,7 +263,8 @@ class Learner:
             best = min(times[n] for n in alive)
             near = sorted((n for n in alive if times[n] <= best * (1 + NEAR)),
                           key=lambda n: (times[n], bucket.candidates.index(n)))[:2]  # the best and its closest
-            if len(near) > 1 and self._may_explore(bucket, 0, len(near) * bucket.reps):
+            more = len(near) * bucket.reps
+            if len(near) > 1 and bucket.explored + more <= MAX_CALLS and self._may_explore(bucket, 0, more):
                 bucket.extra += 1
                 bucket.rounds += 1
                 bucket.dropped += [n for n in alive if n not in near]

@@ -123,7 +123,7 @@ def learner(ctx) -> learn.Learner | None:
         def agree(times):
             transport.allreduce_native_(times, ReduceOp.MAX)  # every rank: the slowest rank's times
             return times
-        found = ctx.tuning["select.learner"] = learn.Learner(agree)
+        found = ctx.tuning["select.learner"] = learn.Learner(agree, sync=transport.barrier)
     return found
 
 

@@ -1,8 +1,12 @@
 """The benchmark core: buffers, warm-up, correctness check, interleaved timing, max over ranks.
 
 First every algorithm runs once at the largest size (creating its scratch buffers and sub-groups).
-Then, for each size, every algorithm runs ``warmup_iters`` untimed calls, then one checked call on fresh
-inputs, then ``iters`` timed calls split into ``rounds`` rounds. Within a round the algorithms take turns,
+Then, for each size, every algorithm runs ``warmup_iters`` untimed calls (``auto``: ``auto_warmup`` where
+given, the calls in which it explores and settles), then one checked call on fresh inputs, then ``iters``
+timed calls split into ``rounds`` rounds; with ``min_time``, more rounds of the same length where the
+warm-up calls show that those would take less than ``min_time`` per algorithm (the median of many rounds
+is what one noisy round cannot move; the rounds are agreed, the slowest rank's warm-up times deciding).
+Within a round the algorithms take turns,
 each timing a block of consecutive calls after a barrier, and each round starts with the next algorithm
 (A, B, C, then B, C, A, ...), so machine noise lands on every algorithm alike, and so does whatever comes
 with a position in the round (on the emulated cluster the round's first block was measured 10-40% slower,
@@ -13,6 +17,7 @@ median over its rounds.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import time
 import warnings
@@ -50,6 +55,8 @@ class SizeResult:
     nbytes: int
     count: int
     measurements: tuple[Measurement, ...]
+    rounds: int | None = None  # timed rounds run at this size
+    iters: int | None = None   # timed calls per algorithm at this size
 
 
 def codec_of(options: Options):
@@ -147,6 +154,21 @@ def _block_lengths(iters: int, rounds: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(rounds)]
 
 
+#: At most this many timed rounds per size with ``min_time``.
+MAX_ROUNDS = 100
+
+
+def timed_blocks(iters: int, rounds: int, min_time: float, call_s: float) -> list[int]:
+    """The timed calls per round: ``iters`` in ``rounds`` rounds, and where ``min_time`` asks, more rounds of
+    the same lengths (at most MAX_ROUNDS) until ``call_s`` seconds per call add up to ``min_time``."""
+    blocks = _block_lengths(iters, rounds)
+    if min_time <= 0 or call_s <= 0:
+        return blocks
+    per_round = call_s * iters / rounds
+    wanted = min(MAX_ROUNDS, max(rounds, math.ceil(min_time / per_round - 1e-9)))
+    return [blocks[r % rounds] for r in range(wanted)]
+
+
 class _Sweep:
     """One rank's part of a sweep: the options, the engine and the benchmark's own communicator."""
 
@@ -163,14 +185,37 @@ class _Sweep:
         o = self.options
         self.collective.fill(pristine, self.rank, self.nranks, o.op, o.root, self.limit)
 
-    def warm_up(self, layout: Layout, pristine: np.ndarray, work: np.ndarray, calls: int) -> None:
+    def warm_up(self, layout: Layout, pristine: np.ndarray, work: np.ndarray, calls: int,
+                auto_calls: int | None = None, algorithms=None) -> dict[str, float]:
+        """``calls`` untimed calls per algorithm (``auto_calls`` for auto where given); returns this rank's
+        seconds per call of each algorithm that ran."""
+        seconds = {}
         with warnings.catch_warnings():
             # Repeated in-place reductions grow the values; overflow here is expected and not checked.
             warnings.simplefilter("ignore", CompressionOverflowWarning)
-            for algorithm in self.options.algorithms:
+            for algorithm in self.options.algorithms if algorithms is None else algorithms:
+                n = auto_calls if algorithm == "auto" and auto_calls is not None else calls
                 np.copyto(work, pristine)
-                for _ in range(calls):
+                start = time.perf_counter()
+                for _ in range(n):
                     self.call(algorithm, work, layout)
+                if n:
+                    seconds[algorithm] = (time.perf_counter() - start) / n
+        return seconds
+
+    def blocks(self, seconds: dict[str, float]) -> list[int]:
+        """The timed calls per round at this size (:func:`timed_blocks`), equal on every rank: the typical
+        call is the mean, over the algorithms named (auto's explores), of the slowest rank's warm-up call."""
+        o = self.options
+        if o.min_time <= 0:
+            return _block_lengths(o.iters, o.rounds)
+        from mpi4py import MPI
+
+        names = [a for a in o.algorithms if a != "auto"] or list(o.algorithms)
+        local = np.array([seconds.get(a, 0.0) for a in names], dtype=np.float64)
+        self.comm.Allreduce(MPI.IN_PLACE, local, op=MPI.MAX)
+        measured = local[local > 0]
+        return timed_blocks(o.iters, o.rounds, o.min_time, float(measured.mean()) if measured.size else 0.0)
 
     def check(self, layout: Layout, pristine: np.ndarray, work: np.ndarray) -> np.ndarray:
         """Wrong elements of one call per algorithm on fresh inputs, on this rank."""
@@ -184,10 +229,11 @@ class _Sweep:
                 wrong[a] = count_wrong(self.call(algorithm, work, layout), expected, tol)
         return wrong
 
-    def time_rounds(self, layout: Layout, pristine: np.ndarray, work: np.ndarray) -> np.ndarray:
+    def time_rounds(self, layout: Layout, pristine: np.ndarray, work: np.ndarray,
+                    blocks: list[int] | None = None) -> np.ndarray:
         """Seconds per call, shape (rounds, algorithms), on this rank; algorithms interleaved per round."""
         o = self.options
-        blocks = _block_lengths(o.iters, o.rounds)
+        blocks = _block_lengths(o.iters, o.rounds) if blocks is None else blocks
         times = np.zeros((len(blocks), len(o.algorithms)), dtype=np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CompressionOverflowWarning)
@@ -216,7 +262,8 @@ class _Sweep:
             measurements.append(Measurement(
                 algorithm=algorithm, time_us=seconds * 1e6, algbw_gbs=algbw, busbw_gbs=algbw * factor,
                 wrong=int(wrong[a]) if self.options.check else None))
-        return SizeResult(nbytes=layout.nbytes, count=layout.count, measurements=tuple(measurements))
+        return SizeResult(nbytes=layout.nbytes, count=layout.count, measurements=tuple(measurements),
+                          rounds=len(times), iters=None)
 
 
 def run_sweep(options: Options, collective: Collective, comm, engine,
@@ -231,18 +278,23 @@ def run_sweep(options: Options, collective: Collective, comm, engine,
     arena = _Arena(options.dtype, max(layout.send_count for layout in steps))
 
     # Before anything is timed, each algorithm runs once at the largest size, so the scratch buffers and
-    # sub-communicators it creates on first use exist already (the first size would pay for them).
+    # sub-communicators it creates on first use exist already (the first size would pay for them). Not
+    # auto: it runs the same algorithms, and a call here would count in its largest size's calls.
     largest = max(steps, key=lambda s: s.send_count)
     pristine, work = arena.views(largest.send_count)
     sweep.fill(pristine)
-    sweep.warm_up(largest, pristine, work, calls=1)
+    sweep.warm_up(largest, pristine, work, calls=1,
+                  algorithms=[a for a in options.algorithms if a != "auto"] or options.algorithms)
 
     for done, layout in enumerate(steps, start=1):
         pristine, work = arena.views(layout.send_count)
         sweep.fill(pristine)
-        sweep.warm_up(layout, pristine, work, calls=options.warmup_iters)
+        seconds = sweep.warm_up(layout, pristine, work, calls=options.warmup_iters,
+                                auto_calls=options.auto_warmup)
+        blocks = sweep.blocks(seconds)
         wrong = sweep.check(layout, pristine, work)
-        times = sweep.time_rounds(layout, pristine, work)
-        yield sweep.summarize(layout, times, wrong)
+        times = sweep.time_rounds(layout, pristine, work, blocks)
+        result = sweep.summarize(layout, times, wrong)
+        yield dataclasses.replace(result, iters=sum(blocks))
         if progress is not None:
             progress(done, len(steps))

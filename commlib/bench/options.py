@@ -47,6 +47,8 @@ class Options:
     iters: int = 20
     warmup_iters: int = 5
     rounds: int = 5
+    auto_warmup: int | None = None  # --auto-warmup: auto's untimed calls per size (None: warmup_iters)
+    min_time: float = 0.0  # --min-time: more rounds per size until each algorithm's timed calls take this
     root: int = 0
     check: bool = True
     op: ReduceOp = ReduceOp.SUM
@@ -176,6 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="untimed iterations per algorithm and size first (default 5)")
     add("--rounds", type=_positive, default=5,
         help="split the timed iterations into this many interleaved rounds (default 5; at most -n)")
+    add("--auto-warmup", type=_non_negative, default=None, metavar="N",
+        help="untimed calls of auto per size, in which it explores and settles (default: -w); its timed "
+             "calls then measure what it settled on after N calls")
+    add("--min-time", type=float, default=0.0, metavar="SECONDS",
+        help="per size, add rounds (of -n/--rounds calls each) until each algorithm's timed calls take "
+             "about this long, from the warm-up calls' times (default 0: -n calls); short calls then get "
+             "many interleaved rounds, whose median one noisy round cannot move")
     add("-r", "--root", type=_non_negative, default=0, help="root rank of broadcast (default 0)")
     add("-c", "--check", type=int, choices=(0, 1), default=1, help="check the results (default 1)")
     add("-o", "--op", type=_choice(OPS), default=ReduceOp.SUM, help="sum, prod, min, max or avg (default sum)")
@@ -221,6 +230,8 @@ def parse_options(argv: list[str] | None = None) -> Options:
 def validate(args: argparse.Namespace) -> Options:
     """Turn parsed arguments into :class:`Options`, rejecting combinations that cannot run."""
     maxbytes = args.minbytes if args.maxbytes is None else args.maxbytes
+    if not 0 <= args.min_time < float("inf"):
+        raise UsageError(f"--min-time must be a finite number of seconds, at least 0 (got {args.min_time})")
     if args.minbytes < 1:
         raise UsageError(f"-b/--minbytes must be at least 1 byte (got {args.minbytes})")
     if maxbytes < args.minbytes:
@@ -250,7 +261,8 @@ def validate(args: argparse.Namespace) -> Options:
         raise UsageError(f"-o applies to reductions; {args.collective} does not reduce")
     options = Options(
         collective=args.collective, minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor,
-        iters=args.iters, warmup_iters=args.warmup_iters, rounds=min(args.rounds, args.iters), root=args.root,
+        iters=args.iters, warmup_iters=args.warmup_iters, rounds=min(args.rounds, args.iters),
+        auto_warmup=args.auto_warmup, min_time=args.min_time, root=args.root,
         check=bool(args.check), op=args.op, dtype=args.datatype, algorithms=tuple(algorithms),
         all_algorithms=args.algo == _algorithms("all"),
         local_size=args.local_size, torus_shape=args.torus, compression=args.compression,

@@ -40,6 +40,8 @@ class RunInfo:
     explain: bool = False
     model: list[str] = dataclasses.field(default_factory=list)  # the cost model, as # lines (--explain)
     learned: list[str] = dataclasses.field(default_factory=list)  # what auto measured (--explain)
+    auto_warmup: int | None = None  # --auto-warmup: auto's untimed calls per size
+    min_time: float = 0.0  # --min-time: seconds of timed calls per algorithm and size, at least
 
 
 def header(info: RunInfo) -> list[str]:
@@ -50,8 +52,11 @@ def header(info: RunInfo) -> list[str]:
         f"# commlib {info.commlib_version}; MPI: {info.mpi_version}",
         f"# ranks {info.ranks}, {nodes}"
         + (f"; load average at start {info.load_average:.2f}" if info.load_average is not None else ""),
-        f"# dtype {info.dtype}, op {info.op}, iters {info.iters} in {info.rounds} interleaved round(s), "
-        f"warmup {info.warmup_iters}, check {'on' if info.check else 'off'}, compression {info.compression}"
+        f"# dtype {info.dtype}, op {info.op}, iters {info.iters} in {info.rounds} interleaved round(s)"
+        + (f" (more rounds where they take under {info.min_time:g} s)" if info.min_time else "")
+        + f", warmup {info.warmup_iters}"
+        + (f" (auto {info.auto_warmup})" if info.auto_warmup is not None else "")
+        + f", check {'on' if info.check else 'off'}, compression {info.compression}"
         + (f", torus {info.torus}" if info.torus else ""),
         *[f"# skipped {algorithm}: {reason}" for algorithm, reason in info.skipped.items()],
         "# time: median over rounds of the slowest rank's time per call; algbw = size / time; "
@@ -162,7 +167,7 @@ def to_json(results: Sequence[SizeResult], info: RunInfo) -> dict:
     return {
         "metadata": dataclasses.asdict(info),
         "results": [
-            {"nbytes": r.nbytes, "count": r.count,
+            {"nbytes": r.nbytes, "count": r.count, "rounds": r.rounds, "iters": r.iters,
              "algorithms": {m.algorithm: {"time_us": m.time_us, "algbw_gbs": m.algbw_gbs,
                                           "busbw_gbs": m.busbw_gbs, "wrong": m.wrong, "chosen": m.chosen,
                                           "predicted_us": m.predicted_us, "x_bound": m.x_bound}

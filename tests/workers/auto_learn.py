@@ -98,7 +98,7 @@ def main() -> None:
         assert bucket.settled in bucket.candidates
     checks = sum(b.checks for b in learning.buckets.values())
     assert learning.explored <= len(learning.buckets) * 20 + checks * 3 * 2 * learn.CHECK_ROUNDS
-    assert learning.agreements <= ((learn.ROUNDS + learn.EXTRA_ROUNDS) * len(learning.buckets)
+    assert learning.agreements <= ((learn.ROUNDS + 1 + learn.EXTRA_ROUNDS) * len(learning.buckets)
                                    + learn.CHECK_ROUNDS * checks)
     # what auto runs now is what it learned
     for nbytes in SIZES:
