@@ -13,7 +13,9 @@ In each job the workers time, in rounds that rotate which method goes first: ``p
 ``--bytes``) and the allreduces ``ring``, ``rabenseifner``, ``hierarchical_pipelined``, ``native`` and
 ``auto`` on the same workers (a barrier before each call; a call's time is the slowest worker's). Reports
 the median per method, the best allreduce, and the link bounds: push_pull S/B (each worker link carries
-S each way), allreduce 2(n-1)/n S/B. Writes ``OUT.txt`` and ``OUT.json``.
+S each way), allreduce 2(n-1)/n S/B. Before the ``own`` job, on the same hosts, the raw transport bound:
+the same traffic over plain TCP sockets (no MPI, no sums), and one TCP flow alone on one link.
+Writes ``OUT.txt`` and ``OUT.json``.
 
 Inside a job this script runs with ``--worker`` (it is the workers' program).
 """
@@ -94,14 +96,137 @@ def traced_worker(nbytes: int, rounds: int, out: str) -> None:
     cl.push_pull_(buf, op=cl.Sum, name="bench")
     client = _rt().servers
     client.trace = []
-    spans = []
+    spans, cpu = [], []
     for _ in range(rounds):
         cl.barrier()
+        before = _cpu_times()
         start = time.monotonic()
         cl.push_pull_(buf, op=cl.Sum, name="bench")
         spans.append((start, time.monotonic()))
-    Path(out, f"worker{cl.rank()}.json").write_text(json.dumps({"spans": spans, "trace": client.trace}))
+        cpu.append([b - a for a, b in zip(before, _cpu_times())])
+    Path(out, f"worker{cl.rank()}.json").write_text(json.dumps({"spans": spans, "trace": client.trace,
+                                                                "cpu": cpu}))
     cl.shutdown()
+
+
+def transport_rank(workers: int, nbytes: int, rounds: int) -> None:
+    """One rank of the raw transport bound (``--transport``): plain TCP between the same hosts, blocking
+    sockets and a thread per direction (no MPI on the data path, no polling, no sums). Ranks
+    ``0..workers-1`` are the workers, the rest the servers. Mode ``all``: every worker sends ``nbytes``
+    spread evenly over the servers and receives as much back from them, all at once (push_pull's
+    traffic); mode ``one``: worker 0 sends ``nbytes`` to server 0 on one connection and nothing else
+    moves (what one TCP flow gets from one link). MPI (mpi4py, already in the job) only exchanges the
+    addresses, holds the barriers and gathers the times; rank 0 prints ``TRANSPORT {json}``."""
+    import re
+    import socket
+    import threading
+
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    servers = list(range(workers, size))
+    share = nbytes // len(servers)
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show", "eth0"], capture_output=True, text=True).stdout
+    address = re.search(r"inet (\S+)/", shown).group(1)
+    addresses = comm.allgather(address)
+    port = 24000 + rank
+    if rank >= workers:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((address, port))
+        listener.listen(len(servers) + workers)
+    comm.Barrier()
+    if rank < workers:
+        conns = []
+        for s in servers:
+            conn = socket.create_connection((addresses[s], 24000 + s))
+            conn.sendall(bytes([rank]))
+            conns.append(conn)
+    else:
+        by_worker = {}
+        for _ in range(workers):
+            conn, _ = listener.accept()
+            by_worker[conn.recv(1)[0]] = conn
+        conns = [by_worker[w] for w in range(workers)]
+        listener.close()
+    out = np.ones(share, np.uint8)
+    into = [bytearray(share) for _ in conns]
+
+    def receive(conn, buf, times=1):
+        view = memoryview(buf)
+        for _ in range(times):
+            got = 0
+            while got < share:
+                n = conn.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionError("the peer closed the connection")
+                got += n
+
+    def send(conn, times=1):
+        for _ in range(times):
+            conn.sendall(out)
+
+    times: dict[str, list[float]] = {"all": [], "one": []}
+    cpu = []
+    for mode in ("all", "one"):
+        for r in range(rounds + 1):  # the first round warms the connections up
+            if mode == "all":
+                threads = [threading.Thread(target=send, args=(c,)) for c in conns] + \
+                    [threading.Thread(target=receive, args=(c, b)) for c, b in zip(conns, into)]
+            elif rank == 0:
+                threads = [threading.Thread(target=send, args=(conns[0], len(servers)))]
+            elif rank == workers:
+                threads = [threading.Thread(target=receive, args=(conns[0], into[0], len(servers)))]
+            else:
+                threads = []
+            comm.Barrier()
+            before = _cpu_times()
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
+            if r:
+                times[mode].append(elapsed)
+                if mode == "all":
+                    cpu.append([b - a for a, b in zip(before, _cpu_times())])
+    for conn in conns:
+        conn.close()
+    if rank == 0:
+        print("TRANSPORT " + json.dumps({"times": times, "cpu": cpu}), flush=True)
+
+
+def run_transport(cluster, workers: int, servers: int, nbytes: int, rounds: int, env: dict) -> dict:
+    """The raw transport bound (:func:`transport_rank`) on ``cluster``'s first ``workers + servers``
+    hosts; ``{"error": ...}`` when it fails (the comparison goes on without it)."""
+    from commlib.testing.cluster import JobFailed
+
+    me = [sys.executable, str(Path(__file__).resolve()), "--transport", "--workers", str(workers),
+          "--bytes", str(nbytes), "--rounds", str(rounds)]
+    try:
+        done = cluster.mpiexec_mpmd([(list(range(workers + servers)), me)], timeout=120, env=env)
+    except JobFailed as exc:
+        return {"error": str(exc).splitlines()[0]}
+    line = [l for l in done.stdout.splitlines() if l.startswith("TRANSPORT ")][-1]
+    return json.loads(line[len("TRANSPORT "):])
+
+
+def _cpu_times() -> list[int]:
+    """The machine's CPU time so far (ticks): user+nice, system, irq+softirq, idle+iowait, all."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return [v[0] + v[1], v[2], v[5] + v[6], v[3] + v[4], sum(v)]
+
+
+def cpu_use(ticks: list[int]) -> str:
+    """'busy 93% (user 20, system 50, irq 23)' from a difference of :func:`_cpu_times`."""
+    user, system, irq, idle, total = ticks
+    total = max(1, total)
+    return (f"machine CPU busy {100 * (total - idle) / total:.0f}% (user {100 * user / total:.0f}, system "
+            f"{100 * system / total:.0f}, irq+softirq {100 * irq / total:.0f})")
 
 
 def traced_server(out: str) -> None:
@@ -129,7 +254,8 @@ def analyze(out: str, nbytes: int, rate_bps: float) -> list[str]:
     for r, (start, _) in enumerate(w[0]["spans"]):
         t0 = min(x["spans"][r][0] for x in w)
         t1 = max(x["spans"][r][1] for x in w)
-        lines.append(f"round {r}: {t1 - t0:.3f} s ({(t1 - t0) / bound:.2f}x S/B)")
+        lines.append(f"round {r}: {t1 - t0:.3f} s ({(t1 - t0) / bound:.2f}x S/B)"
+                     + (f", {cpu_use(w[0]['cpu'][r])}" if "cpu" in w[0] else ""))
         for i, x in enumerate(w):
             a, b = x["spans"][r]
             ev = [e for e in x["trace"] if a <= e[0] <= b]
@@ -163,11 +289,14 @@ def run_job(layout: str, workers: int, servers: int, rate: str, nbytes: int, rou
                                         "--auto-warmup", str(auto_warmup)]),
                 (server_hosts, [sys.executable, "-m", "commlib.server"])]
     with Cluster([1] * hosts, rate=rate) as cluster:
+        transport = run_transport(cluster, workers, servers, nbytes, rounds, env) if layout == "own" else None
         command = cluster.mpmd_args(programs)
         done = cluster.mpiexec_mpmd(programs, timeout=900, env=env)
     line = [l for l in done.stdout.splitlines() if l.startswith("RESULT ")][-1]
     result = json.loads(line[len("RESULT "):])
     result["command"] = " ".join(command)
+    if transport is not None:
+        result["transport"] = transport
     return result
 
 
@@ -201,6 +330,19 @@ def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[li
               f"best allreduce: {best} {med[best]:.3f} s; push_pull {med['push_pull']:.3f} s = "
               f"{med['push_pull'] / ps_bound:.2f}x its bound, {med[best] / med['push_pull']:.2f}x faster than "
               f"{best}"]
+    transport = result.get("transport")
+    if transport and "error" in transport:
+        lines.append(f"raw transport bound: failed ({transport['error']})")
+    elif transport:
+        every, one = statistics.median(transport["times"]["all"]), statistics.median(transport["times"]["one"])
+        lines += [f"raw transport bound (plain TCP, blocking sockets, no MPI, no sums; same hosts, before the job): "
+                  f"each worker sends S spread over the servers and receives S back, all at once: median "
+                  f"{every:.3f} s = {every / ps_bound:.2f}x S/B (" + " ".join(f"{x:.3f}" for x in transport["times"]["all"])
+                  + f"), {cpu_use([sum(c) for c in zip(*transport['cpu'])])}",
+                  f"one TCP flow of S on one link, nothing else moving: median {one:.3f} s = {one / ps_bound:.2f}x "
+                  "S/B (" + " ".join(f"{x:.3f}" for x in transport["times"]["one"]) + "; the link's ceiling for "
+                  "TCP payload: frame and header bytes count against the rate)",
+                  f"push_pull {med['push_pull']:.3f} s = {med['push_pull'] / every:.2f}x the raw transport bound"]
     if "auto" in result:
         lines.append(f"auto runs {result['auto']['runs']} after its warm-up; the cost model predicted "
                      + ", ".join(f"{a} {t:.3f} s" for a, t in result["auto"]["predicted"]))
@@ -221,6 +363,7 @@ def main() -> int:
     parser.add_argument("--auto-warmup", type=int, default=16,
                         help="calls of auto before the timed rounds, while it learns (reported: what it runs then)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--transport", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--report-only", action="store_true", help="rewrite OUT.txt from OUT.json (no jobs)")
     parser.add_argument("--trace", default=None, help="push_pull alone with per-partition traces kept in "
                         "this directory, then where its time went (own layout)")
@@ -232,6 +375,9 @@ def main() -> int:
     nbytes = parse_size(args.bytes)
     if args.serve:
         traced_server(args.trace)
+        return 0
+    if args.transport:
+        transport_rank(args.workers, nbytes, args.rounds)
         return 0
     if args.worker and args.trace:
         traced_worker(nbytes, args.rounds, args.trace)

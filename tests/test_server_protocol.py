@@ -30,3 +30,30 @@ def test_placement_is_the_same_in_every_process():
     # CRC-32, not Python's salted hash: a fixed value for a fixed name
     assert [protocol.server_of("layer1.weight", p, 3) for p in range(4)] == \
         [(protocol.zlib.crc32(b"layer1.weight") + p) % 3 for p in range(4)]
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("count", [0, 1, 2, 999, 1000, 1001, 10 ** 6, 16 * 2 ** 20 + 3])
+def test_bounds_cover_the_tensor_and_load_every_server_alike(servers, count):
+    b = protocol.bounds(count, 4, 4096000, servers)
+    per, n = protocol.partitions(count, 4, 4096000, servers)
+    assert b[0] == 0 and b[-1] == count
+    assert all(lo < hi for lo, hi in zip(b, b[1:]))  # none empty
+    assert all((hi - lo) * 4 <= 4096000 for lo, hi in zip(b, b[1:]))
+    if n < 4 * servers:  # too few to taper: partitions() as they are
+        assert b == [min(count, p * per) for p in range(n + 1)]
+        return
+    assert len(b) - 1 == n + 6 * servers
+    load = collections.Counter()
+    for p, (lo, hi) in enumerate(zip(b, b[1:])):
+        load[protocol.server_of("w", p, servers)] += hi - lo
+    assert max(load.values()) - min(load.values()) <= per  # at most the one shorter regular partition
+
+
+def test_bounds_taper_at_both_ends():
+    b = protocol.bounds(16 << 20, 4, 4096000, 4)  # 64 MiB of float32 over 4 servers: 1 MiB regular
+    sizes = [(hi - lo) * 4 >> 10 for lo, hi in zip(b, b[1:])]
+    head = [128] * 8 + [256] * 4 + [512] * 4
+    assert sizes[:16] == head and sizes[-16:] == head[::-1]
+    assert set(sizes[16:-16]) == {1024} and len(sizes) == 64 + 24
+    assert protocol.bounds(16 << 20, 4, 4096000, 4, ramp=False) == [p << 18 for p in range(65)]

@@ -139,9 +139,9 @@ def link_bytes(nbytes: float, shape) -> tuple[float, bool]:
 
 def cost(model, nbytes: float, shape, codec=None, seg: int = 0) -> float:
     """The busiest link's bytes (:func:`link_bytes`) at the server link's rate, one partition's round
-    trip (the first partition gathered from every worker, the last one's answers to every worker), the
-    sum of the last partition, a message cost per partition, encoding and decoding; infinite without
-    servers."""
+    trip (the first partition gathered from every worker, the last one's answers to every worker: the
+    smallest partitions of :func:`commlib.server.protocol.bounds`), the sum of the last partition, a
+    message cost per partition, encoding and decoding; infinite without servers."""
     if nbytes <= 0:
         return 0.0
     if not shape.servers:
@@ -149,10 +149,14 @@ def cost(model, nbytes: float, shape, codec=None, seg: int = 0) -> float:
     wire = nbytes * (0.5 if codec is not None else 1.0)
     busiest, crosses = link_bytes(wire, shape)
     link = model.server if crosses else model.intra
+    servers = len(shape.servers)
     parts = max(1, -(-int(wire) // max(1, shape.server_partition_bytes)))
     if parts > 1:
-        parts = max(parts, min(16 * len(shape.servers), int(wire) // (256 << 10)))
-    part = wire / parts
+        parts = max(parts, min(16 * servers, int(wire) // (256 << 10)))
+    end = wire / parts
+    if parts >= 4 * servers:  # the layout's tapered ends (commlib.server.protocol.bounds; that layer is above)
+        parts += 6 * servers
+        end /= 8
     return (model.call_s + 2 * link.alpha_s + busiest * link.beta_s_per_byte
-            + 2 * shape.ranks * part * link.beta_s_per_byte + parts * model.message_s
-            + (shape.ranks - 1) * part * model.reduce_s_per_byte + 2 * nbytes * model.codec_rate(codec))
+            + 2 * shape.ranks * end * link.beta_s_per_byte + parts * model.message_s
+            + (shape.ranks - 1) * end * model.reduce_s_per_byte + 2 * nbytes * model.codec_rate(codec))

@@ -165,7 +165,8 @@ class ServerClient:
             def finish(part: _Part, lo: int, hi: int) -> None:
                 if postscale != 1.0:
                     kernels.scale_(part.wire, postscale)
-        per, nparts = protocol.partitions(buf.size, wire.itemsize, self.partition_bytes, len(self.servers))
+        bounds = protocol.bounds(buf.size, wire.itemsize, self.partition_bytes, len(self.servers))
+        nparts = len(bounds) - 1
         result = buf if result is None else result
         if nparts == 0:
             handle.set_result(result)
@@ -176,7 +177,7 @@ class ServerClient:
             self._in_flight.add(key)
             for q in range(nparts):
                 p = (q + self.worker) % nparts  # each worker starts at another server (see _launch)
-                lo, hi = p * per, min(buf.size, (p + 1) * per)
+                lo, hi = bounds[p], bounds[p + 1]
                 server = protocol.server_of(key, p, len(self.servers))
                 dest = self.servers[server]
                 slot = next(self._slots)

@@ -98,6 +98,39 @@ def partitions(count: int, itemsize: int, partition_bytes: int, servers: int) ->
     return per, -(-count // per)
 
 
+#: Partitions of a large tensor's first and last groups, as fractions of the regular size (each entry a
+#: group of one partition per server): the head ramps up, the tail down (reversed).
+RAMP = (8, 8, 4, 2)
+
+
+def bounds(count: int, itemsize: int, partition_bytes: int, servers: int, ramp: bool = True) -> list[int]:
+    """The partitions of push_pull: offsets ``[0, b1, ..., count]`` (partition ``p`` is ``[b[p], b[p+1])``).
+
+    :func:`partitions`' equal partitions, except that a tensor of at least ``4 x servers`` of them starts
+    and ends with smaller ones (``RAMP``): ``servers`` of 1/8, ``servers`` of 1/8, then 1/4, then 1/2 of the
+    regular size at the start, the same reversed at the end. A server answers a partition once every
+    worker has pushed it, so the workers' links carry no answers until the first partitions are complete,
+    and nothing but answers after the last: small partitions there shorten both. Each group holds one
+    partition per server (consecutive partitions go to consecutive servers), so every server's link still
+    carries the same share."""
+    per, n = partitions(count, itemsize, partition_bytes, servers)
+    if n == 0:
+        return [0]
+    if not ramp or n < 4 * servers or per < 2 * RAMP[0]:
+        return [min(count, p * per) for p in range(n + 1)]
+    head = [per // d for d in RAMP for _ in range(servers)]
+    middle_total = count - 2 * sum(head)
+    m = n - 2 * servers  # the regular partitions left (a multiple of servers, at least 2 x servers)
+    mid = -(-middle_total // m)
+    sizes = head + [mid] * (middle_total // mid) + ([middle_total % mid] if middle_total % mid else []) \
+        + head[::-1]
+    out = [0]
+    for size in sizes:
+        out.append(out[-1] + size)
+    assert out[-1] == count
+    return out
+
+
 def server_of(key: str, part: int, servers: int) -> int:
     """The server (index among the servers) that reduces partition ``part`` of ``key``: a hash of the key
     (CRC-32, equal in every process, unlike Python's ``hash``) plus the partition index, so one tensor's
