@@ -228,8 +228,9 @@ if "lossy" in cases:
     n = 3 * PART // 4 * 5 + 3  # several partitions of a few hundred elements
 
     def bounds(count):
-        per, nparts = protocol.partitions(count, 4, PART, servers)
-        return [(p * per, min(count, (p + 1) * per)) for p in range(nparts)]
+        """The partitions push_pull encodes one by one (protocol.bounds: tapered at both ends)."""
+        b = protocol.bounds(count, 4, PART, servers)
+        return list(zip(b[:-1], b[1:]))
 
     def distinct(r, step):
         """Distinct magnitudes (no ties for top-k), signs varying, different on every worker and step."""
