@@ -69,13 +69,18 @@ def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, N
                     start = learner.clock()
                     state["t"] += now[ran] * scale * (1 + noise * rng.random())
                     learner.record(bucket, learner.clock() - start)
+    run_ranks(ranks, rank_main)
+    return picks, [entry[0] for entry in learners]
+
+
+def run_ranks(ranks: int, rank_main) -> None:
+    """Run ``rank_main(r)`` for every simulated rank on a thread of its own; fail if one hangs."""
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ranks)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads), "a simulated rank hung"
-    return picks, [entry[0] for entry in learners]
 
 
 def simulate_arrivals(ranks: int, calls: int, truth, predicted, exit_skew, seed: int, with_sync=True):
@@ -107,12 +112,7 @@ def simulate_arrivals(ranks: int, calls: int, truth, predicted, exit_skew, seed:
             state["t"] = last_in + truth[ran] + exit_skew.get(ran, 0.0) * rng.random()
             if name is not None:
                 learner.record(bucket, state["t"] - start)
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(ranks)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads), "a simulated rank hung"
+    run_ranks(ranks, rank_main)
     return [entry[0] for entry in learners]
 
 
