@@ -46,7 +46,7 @@ def shape_of(ctx) -> _cost.Shape:
         cached = ctx.tuning["ps.shape"] = _cost.Shape(
             node_of_rank=tuple(ctx.topology.node_of_rank), servers=tuple(ctx.servers.server_nodes),
             server_partition_bytes=config.server_partition_bytes,
-            server_host_reduce=getattr(config, "server_host_reduce", "auto"))
+            server_host_reduce=config.server_host_reduce)
     return cached
 
 
@@ -96,7 +96,7 @@ def reduces_in_hosts(model, nbytes: float, shape, codec=None) -> bool:
     where pushes cross a link (servers elsewhere: the node's link carries every local rank's push) and
     :func:`host_cost` is below :func:`cost`. The inputs are equal on every rank, so every rank decides
     alike (the servers count one push per node or one per rank by it)."""
-    mode = getattr(shape, "server_host_reduce", "auto")
+    mode = shape.server_host_reduce
     if mode == "off" or nbytes <= 0 or not shape.servers or shape.nodes == shape.ranks:
         return False
     if mode == "on":

@@ -409,11 +409,8 @@ class ServerLane:
 
     def reduce_(self, buf: np.ndarray, op: ReduceOp, codec, prescale: float, postscale: float) -> None:
         self.calls += 1
-        handle = self.client.push_pull_async(buf, f"{self.prefix}#{self.calls}", op, codec, prescale, postscale,
-                                             self.contributors)
-        if not handle.done():
-            self.client.wait(handle)
-        handle.result()
+        self._finish([self.client.push_pull_async(buf, f"{self.prefix}#{self.calls}", op, codec, prescale,
+                                                   postscale, self.contributors)])
 
     def reduce_shards_(self, shards, op: ReduceOp, codec, prescale: float, postscale: float,
                        contributors: int) -> None:
@@ -422,8 +419,11 @@ class ServerLane:
         with ``contributors`` pushes (one per node: the holders of shard j); every rank counts the call
         alike, whatever it holds."""
         self.calls += 1
-        handles = [self.client.push_pull_async(view, f"{self.prefix}#{self.calls}.{j}", op, codec, prescale,
-                                               postscale, contributors) for j, view in shards]
+        self._finish([self.client.push_pull_async(view, f"{self.prefix}#{self.calls}.{j}", op, codec, prescale,
+                                                   postscale, contributors) for j, view in shards])
+
+    def _finish(self, handles) -> None:
+        """Wait for every handle of one call, then raise the first error among them."""
         for handle in handles:
             if not handle.done():
                 self.client.wait(handle)

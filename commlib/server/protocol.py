@@ -22,6 +22,7 @@ process is exiting; a server exits once every worker has sent it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import zlib
 
 TAG_PUSH = 1
@@ -124,9 +125,7 @@ def bounds(count: int, itemsize: int, partition_bytes: int, servers: int, ramp: 
     mid = -(-middle_total // m)
     sizes = head + [mid] * (middle_total // mid) + ([middle_total % mid] if middle_total % mid else []) \
         + head[::-1]
-    out = [0]
-    for size in sizes:
-        out.append(out[-1] + size)
+    out = list(itertools.accumulate(sizes, initial=0))
     assert out[-1] == count
     return out
 
