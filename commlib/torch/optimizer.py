@@ -373,6 +373,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # --- hooks and communication --------------------------------------------------------------------------
 
     def _add_unit(self, unit):
+        unit = _Unit(unit)
         self._units.append(unit)
         for p in unit:
             self._unit_of[p] = unit
@@ -453,7 +454,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The usual case, a dense contiguous CPU gradient of one parameter reduced without compression:
         started through a persistent request (the same checks once, less work per step), waited for
         without a handle wrapper."""
-        priority = self._priority.get(unit, 0)
+        priority = self._priority.get(unit, 0) if self._priority else 0
         known = self._requests.get(unit)
         if known is None or known[0] != priority:
             prescale, postscale = self._scales
@@ -588,6 +589,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                         _zero(p, set_to_none)
             return
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class _Unit(tuple):
+    """A communication unit: a tuple of parameters that hashes and compares by identity. Units key the
+    per-step dicts (handles, requests, priorities), looked up for every gradient of every step: a plain
+    tuple's hash would call each tensor's Python ``__hash__``."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
+    __ne__ = object.__ne__
 
 
 _STRIDED = torch.strided
