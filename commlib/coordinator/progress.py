@@ -99,8 +99,8 @@ class Progress:
                 # Cleared only here, just before the check for work (a submission after the check finds it
                 # cleared and notifies); set again while the thread is awake, so that the submissions of a
                 # burst (a backward pass's gradients, tens of microseconds apart) do not each notify a
-                # thread that is already running: 160 notifies per step were ~0.4 ms of the training
-                # thread's time on 160 small gradients.
+                # thread that is already running (on 160 small gradients per step, 2 ranks, the notifies
+                # were about a fifth of the gradient hooks' samples in py-spy, ~0.4 ms per step).
                 self._woken = False
                 if self._waiters or not coordinator.has_work():
                     gather = self._wakeup.wait(IDLE_POLL_S)  # True: a submission woke it
