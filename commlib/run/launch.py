@@ -90,8 +90,6 @@ def _servers(args) -> dict:
     """The Launch fields for ``--num-servers`` / ``--server-hosts``."""
     if args.num_servers < 0:
         raise UsageError(f"--num-servers {args.num_servers}: give 0 or more")
-    if args.server_hosts and not args.num_servers:
-        raise UsageError("--server-hosts needs --num-servers N")
     return dict(servers=args.num_servers,
                 server_hosts=_hosts.parse_hosts(args.server_hosts) if args.server_hosts else [],
                 server_command=[sys.executable, "-m", "commlib.server"])
@@ -186,9 +184,12 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
     timeout = 3600.0 if args.timeout is None else args.timeout
     if args.server_hosts:
         raise UsageError("--server-hosts does not apply to --emulate: the servers get emulated hosts of their own")
+    own = 0 if args.colocate_servers else args.num_servers  # server hosts of their own
     try:
-        with Cluster([per_host] * nhosts + [1] * args.num_servers, rate=args.link_rate) as cluster:
-            print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks, "
+        with Cluster([per_host] * nhosts + [1] * own, rate=args.link_rate) as cluster:
+            servers = (f", {args.num_servers} server(s) " + ("beside the workers" if args.colocate_servers else
+                                                            "on hosts of their own")) if args.num_servers else ""
+            print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks{servers}, "
                   f"links {args.link_rate or 'unshaped'}", file=sys.stderr, flush=True)
             if opts is not None:
                 return _elastic.Driver(opts, _emulated_launcher(cluster, args.command), env).run()
@@ -208,17 +209,24 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
 
 
 def _emulated_servers(cluster, args, env: dict[str, str], np: int, timeout: float) -> int:
-    """An MPMD job on the emulated cluster: ``np`` workers on the first hosts, one server on each of the
-    last ``--num-servers`` hosts."""
-    nhosts = len(cluster.hosts) - args.num_servers
+    """An MPMD job on the emulated cluster: ``np`` workers on the first hosts, then one server on each of
+    the last ``--num-servers`` hosts, or, with ``--colocate-servers``, one per worker host in turn."""
     per_host = cluster.ranks_per_host[0]
     workers = [r // per_host for r in range(np)]
-    programs = [(workers, list(args.command)),
-                (list(range(nhosts, len(cluster.hosts))), [sys.executable, "-m", "commlib.server"])]
+    if args.colocate_servers:
+        used = sorted(set(workers))
+        servers = [used[i % len(used)] for i in range(args.num_servers)]
+    else:
+        servers = list(range(len(cluster.hosts) - args.num_servers, len(cluster.hosts)))
+    programs = [(workers, list(args.command)), (servers, [sys.executable, "-m", "commlib.server"])]
     print(f"commlib-run: {_mpi.printable(env, cluster.mpmd_args(programs))}", file=sys.stderr, flush=True)
     done = cluster.mpiexec_mpmd(programs, timeout=timeout, env=dict(os.environ, **env), check=False)
     sys.stdout.write(done.stdout)
     sys.stdout.flush()
+    if done.returncode:
+        hosts = cluster.hosts
+        for line in _mpi.lost_servers(done.stdout, [hosts[h] for h in workers], [hosts[h] for h in servers]):
+            print(f"commlib-run: error: {line}", file=sys.stderr, flush=True)
     return done.returncode
 
 
