@@ -71,15 +71,17 @@ class _Part:
 class _Job:
     """One tensor's push_pull."""
 
-    __slots__ = ("key", "handle", "output", "finish", "remaining", "failed")
+    __slots__ = ("key", "handle", "output", "finish", "remaining", "failed", "priority")
 
-    def __init__(self, key: str, handle: Handle, output: np.ndarray, finish: Callable, parts: int):
+    def __init__(self, key: str, handle: Handle, output: np.ndarray, finish: Callable, parts: int,
+                 priority: int = 0):
         self.key = key
         self.handle = handle
         self.output = output
         self.finish = finish  # (part) -> None: decode / postscale one answered partition into output
         self.remaining = parts
         self.failed = False
+        self.priority = priority  # higher: its queued partitions are sent sooner (ServerClient._enqueue)
 
 
 class ServerClient:
@@ -129,14 +131,15 @@ class ServerClient:
     # -- submitting -------------------------------------------------------------------------------------
     def push_pull_async(self, buf: np.ndarray, key: str, op: ReduceOp = ReduceOp.SUM, codec=None,
                         prescale: float = 1.0, postscale: float = 1.0, contributors: int | None = None,
-                        result=None, lossy=None) -> Handle:
+                        result=None, lossy=None, priority: int = 0) -> Handle:
         """Start ``buf = postscale * reduce(prescale * buf)`` over the workers (``contributors`` of them
         push ``key``; default every worker) through the servers; ``buf`` is 1-D and C-contiguous. With
         ``codec`` (float32 ``buf``) the values travel in ``codec.wire_dtype`` and the servers accumulate
         in float32; half-precision ``buf`` travels as it is and also accumulates in float32. The handle's
         result is ``result`` (default ``buf``). ``lossy`` (a :class:`commlib.compression.pushed.PushEncoder`,
         float32 ``buf``, no ``codec``): each partition is pushed encoded, the servers decode and sum it in
-        float32 and answer with the dense float32 sum."""
+        float32 and answer with the dense float32 sum. ``priority``: this tensor's partitions are sent before
+        those of lower priority still queued (:meth:`_enqueue`)."""
         if self._broken is not None:
             raise ServerError(f"push_pull {key!r}: {self._broken}")
         contributors = contributors or len(self.job.workers)
@@ -171,10 +174,11 @@ class ServerClient:
         if nparts == 0:
             handle.set_result(result)
             return handle
-        job = _Job(key, handle, result, finish, nparts)
+        job = _Job(key, handle, result, finish, nparts, priority)
         wire_name = dtype_name(wire.dtype)
         with self._lock:
             self._in_flight.add(key)
+            parts = []
             for q in range(nparts):
                 p = (q + self.worker) % nparts  # each worker starts at another server (see _launch)
                 lo, hi = bounds[p], bounds[p + 1]
@@ -186,11 +190,27 @@ class ServerClient:
                                        self.worker, slot, packed, payload.nbytes if payload is not None else 0)
                 part = _Part(job, p, lo, hi, server, slot, wire[lo:hi], header)
                 part.payload = payload
-                self._queued.append(part)
+                parts.append(part)
                 self._by_slot[slot] = part
+            self._enqueue(parts, priority)
             self._launch()
         self._ensure_thread()
         return handle
+
+    def _enqueue(self, parts: list[_Part], priority: int) -> None:
+        """Queue one tensor's partitions (under the lock) behind every queued partition of the same or a
+        higher priority and ahead of the lower ones: higher priorities are sent first, equal ones in
+        submission order (BytePS's scheduled queue). What is already being sent is not overtaken."""
+        queue = self._queued
+        if not queue or queue[-1].job.priority >= priority:  # the common case: no reordering
+            queue.extend(parts)
+            return
+        at = len(queue)
+        while at and queue[at - 1].job.priority < priority:
+            at -= 1
+        queue.rotate(-at)  # the lower-priority tail first, the new partitions before it, then back
+        queue.extendleft(reversed(parts))
+        queue.rotate(at)
 
     def _launch(self) -> None:
         """Post the next queued partitions while fewer than ``WINDOW`` are being sent (under the lock).
