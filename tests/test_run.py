@@ -250,10 +250,23 @@ def test_a_lost_server_is_named_from_hydras_report():
               "=   EXIT CODE: 9\n=   CLEANING UP REMAINING PROCESSES\n")
     (line,) = mpi.lost_servers(report, ["h0", "h1"], ["h2", "h3"])
     assert line.startswith("summation server 0 (rank 2 of the job) on h2 ended (pid 1430, exit code 9)"), line
-    (line,) = mpi.lost_servers(report, ["h0", "h2"], ["h2", "h0", "h2"])
-    assert "server 0 (rank 2 of the job) or server 2 (rank 4 of the job) or worker rank 1" in line, line
-    assert mpi.lost_servers(report, ["h2"], ["h0"]) == []  # a worker's host only: hydra's report says it all
+    (line,) = mpi.lost_servers(report, ["h0", "h1"], ["h2", "h0", "h2"])
+    assert line.startswith("summation server 0 (rank 2 of the job) or server 2 (rank 4 of the job) on h2"), line
+    assert mpi.lost_servers(report, ["h2"], ["h0"]) == []  # a worker's host: hydra's report says it all
+    assert mpi.lost_servers(report, ["h0", "h2"], ["h2"]) == []  # a worker there too: it cannot tell which
     assert mpi.lost_servers("no report", ["h0"], ["h2"]) == []
+
+
+def test_job_with_a_server_killed_names_it():
+    """Workers on localhost and a server on 127.0.0.1 (hydra's second host, still this machine): the server
+    killed mid-job ends the job within seconds, and commlib-run names it from hydra's report."""
+    done = _commlib_run("-np", "2", "-H", "localhost:2", "--num-servers", "1", "--server-hosts", "127.0.0.1:1",
+                        sys.executable, str(REPO / "tests" / "workers" / "run_servers.py"), "killed",
+                        env={"COMMLIB_SERVER_TIMEOUT": "5"}, timeout=60)
+    assert done.returncode != 0 and "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
+    assert "commlib-run: error: summation server 0 (rank 2 of the job) on 127.0.0.1 ended" in done.stderr, \
+        done.stderr[-3000:]
+    assert "never failed" not in done.stdout
 
 
 def test_usage_error_exit_code():

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from typing import Sequence
 
 from ..config import parse_shape
@@ -105,15 +108,58 @@ def _run(args, env: dict[str, str]) -> int:
         if args.verbose:
             print(f"commlib-run: {len(hosts)} host(s) reachable", file=sys.stderr, flush=True)
     print(f"commlib-run: {_mpi.printable(launcher_env, argv)}", file=sys.stderr, flush=True)
-    return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
+    if not args.num_servers:
+        return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
+    # with servers, mpiexec's output is passed on and its end kept: a lost server is named from it
+    tail: collections.deque = collections.deque(maxlen=200)
+    code = _execute(argv, dict(os.environ, **launcher_env), args.timeout, tail)
+    if code:
+        workers, servers = _rank_hosts(args, hosts)
+        for line in _mpi.lost_servers("".join(tail), workers, servers):
+            print(f"commlib-run: error: {line}", file=sys.stderr, flush=True)
+    return code
 
 
-def _execute(argv: list[str], environ: dict[str, str], timeout: float | None) -> int:
-    """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down."""
-    job = subprocess.Popen(argv, env=environ, start_new_session=True)
+def _rank_hosts(args, hosts) -> tuple[list[str], list[str]]:
+    """The host of each worker and of each server, in rank order (hydra's name for this machine where
+    no hosts are given)."""
+    _, np = _slots(args)
+    workers, servers = _mpi.placement(_mpi.Launch(flavor="", mpiexec="", np=np, command=(), hosts=hosts,
+                                                  **_servers(args)))
+    if not workers:
+        workers = [(socket.gethostname(), np)]
+    if not servers:
+        servers = [(socket.gethostname(), args.num_servers)]
+    return ([name for name, k in workers for _ in range(k)], [name for name, k in servers for _ in range(k)])
+
+
+def _execute(argv: list[str], environ: dict[str, str], timeout: float | None,
+             tail: collections.deque | None = None) -> int:
+    """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down.
+    With ``tail``, its output is copied to ours line by line and its last lines kept there."""
+    job = subprocess.Popen(argv, env=environ, start_new_session=True,
+                           stdout=None if tail is None else subprocess.PIPE)
+    copier = None
+    if tail is not None:
+        def copy() -> None:
+            for line in iter(job.stdout.readline, b""):
+                text = line.decode(errors="replace")
+                out = getattr(sys.stdout, "buffer", None)
+                if out is not None:
+                    out.write(line)
+                else:
+                    sys.stdout.write(text)
+                sys.stdout.flush()
+                tail.append(text)
+
+        copier = threading.Thread(target=copy, name="commlib-run-output", daemon=True)
+        copier.start()
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        return job.wait(timeout=timeout)
+        code = job.wait(timeout=timeout)
+        if copier is not None:
+            copier.join(timeout=5)  # a rank left behind may hold the pipe: what it writes later is lost
+        return code
     except subprocess.TimeoutExpired:
         print(f"commlib-run: error: the job ran past --timeout {timeout:g} s; killed", file=sys.stderr)
         _kill(job)

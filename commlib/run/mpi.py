@@ -225,21 +225,18 @@ _BAD_TERMINATION = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\
 
 def lost_servers(output: str, worker_hosts: Sequence[str], server_hosts: Sequence[str]) -> list[str]:
     """What to tell the user when hydra's ``output`` reports a process that ended badly on a host that
-    runs summation servers: one line per such report, naming the server (rank, host) or, where workers
-    share the host, every process it may have been. ``worker_hosts``/``server_hosts``: the host of each
-    worker and of each server, in rank order (servers come after the workers)."""
+    runs summation servers and no worker (elsewhere the report cannot say whether a server or a worker
+    ended): one line per such report, naming the server(s) there. ``worker_hosts``/``server_hosts``: the
+    host of each worker and of each server, in rank order (servers come after the workers)."""
     lines = []
     for pid, host, code in _BAD_TERMINATION.findall(output):
         servers = [f"server {j} (rank {len(worker_hosts) + j} of the job)"
                    for j, h in enumerate(server_hosts) if h == host]
-        if not servers:
+        if not servers or host in worker_hosts:
             continue
-        workers = [str(r) for r, h in enumerate(worker_hosts) if h == host]
-        who = " or ".join(servers) if not workers else \
-            f"{' or '.join(servers)} or worker rank {' or '.join(workers)} (they share the host)"
-        lines.append(f"summation {who} on {host} ended (pid {pid}, exit code {code}), and mpiexec stopped every "
-                     "other process of the job: a push_pull cannot go on without the server that owns its "
-                     "partitions. Its own output, above, may say why; start the job again")
+        lines.append(f"summation {' or '.join(servers)} on {host} ended (pid {pid}, exit code {code}), and "
+                     "mpiexec stopped every other process of the job: a push_pull cannot go on without the "
+                     "server that owns its partitions. Its own output, above, may say why; start the job again")
     return lines
 
 
