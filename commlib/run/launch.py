@@ -111,11 +111,11 @@ def _run(args, env: dict[str, str]) -> int:
     if not args.num_servers:
         return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
     # with servers, mpiexec's output is passed on and its end kept: a lost server is named from it
-    tail: collections.deque = collections.deque(maxlen=200)
+    tail: collections.deque = collections.deque(maxlen=16)  # chunks of at most 64 KiB
     code = _execute(argv, dict(os.environ, **launcher_env), args.timeout, tail)
     if code:
         workers, servers = _rank_hosts(args, hosts)
-        for line in _mpi.lost_servers("".join(tail), workers, servers):
+        for line in _mpi.lost_servers(b"".join(tail).decode(errors="replace"), workers, servers):
             print(f"commlib-run: error: {line}", file=sys.stderr, flush=True)
     return code
 
@@ -136,21 +136,20 @@ def _rank_hosts(args, hosts) -> tuple[list[str], list[str]]:
 def _execute(argv: list[str], environ: dict[str, str], timeout: float | None,
              tail: collections.deque | None = None) -> int:
     """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down.
-    With ``tail``, its output is copied to ours line by line and its last lines kept there."""
+    With ``tail``, its output is copied to ours as it comes and its last chunks kept there."""
     job = subprocess.Popen(argv, env=environ, start_new_session=True,
                            stdout=None if tail is None else subprocess.PIPE)
     copier = None
     if tail is not None:
-        def copy() -> None:
-            for line in iter(job.stdout.readline, b""):
-                text = line.decode(errors="replace")
-                out = getattr(sys.stdout, "buffer", None)
+        def copy() -> None:  # as it comes (a line without its newline too, e.g. a progress bar)
+            out = getattr(sys.stdout, "buffer", None)
+            while chunk := job.stdout.read1(1 << 16):
                 if out is not None:
-                    out.write(line)
+                    out.write(chunk)
                 else:
-                    sys.stdout.write(text)
+                    sys.stdout.write(chunk.decode(errors="replace"))
                 sys.stdout.flush()
-                tail.append(text)
+                tail.append(chunk)
 
         copier = threading.Thread(target=copy, name="commlib-run-output", daemon=True)
         copier.start()
