@@ -5,7 +5,8 @@
   every worker's and every server's host;
 - ``killed``: after one push_pull, worker 0 kills server 0 (SIGKILL; the emulated hosts share the process
   table: the server is the process of this job, below the same mpiexec, whose PMI_RANK is the server's
-  rank), then every worker pushes again until it fails or the launcher ends it.
+  rank), then every worker pushes again until it fails or the launcher ends it. Before the kill, worker 0
+  removes the names of the shared-memory files the job's processes map (the kills would leave them).
 """
 
 import json
@@ -41,21 +42,30 @@ def _ancestors(pid):
     return chain
 
 
-def server_pid(job_rank):
-    """The pid of this job's process at ``job_rank`` (a server): below the same mpiexec as this one."""
+def job_processes():
+    """``{pid: PMI_RANK}`` of every process of this job: the commlib processes below the same mpiexec."""
     launcher = next(p for p in _ancestors(os.getpid()) if b"mpiexec" in open(f"/proc/{p}/cmdline", "rb").read())
+    found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"commlib.server" not in f.read():
-                    continue
             with open(f"/proc/{entry}/environ", "rb") as f:
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-            if env.get(b"PMI_RANK") == str(job_rank).encode() and launcher in _ancestors(int(entry)):
-                return int(entry)
+            if b"PMI_RANK" in env and launcher in _ancestors(int(entry)):
+                found[int(entry)] = int(env[b"PMI_RANK"])
         except (OSError, ValueError):
             continue
-    raise RuntimeError(f"no server process at rank {job_rank} below mpiexec {launcher}")
+    return found
+
+
+def unlink_shared_memory(pids):
+    """Remove the names of MPICH's shared-memory files these processes map (the mappings stay valid): the
+    launcher's kill that follows would leave them in /dev/shm."""
+    for pid in pids:
+        with open(f"/proc/{pid}/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps if len(line.split(None, 5)) == 6}
+        for path in paths:
+            if path.startswith("/dev/shm/mpich_shm_") and os.path.exists(path):
+                os.unlink(path)
 
 
 if case == "values":
@@ -81,7 +91,10 @@ elif case == "killed":
     assert (cl.push_pull(x, op=cl.Sum, name="before") == size).all()
     cl.barrier()
     if rank == 0:
-        victim = server_pid(runtime_job.servers[0])
+        processes = job_processes()
+        assert sorted(processes.values()) == list(range(size + len(servers))), processes
+        unlink_shared_memory(processes)
+        victim = next(pid for pid, r in processes.items() if r == runtime_job.servers[0])
         os.kill(victim, signal.SIGKILL)
         print(f"worker 0 killed server 0 (pid {victim}, on {servers[0]})", flush=True)
     start = time.monotonic()
