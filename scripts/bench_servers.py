@@ -233,10 +233,10 @@ def traced_server(out: str) -> None:
     """A summation server that keeps its trace and writes it to ``out`` when it exits (``--trace``)."""
     from mpi4py import MPI
 
-    from commlib.server.discovery import SERVER, job
-    from commlib.server.loop import Server
+    from commlib.config import Config
+    from commlib.server.loop import open_server
 
-    server = Server(job(MPI.COMM_WORLD, SERVER))
+    server = open_server(MPI.COMM_WORLD, Config.load().server_transport)
     server.trace = []
     server.run()
     Path(out, f"server{server.index}.json").write_text(json.dumps(server.trace))
