@@ -322,8 +322,7 @@ class ServerClient:
         if not self.timeout_s:
             return
         with self._lock:
-            # queued partitions too: behind a server that stopped taking pushes, they never leave
-            for part in self._pending():
+            for part in self._watched():
                 if part.job.failed:
                     continue
                 waited = now - max(part.since, self._heard[part.server])
@@ -338,6 +337,11 @@ class ServerClient:
     def _stage(self, part: _Part) -> str:
         """What the server of ``part`` has not done yet, for an error."""
         return "taken its push" if part.recv is None else "answered"
+
+    def _watched(self) -> list[_Part]:
+        """The partitions whose deadline runs (under the lock)."""
+        # queued ones too: behind a server that stopped taking pushes, they never leave
+        return self._pending()
 
     def _pending(self) -> list[_Part]:
         """Every partition sent or queued and not yet answered (under the lock)."""

@@ -39,6 +39,7 @@ class TcpServerClient(ServerClient):
         self._conns: list[socket.socket | None] = [None] * len(self.servers)
         self._dead: dict[int, str] = {}  # server -> why it cannot be reached
         self._sender: threading.Thread | None = None
+        self._current: _Part | None = None  # the partition the sending thread is sending
         self._receivers: list[threading.Thread] = []
 
     # -- the sending thread -----------------------------------------------------------------------------
@@ -74,11 +75,14 @@ class TcpServerClient(ServerClient):
             if self.trace is not None:
                 self.trace.append((time.monotonic(), "post", part.server, part.slot))
             data = (part.wire if part.payload is None else part.payload).view(np.uint8)
+            self._current = part
             try:
                 tcp.send_frame(conn, tcp.PUSH, part.header, data)
             except OSError as exc:
                 self._server_lost(part.server, f"sending failed: {exc}")
                 continue
+            finally:
+                self._current = None
             now = time.monotonic()
             self._heard[part.server] = now
             if self.trace is not None:
@@ -143,11 +147,12 @@ class TcpServerClient(ServerClient):
                 if part.server == server and not part.job.failed:
                     self._fail(part.job, self._lost(part, why))
         conn, self._conns[server] = self._conns[server], None
-        if conn is not None:
-            try:
-                conn.close()
-            except OSError:
-                pass
+        if conn is not None:  # shut down first: that ends a send or receive blocked on it in another thread
+            for end in (lambda: conn.shutdown(socket.SHUT_RDWR), conn.close):
+                try:
+                    end()
+                except OSError:
+                    pass
 
     def _lost(self, part: _Part, why: str) -> ServerError:
         return ServerError(f"push_pull {part.job.key!r}: {self.job.describe_server(part.server)} cannot be "
@@ -157,10 +162,24 @@ class TcpServerClient(ServerClient):
 
     # -- bookkeeping the base class shares --------------------------------------------------------------
     def _stage(self, part: _Part) -> str:
-        return "answered" if part.slot in self._parts else "taken its push"
+        return "answered" if part.slot in self._parts and part is not self._current else "taken its push"
 
     def _pending(self) -> list[_Part]:
         return list(self._parts.values()) + list(self._queued)
+
+    def _watched(self) -> list[_Part]:
+        """The partitions sent or being sent: the queued ones wait only for the sending thread, which a
+        server that stops taking its pushes blocks (see :meth:`_check_deadlines`)."""
+        return list(self._parts.values())
+
+    def _check_deadlines(self, now: float) -> None:
+        """Besides the deadlines: a server that has not taken a push for the timeout (its connection
+        full, the server stopped) holds the sending thread; it is given up, so that the partitions queued
+        for the other servers go on."""
+        super()._check_deadlines(now)
+        part = self._current
+        if part is not None and self.timeout_s and now - part.since > self.timeout_s:
+            self._server_lost(part.server, f"it has not taken a push for {now - part.since:.1f} s")
 
     def _forget_sent(self, job: _Job) -> None:
         for slot in [slot for slot, part in self._parts.items() if part.job is job]:
@@ -181,22 +200,21 @@ class TcpServerClient(ServerClient):
                 handle.set_error(ServerError(f"push_pull {handle.name!r}: the progress thread is not running"))
 
     def close(self) -> None:
+        """As over MPI; then the connections are shut down (which also ends a send blocked on a server
+        that stopped) and the threads joined."""
         super().close()
         with self._lock:
             self._wake.notify_all()
-        if self._sender is not None:
-            self._sender.join()
-        for server, conn in enumerate(self._conns):
-            if conn is not None:
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        for thread in self._receivers:
+        conns = [conn for conn in self._conns if conn is not None]
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in ([self._sender] if self._sender is not None else []) + self._receivers:
             thread.join(timeout=5.0)
-        for conn in self._conns:
-            if conn is not None:
-                conn.close()
+        for conn in conns:
+            conn.close()
 
 
 def open_client(job: Job, partition_bytes: int, timeout_s: float) -> ServerClient:
