@@ -388,8 +388,9 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     partition = os.environ.get("COMMLIB_SERVER_PARTITION", "default")
+    transport = os.environ.get("COMMLIB_SERVER_TRANSPORT", "default (tcp)")
     lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}, "
-             f"COMMLIB_SERVER_PARTITION={partition}",
+             f"COMMLIB_SERVER_PARTITION={partition}, COMMLIB_SERVER_TRANSPORT={transport}",
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
              f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f} (1 min)",
              f"# {' '.join(sys.argv)}"]
