@@ -86,3 +86,47 @@ def test_local_addresses_put_loopback_last():
     assert addresses and all(a.count(".") == 3 for a in addresses)
     loop = [a.startswith("127.") for a in addresses]
     assert loop == sorted(loop)
+
+
+def test_a_server_that_stops_reading_is_given_up_naming_it():
+    """A server that keeps its connection but takes nothing (stopped, hung): the worker's sending thread
+    blocks once the connection's buffers are full; after the timeout the tensor fails naming the server,
+    the connection is given up (freeing the sending thread) and a later push to it fails at once."""
+    import time
+
+    from mpi4py import MPI
+
+    from commlib.server.client import ServerError
+    from commlib.server.discovery import Job
+    from commlib.server.tcp_client import TcpServerClient
+
+    listener, endpoint = tcp.listen()
+    held = []
+
+    def accept():
+        conn, _ = listener.accept()
+        tcp.accept_hello(conn, endpoint, 0)
+        held.append(conn)  # and never reads
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    # the worker is rank 0 of the job, the server rank 1 (the data plane needs no MPI traffic)
+    job = Job(MPI.COMM_SELF, MPI.COMM_SELF, ("worker", "server"), ("here", "there"), (None, endpoint))
+    client = TcpServerClient(job, 1 << 20, timeout_s=1.0)
+    try:
+        start = time.monotonic()
+        handle = client.push_pull_async(np.ones(8 << 20, np.float32), "big")  # 32 MiB: more than buffers hold
+        client.wait(handle)
+        with pytest.raises(ServerError, match=r"server 0 \(rank 1 of the job, on there\) has not (answered|taken its push)"):
+            handle.result()
+        assert time.monotonic() - start < 5
+        again = client.push_pull_async(np.ones(4, np.float32), "small")
+        client.wait(again)
+        with pytest.raises(ServerError, match=r"server 0 \(rank 1 of the job, on there\) cannot be reached"):
+            again.result()
+        assert time.monotonic() - start < 6
+    finally:
+        client._stop = True
+        listener.close()
+        for conn in held:
+            conn.close()
