@@ -8,6 +8,9 @@ reads; the server cannot answer before it has every push anyway). A background t
 (``Testsome``), applies the postscale or decodes each answered partition, and completes the handle when
 its last partition is in. The caller's thread encodes and posts; MPI must provide MPI_THREAD_MULTIPLE.
 
+This is the MPI data plane (``COMMLIB_SERVER_TRANSPORT=mpi``); :mod:`.tcp_client` replaces the transfers
+with TCP connections and keeps the rest (partitions, their sending order in ``_queued``, errors, deadlines).
+
 Bounded waits: a partition that a server has not answered for ``timeout_s`` (with nothing else heard
 from that server meanwhile) fails its tensor on this worker with an error naming the server and the key.
 """

@@ -130,7 +130,6 @@ class Server:
         self.endpoint = job.endpoints[job.servers[self.index]] if listener is not None else None
         self.links: list[_Link] = []
         self.unsent = 0  # answers queued on links, not yet sent (under the lock)
-        self._threads: list[threading.Thread] = []
         if listener is not None:
             self._spawn(self._accept, "commlib-server-accept")
 
@@ -334,9 +333,7 @@ class Server:
 
     # -- TCP (tcp.py) -----------------------------------------------------------------------------------
     def _spawn(self, target, name: str, *args) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        self._threads.append(thread)
-        thread.start()
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
     def _accept(self) -> None:
         """Take the workers' connections (each runtime of each worker opens one per server)."""
@@ -350,8 +347,8 @@ class Server:
                 conn.close()
                 continue
             link = _Link(conn, worker)
-            with self._lock:
-                self.links.append(link)
+            with self._lock:  # a worker's earlier runtimes' connections have ended
+                self.links = [old for old in self.links if not old.closed] + [link]
             self._spawn(self._receive, f"commlib-server-recv-{worker}", link)
             self._spawn(self._answer, f"commlib-server-send-{worker}", link)
 
