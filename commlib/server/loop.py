@@ -342,15 +342,19 @@ class Server:
                 conn, _ = self.listener.accept()
             except OSError:  # closed: the server is exiting
                 return
-            worker = tcp.accept_hello(conn, self.endpoint, self.index)
-            if worker is None or not 0 <= worker < len(self.job.workers):
-                conn.close()
-                continue
-            link = _Link(conn, worker)
-            with self._lock:  # a worker's earlier runtimes' connections have ended
-                self.links = [old for old in self.links if not old.closed] + [link]
-            self._spawn(self._receive, f"commlib-server-recv-{worker}", link)
-            self._spawn(self._answer, f"commlib-server-send-{worker}", link)
+            self._spawn(self._welcome, "commlib-server-hello", conn)  # a silent peer holds only its thread
+
+    def _welcome(self, conn: socket.socket) -> None:
+        """Check a new connection's introduction; a worker's gets its receiving and sending threads."""
+        worker = tcp.accept_hello(conn, self.endpoint, self.index)
+        if worker is None or not 0 <= worker < len(self.job.workers):
+            conn.close()
+            return
+        link = _Link(conn, worker)
+        with self._lock:  # a worker's earlier runtimes' connections have ended
+            self.links = [old for old in self.links if not old.closed] + [link]
+        self._spawn(self._receive, f"commlib-server-recv-{worker}", link)
+        self._spawn(self._answer, f"commlib-server-send-{worker}", link)
 
     def _receive(self, link: _Link) -> None:
         """One worker's pushes: each header, its data into a buffer, then added to its round."""
