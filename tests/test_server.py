@@ -27,6 +27,15 @@ def test_push_pull(workers, servers, cases):
     assert out.count("done") == workers
 
 
+def test_push_pull_over_mpi():
+    """COMMLIB_SERVER_TRANSPORT=mpi: partitions and answers through MPI point-to-point instead of TCP."""
+    cases = "values,orders,wire,ps,sets,mismatch,reinit,lossy"
+    out = run_mpmd(3, 2, "server_check.py", cases, env=dict(SMALL, COMMLIB_SERVER_TRANSPORT="mpi"), timeout=240)
+    for case in cases.split(","):
+        assert out.count(f"{case} ok on worker") == 3, out[-3000:]
+    assert out.count("done") == 3
+
+
 @pytest.mark.parametrize("workers, servers, cases", [
     (4, 2, "host,values,wire,ps,sets"),  # hosts of 2 workers
     (3, 2, "host,orders,ps,lossy"),  # hosts of 2 workers and of 1

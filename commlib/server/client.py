@@ -8,6 +8,9 @@ reads; the server cannot answer before it has every push anyway). A background t
 (``Testsome``), applies the postscale or decodes each answered partition, and completes the handle when
 its last partition is in. The caller's thread encodes and posts; MPI must provide MPI_THREAD_MULTIPLE.
 
+This is the MPI data plane (``COMMLIB_SERVER_TRANSPORT=mpi``); :mod:`.tcp_client` replaces the transfers
+with TCP connections and keeps the rest (partitions, their sending order in ``_queued``, errors, deadlines).
+
 Bounded waits: a partition that a server has not answered for ``timeout_s`` (with nothing else heard
 from that server meanwhile) fails its tensor on this worker with an error naming the server and the key.
 """
@@ -85,7 +88,10 @@ class _Job:
 
 
 class ServerClient:
-    """push_pull for one worker runtime over ``job`` (which has servers). Thread-safe."""
+    """push_pull for one worker runtime over ``job`` (which has servers), over MPI. Thread-safe."""
+
+    #: partitions per server of a large tensor (:func:`.protocol.partitions`)
+    depth = protocol.DEPTH
 
     def __init__(self, job: Job, partition_bytes: int, timeout_s: float, max_sleep_s: float = 1e-3):
         self.job = job
@@ -168,7 +174,7 @@ class ServerClient:
             def finish(part: _Part, lo: int, hi: int) -> None:
                 if postscale != 1.0:
                     kernels.scale_(part.wire, postscale)
-        bounds = protocol.bounds(buf.size, wire.itemsize, self.partition_bytes, len(self.servers))
+        bounds = protocol.bounds(buf.size, wire.itemsize, self.partition_bytes, len(self.servers), depth=self.depth)
         nparts = len(bounds) - 1
         result = buf if result is None else result
         if nparts == 0:
@@ -179,8 +185,7 @@ class ServerClient:
         with self._lock:
             self._in_flight.add(key)
             parts = []
-            for q in range(nparts):
-                p = (q + self.worker) % nparts  # each worker starts at another server (see _launch)
+            for p in protocol.sending_order(nparts, len(self.servers), self.worker):
                 lo, hi = bounds[p], bounds[p + 1]
                 server = protocol.server_of(key, p, len(self.servers))
                 dest = self.servers[server]
@@ -304,18 +309,22 @@ class ServerClient:
         now = time.monotonic()
         for part in finished:
             self._heard[part.server] = now
-            job = part.job
-            if job.failed:
-                continue
-            job.finish(part, part.lo, part.hi)
-            with self._lock:  # another thread may finish another partition of the job meanwhile
-                job.remaining -= 1
-                last = job.remaining == 0 and not job.failed
-                if last:
-                    self._in_flight.discard(job.key)
-            if last:
-                job.handle.set_result(job.output)
+            self._complete(part)
         return True
+
+    def _complete(self, part: _Part) -> None:
+        """``part``'s answer is in its memory: decode it, and complete its tensor if it was the last."""
+        job = part.job
+        if job.failed:
+            return
+        job.finish(part, part.lo, part.hi)
+        with self._lock:  # another thread may finish another partition of the job meanwhile
+            job.remaining -= 1
+            last = job.remaining == 0 and not job.failed
+            if last:
+                self._in_flight.discard(job.key)
+        if last:
+            job.handle.set_result(job.output)
 
     def _errors(self) -> bool:
         """A server refused a round: fail that tensor here, naming what the server said."""
@@ -336,24 +345,49 @@ class ServerClient:
         if not self.timeout_s:
             return
         with self._lock:
-            # queued partitions too: behind a server that stopped taking pushes, they never leave
-            for part in self._parts + list(self._queued):
+            for part in self._watched():
                 if part.job.failed:
                     continue
                 waited = now - max(part.since, self._heard[part.server])
                 if waited > self.timeout_s:
-                    stage = "taken its push" if part.recv is None else "answered"
+                    stage = self._stage(part)
                     self._fail(part.job, ServerError(
                         f"push_pull {part.job.key!r}: {self.job.describe_server(part.server)} has not "
                         f"{stage} partition {part.index} for {waited:.1f} s (COMMLIB_SERVER_TIMEOUT="
                         f"{self.timeout_s:g}): the server died or hangs, or another worker has not pushed "
                         f"{part.job.key!r} (every worker must push the same keys, alike)"))
 
+    def _stage(self, part: _Part) -> str:
+        """What the server of ``part`` has not done yet, for an error."""
+        return "taken its push" if part.recv is None else "answered"
+
+    def _watched(self) -> list[_Part]:
+        """The partitions whose deadline runs (under the lock)."""
+        # queued ones too: behind a server that stopped taking pushes, they never leave
+        return self._pending()
+
+    def _pending(self) -> list[_Part]:
+        """Every partition sent or queued and not yet answered (under the lock)."""
+        return self._parts + list(self._queued)
+
     def _fail(self, job: _Job, error: BaseException) -> None:
-        """Fail ``job`` (under the lock): cancel the receives of its partitions (the sends still complete
-        when their servers take them) and forget them."""
+        """Fail ``job`` (under the lock): forget its partitions, sent and queued."""
         job.failed = True
         self._in_flight.discard(job.key)
+        self._forget_sent(job)
+        queue = self._queued
+        if any(part.job is job for part in queue):
+            kept = [part for part in queue if part.job is not job]
+            for part in queue:
+                if part.job is job:
+                    self._by_slot.pop(part.slot, None)
+            queue.clear()
+            queue.extend(kept)
+        job.handle.set_error(error)
+
+    def _forget_sent(self, job: _Job) -> None:
+        """Cancel the receives of ``job``'s partitions (the sends still complete when their servers take
+        them) and forget them (under the lock)."""
         keep = []
         for part in self._parts:
             if part.job is job:
@@ -365,15 +399,6 @@ class ServerClient:
             else:
                 keep.append(part)
         self._parts = keep
-        queue = self._queued
-        if any(part.job is job for part in queue):
-            kept = [part for part in queue if part.job is not job]
-            for part in queue:
-                if part.job is job:
-                    self._by_slot.pop(part.slot, None)
-            queue.clear()
-            queue.extend(kept)
-        job.handle.set_error(error)
 
     # -- waiting and closing ----------------------------------------------------------------------------
     def wait(self, handle: Handle) -> None:
@@ -397,14 +422,14 @@ class ServerClient:
         """Wait for what is in flight (bounded by the timeout), stop the thread, and tell every server
         this worker's runtime is shutting down."""
         deadline = time.monotonic() + (self.timeout_s or 10.0)
-        while (self._parts or self._queued) and time.monotonic() < deadline and self._thread is not None \
+        while self._pending() and time.monotonic() < deadline and self._thread is not None \
                 and self._thread.is_alive():
             time.sleep(1e-3)
         self._stop = True
         if self._thread is not None:
             self._thread.join()
         with self._lock:
-            for part in self._parts + list(self._queued):
+            for part in self._pending():
                 if not part.job.failed:
                     self._fail(part.job, ServerError(f"push_pull {part.job.key!r}: commlib shut down"))
         if MPI.Is_finalized():
@@ -423,6 +448,7 @@ class ServerLane:
     def __init__(self, client: ServerClient, prefix: str, contributors: int, server_nodes: tuple[int, ...] = ()):
         self.client = client
         self.server_nodes = server_nodes  # the node of each server, as the set's topology numbers them
+        self.depth = client.depth  # partitions per server of a large tensor (the cost model reads it)
         self.prefix = prefix
         self.contributors = contributors
         self.calls = 0
