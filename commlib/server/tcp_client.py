@@ -69,11 +69,11 @@ class TcpServerClient(ServerClient):
                     continue
                 part.since = time.monotonic()
                 self._parts[part.slot] = part
+                if self.trace is not None:  # taken from the queue: stamped under the lock that orders it
+                    self.trace.append((part.since, "post", part.server, part.slot))
             conn = self._connection(part.server)
             if conn is None:
                 continue  # the connection failed: _server_lost failed the partition's tensor
-            if self.trace is not None:
-                self.trace.append((time.monotonic(), "post", part.server, part.slot))
             data = (part.wire if part.payload is None else part.payload).view(np.uint8)
             self._current = part
             try:
