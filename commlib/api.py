@@ -737,7 +737,7 @@ def num_servers() -> int:
 
 
 def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor,
-                      compression) -> Handle:
+                      compression, priority: int = 0) -> Handle:
     runtime = _rt()
     if runtime.servers is None:
         from .algorithms.ps import NO_SERVERS
@@ -745,6 +745,8 @@ def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         raise CommlibError(NO_SERVERS.replace("algorithm 'ps'", "push_pull"))
     from .engine import _scale_factors
 
+    if priority:
+        priority = _priority(priority, name or "push_pull")
     name = name or runtime.sets.world.auto_name("push_pull")
     op = as_op(op)
     if inplace:
@@ -766,10 +768,10 @@ def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     if lossy is None and _reduces_in_hosts(runtime, output.nbytes, codec):
         # one push per host: the host's ranks meet first, so this goes through the coordinator (agreed order)
         return _allreduce_handle(output, True, op, name, prescale_factor, postscale_factor, "ps", codec,
-                                 wait=False)
+                                 wait=False, priority=priority)
     pre, post = _scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
     return runtime.servers.push_pull_async(output.reshape(-1), name, op.kernel_op, codec, pre, post,
-                                           result=output, lossy=lossy)
+                                           result=output, lossy=lossy, priority=priority)
 
 
 def _reduces_in_hosts(runtime: "Runtime", nbytes: int, codec) -> bool:
@@ -787,25 +789,30 @@ def _through_servers(runtime: "Runtime", algorithm) -> bool:
 
 
 def push_pull_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none) -> Handle:
+                    postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none,
+                    priority: int = 0) -> Handle:
     """Start reducing ``tensor`` over every worker through the summation servers, into a new array;
     ``synchronize`` returns it. No negotiation: each worker pushes as soon as it calls, the servers sum
     each partition when every worker has pushed it, so the workers may submit tensors in any order, but
     every worker must push each ``name`` alike (shape, dtype, op). ``op``: Sum or Average (default;
     Min, Max and Product also work). ``compression``: Compression.fp16/.bf16 sends float32 in half
-    precision; the servers accumulate in float32. Every worker receives the same bits."""
-    return _push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor, compression)
+    precision; the servers accumulate in float32. Every worker receives the same bits. ``priority``
+    (an int, BytePS's argument): this worker sends the partitions of a higher-priority tensor before those
+    of lower-priority tensors still waiting to go (equal priorities in submission order); it changes the
+    order only, never the result."""
+    return _push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor, compression, priority)
 
 
 def push_pull_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
-                     compression: WireCodec | None = Compression.none) -> Handle:
+                     compression: WireCodec | None = Compression.none, priority: int = 0) -> Handle:
     """In-place version of :func:`push_pull_async`."""
-    return _push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor, compression)
+    return _push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor, compression, priority)
 
 
 def push_pull(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none) -> np.ndarray:
+              postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none,
+              priority: int = 0) -> np.ndarray:
     """Reduce ``tensor`` over every worker through the summation servers; returns a new array.
 
     Example (``mpiexec -n 2 python this.py : -n 1 python -m commlib.server``)::
@@ -815,11 +822,12 @@ def push_pull(tensor, op=Average, name: str | None = None, prescale_factor: floa
         total = cl.push_pull(np.full(4, cl.rank(), np.float32), op=cl.Sum, name="x")   # [1, 1, 1, 1]
     """
     return synchronize(_push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor,
-                                         compression))
+                                         compression, priority))
 
 
 def push_pull_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none) -> np.ndarray:
+               postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none,
+               priority: int = 0) -> np.ndarray:
     """In-place version of :func:`push_pull`."""
     return synchronize(_push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor,
-                                         compression))
+                                         compression, priority))

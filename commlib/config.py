@@ -94,6 +94,13 @@ def _auto_on_off(text: str) -> str:
     return value
 
 
+def _server_transport(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in ("tcp", "mpi"):
+        raise ValueError(f"{text!r} is not tcp or mpi")
+    return value
+
+
 def _size_or_auto(text: str) -> int | None:
     """A byte count, or ``auto`` (None): the cost model decides."""
     return None if str(text).strip().lower() == "auto" else parse_size(text)
@@ -162,6 +169,7 @@ class Config:
     server_host_reduce: str = "auto"
     geo_steps: int = 4
     geo_staleness: int | None = None
+    server_transport: str = "tcp"
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -342,6 +350,12 @@ FIELDS: dict[str, _Field] = {
                                  "the host first, so that each partition is pushed once per host; auto: where "
                                  "the cost model finds it cheaper (the host's link to the servers is the "
                                  "bottleneck), on, off (default auto)"),
+    "server_transport": _Field("COMMLIB_SERVER_TRANSPORT", _server_transport,
+                               "summation servers: how push_pull's partitions and answers travel between "
+                               "workers and servers; tcp: plain TCP connections, one per worker and server "
+                               "(MPI still finds the servers and carries control messages); mpi: MPI "
+                               "point-to-point, e.g. to use an RDMA fabric MPI drives. Read by the servers; "
+                               "the workers follow them (default tcp)"),
     "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
                         "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
     "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,

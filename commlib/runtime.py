@@ -21,7 +21,8 @@ from .engine import Engine
 from .errors import ConfigError, ProcessSetError
 from .process_sets import ProcessSetTable
 from .server import discovery
-from .server.client import ServerClient, ServerLane
+from .server.client import ServerLane
+from .server.tcp_client import open_client
 from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
@@ -70,7 +71,7 @@ class Runtime:
                 self.comm.Free()
                 raise ConfigError("summation servers need MPI_THREAD_MULTIPLE (push_pull progresses in its own "
                                   "thread); do not lower mpi4py.rc.thread_level")
-            self.servers = ServerClient(self.job, self.config.server_partition_bytes, self.config.server_timeout_s)
+            self.servers = open_client(self.job, self.config.server_partition_bytes, self.config.server_timeout_s)
         self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,

@@ -233,10 +233,10 @@ def traced_server(out: str) -> None:
     """A summation server that keeps its trace and writes it to ``out`` when it exits (``--trace``)."""
     from mpi4py import MPI
 
-    from commlib.server.discovery import SERVER, job
-    from commlib.server.loop import Server
+    from commlib.config import Config
+    from commlib.server.loop import open_server
 
-    server = Server(job(MPI.COMM_WORLD, SERVER))
+    server = open_server(MPI.COMM_WORLD, Config.load().server_transport)
     server.trace = []
     server.run()
     Path(out, f"server{server.index}.json").write_text(json.dumps(server.trace))
@@ -388,8 +388,9 @@ def main() -> int:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     partition = os.environ.get("COMMLIB_SERVER_PARTITION", "default")
+    transport = os.environ.get("COMMLIB_SERVER_TRANSPORT", "default (tcp)")
     lines = [f"# push_pull vs allreduce, {args.bytes} float32, links at {args.rate}, "
-             f"COMMLIB_SERVER_PARTITION={partition}",
+             f"COMMLIB_SERVER_PARTITION={partition}, COMMLIB_SERVER_TRANSPORT={transport}",
              f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, "
              f"{os.cpu_count()} cores, load average before {os.getloadavg()[0]:.2f} (1 min)",
              f"# {' '.join(sys.argv)}"]

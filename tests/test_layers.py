@@ -47,7 +47,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # negotiation, fusion, lanes, stalls
     ("coordinator", ("commlib.coordinator",)),
     # the worker's side of the summation servers: finding them in the job, pushing partitions to them
-    ("server-client", ("commlib.server.protocol", "commlib.server.discovery", "commlib.server.client")),
+    ("server-client", ("commlib.server.protocol", "commlib.server.discovery", "commlib.server.client",
+                       "commlib.server.tcp", "commlib.server.tcp_client")),
     # the state object and its process sets
     ("runtime", ("commlib.process_sets", "commlib.runtime")),
     # the public functions (they hand the compressors their collectives), and Adasum over them

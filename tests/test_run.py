@@ -151,6 +151,9 @@ def test_flags_commlib_cannot_honour_warn():
     (["-np", "2", "--link-rate", "1gbit", "x"], "--emulate"),
     (["-np", "2", "--hierarchical-allreduce", "--torus-allreduce", "x"], "two allreduce"),
     (["-np", "2", "--no-stall-check", "--stall-check-warning-time-seconds", "3", "x"], "contradict"),
+    (["-np", "2", "--server-hosts", "s:1", "x"], "needs --num-servers"),
+    (["-np", "2", "--colocate-servers", "x"], "needs --num-servers"),
+    (["-np", "2", "--num-servers", "1", "--server-hosts", "s:1", "--colocate-servers", "x"], "give one"),
 ])
 def test_bad_command_lines_say_what_to_change(argv, needle):
     with pytest.raises(UsageError, match=needle):
@@ -241,6 +244,31 @@ def test_job_with_servers_on_this_host():
     assert "-m commlib.server" in done.stderr, done.stderr
 
 
+def test_a_lost_server_is_named_from_hydras_report():
+    """hydra reports a process that ended badly by pid and host; commlib-run names the server there."""
+    report = ("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=   PID 1430 RUNNING AT h2\n"
+              "=   EXIT CODE: 9\n=   CLEANING UP REMAINING PROCESSES\n")
+    (line,) = mpi.lost_servers(report, ["h0", "h1"], ["h2", "h3"])
+    assert line.startswith("summation server 0 (rank 2 of the job) on h2 ended (pid 1430, exit code 9)"), line
+    (line,) = mpi.lost_servers(report, ["h0", "h1"], ["h2", "h0", "h2"])
+    assert line.startswith("summation server 0 (rank 2 of the job) or server 2 (rank 4 of the job) on h2"), line
+    assert mpi.lost_servers(report, ["h2"], ["h0"]) == []  # a worker's host: hydra's report says it all
+    assert mpi.lost_servers(report, ["h0", "h2"], ["h2"]) == []  # a worker there too: it cannot tell which
+    assert mpi.lost_servers("no report", ["h0"], ["h2"]) == []
+
+
+def test_job_with_a_server_killed_names_it():
+    """Workers on localhost and a server on 127.0.0.1 (hydra's second host, still this machine): the server
+    killed mid-job ends the job within seconds, and commlib-run names it from hydra's report."""
+    done = _commlib_run("-np", "2", "-H", "localhost:2", "--num-servers", "1", "--server-hosts", "127.0.0.1:1",
+                        sys.executable, str(REPO / "tests" / "workers" / "run_servers.py"), "killed",
+                        env={"COMMLIB_SERVER_TIMEOUT": "5"}, timeout=60)
+    assert done.returncode != 0 and "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
+    assert "commlib-run: error: summation server 0 (rank 2 of the job) on 127.0.0.1 ended" in done.stderr, \
+        done.stderr[-3000:]
+    assert "never failed" not in done.stdout
+
+
 def test_usage_error_exit_code():
     done = _commlib_run("-np", "2", "--gloo", "python", "x.py")
     assert done.returncode == 2 and "commlib-run: error: commlib runs on MPI only" in done.stderr
@@ -263,3 +291,63 @@ def test_job_on_emulated_hosts(make_cluster):
     assert all(r["local_size"] == 2 and r["algorithm"] == "hierarchical" for r in reports), reports
     name = done.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
     assert not leftovers([name]), leftovers([name])
+
+
+# ---- summation servers on emulated hosts (docs/servers.md, "Launching") ---------------------------------
+
+def _emulate_servers(*argv, case="values"):
+    """commlib-run --emulate ... with servers running tests/workers/run_servers.py ``case``; skips where the
+    emulated cluster cannot run. Returns (completed process, seconds it took, the cluster's name)."""
+    import time
+
+    from commlib.testing import netns
+    from commlib.testing.cluster import leftovers
+
+    missing = netns.missing_prerequisites(shaped="--link-rate" in argv)
+    if missing:
+        pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
+    start = time.monotonic()
+    done = _commlib_run(*argv, sys.executable, str(REPO / "tests" / "workers" / "run_servers.py"), case,
+                        env={"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "5"}, timeout=120)
+    took = time.monotonic() - start
+    name = done.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
+    assert not leftovers([name]), leftovers([name])
+    return done, took, name
+
+
+def _servers_report(stdout):
+    line = next(line for line in stdout.splitlines() if "RUNSERVERS " in line)
+    return json.JSONDecoder().raw_decode(line.split("RUNSERVERS ", 1)[1])[0]
+
+
+@pytest.mark.parametrize("placement", ["own", "colocated"])
+def test_emulated_job_with_servers(placement):
+    """--emulate 2x1 with 2 servers on emulated hosts of their own (links shaped), or 3 beside the workers:
+    every worker's init() finds them, push_pull agrees with numpy with the same bits on every worker, and
+    the job ends by itself (the servers exit when the workers do) with nothing left behind."""
+    if placement == "own":
+        done, took, name = _emulate_servers("--emulate", "2x1", "--link-rate", "1gbit", "--num-servers", "2")
+    else:
+        done, took, name = _emulate_servers("--emulate", "2x1", "--num-servers", "3", "--colocate-servers")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stdout.count("values ok on worker") == 2, done.stdout[-3000:]
+    report = _servers_report(done.stdout)
+    workers, servers = report["workers"], report["servers"]
+    assert report["size"] == 2 and len(set(workers)) == 2 and all(h.startswith(name) for h in workers), report
+    if placement == "own":
+        assert report["num_servers"] == 2 and len(set(servers)) == 2 and not set(servers) & set(workers), report
+    else:
+        assert report["num_servers"] == 3 and servers == [workers[0], workers[1], workers[0]], report
+    assert took < 60, took
+
+
+def test_emulated_job_with_a_server_killed_names_it():
+    """A server killed mid-job: mpiexec stops the whole job within seconds, and commlib-run's error names
+    the server (its index, rank and host); nothing is left behind."""
+    done, took, name = _emulate_servers("--emulate", "2x1", "--num-servers", "2", case="killed")
+    assert done.returncode != 0, done.stdout[-3000:]
+    assert "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
+    host = done.stdout.split("worker 0 killed server 0 (pid ", 1)[1].split("on ", 1)[1].split(")", 1)[0]
+    assert f"commlib-run: error: summation server 0 (rank 2 of the job) on {host} ended" in done.stderr, \
+        done.stderr[-3000:]
+    assert "never failed" not in done.stdout and took < 60, took

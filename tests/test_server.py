@@ -27,6 +27,15 @@ def test_push_pull(workers, servers, cases):
     assert out.count("done") == workers
 
 
+def test_push_pull_over_mpi():
+    """COMMLIB_SERVER_TRANSPORT=mpi: partitions and answers through MPI point-to-point instead of TCP."""
+    cases = "values,orders,wire,ps,sets,mismatch,reinit,lossy"
+    out = run_mpmd(3, 2, "server_check.py", cases, env=dict(SMALL, COMMLIB_SERVER_TRANSPORT="mpi"), timeout=240)
+    for case in cases.split(","):
+        assert out.count(f"{case} ok on worker") == 3, out[-3000:]
+    assert out.count("done") == 3
+
+
 @pytest.mark.parametrize("workers, servers, cases", [
     (4, 2, "host,values,wire,ps,sets"),  # hosts of 2 workers
     (3, 2, "host,orders,ps,lossy"),  # hosts of 2 workers and of 1
@@ -139,3 +148,33 @@ def test_a_server_that_never_starts_fails_every_worker_naming_it():
                   timeout=90, extra=[":", "-n", "1", sys.executable, "-c", hang])
     assert time.monotonic() - start < 60
     assert out.count("start failed after") == 2 and "rank 2 of the MPI job did not start" in out, out[-3000:]
+
+
+def test_priority_orders_the_send_queue():
+    """The client's queue alone: a tensor's partitions go behind every queued one of the same or a higher
+    priority and ahead of the lower ones; equal priorities stay in submission order."""
+    import collections
+    import types
+
+    from commlib.server.client import ServerClient
+
+    fake = types.SimpleNamespace(_queued=collections.deque())
+
+    def submit(name, priority, parts=2):
+        job = types.SimpleNamespace(priority=priority)
+        ServerClient._enqueue(fake, [types.SimpleNamespace(job=job, name=f"{name}{i}") for i in range(parts)],
+                              priority)
+
+    for name, priority in (("a", 0), ("b", 2), ("c", 1), ("d", 2), ("e", 0), ("f", 3), ("g", -1)):
+        submit(name, priority)
+    assert [p.name for p in fake._queued] == ["f0", "f1", "b0", "b1", "d0", "d1", "c0", "c1", "a0", "a1",
+                                              "e0", "e1", "g0", "g1"]
+
+
+def test_priority_sends_higher_priority_partitions_first():
+    """2 workers + 1 server on this host: push_pull(priority=) posts a higher-priority tensor's partitions
+    before the queued ones of lower priority (the client's trace), equal priorities in submission order,
+    the results numpy's with the same bits on every worker (workers/server_priority.py)."""
+    out = run_mpmd(2, 1, "server_priority.py", env={"COMMLIB_SERVER_PARTITION": "262144",
+                                                    "COMMLIB_SERVER_TIMEOUT": "20"}, timeout=120)
+    assert out.count("priority ok on worker") == 2, out[-3000:]

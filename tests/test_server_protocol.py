@@ -57,3 +57,21 @@ def test_bounds_taper_at_both_ends():
     assert sizes[:16] == head and sizes[-16:] == head[::-1]
     assert set(sizes[16:-16]) == {1024} and len(sizes) == 64 + 24
     assert protocol.bounds(16 << 20, 4, 4096000, 4, ramp=False) == [p << 18 for p in range(65)]
+
+
+@pytest.mark.parametrize("servers", [1, 2, 3, 4])
+@pytest.mark.parametrize("nparts", [0, 1, 3, 8, 88, 90])
+def test_sending_order_is_a_permutation_rotated_per_group(servers, nparts):
+    orders = [protocol.sending_order(nparts, servers, w) for w in range(4)]
+    for order in orders:
+        assert sorted(order) == list(range(nparts))
+    if nparts >= servers > 1:  # in the first group every worker starts at another partition (server)
+        firsts = [order[0] for order in orders[:servers]]
+        assert len(set(firsts)) == servers
+    for order in orders:  # group by group: partition p goes out among the partitions of its own group
+        assert all(p // servers == i // servers for i, p in enumerate(order))
+
+
+def test_tcp_depth_gives_quarter_mebibyte_partitions():
+    per, n = protocol.partitions(16 << 20, 4, 4096000, 4, depth=protocol.TCP_DEPTH)  # 64 MiB, 4 servers
+    assert n == 4 * protocol.TCP_DEPTH and per * 4 == 256 << 10

@@ -157,6 +157,7 @@ class Shape:
     #: worker's node, one on a host of its own a number no worker has); empty: no servers (``ps`` cannot run)
     servers: tuple[int, ...] = ()
     server_partition_bytes: int = 4096000  # push_pull's partition size (COMMLIB_SERVER_PARTITION)
+    server_depth: int = 16  # partitions per server of a large tensor (commlib.server.protocol.partitions)
     server_host_reduce: str = "auto"  # ps: reduce inside each node first (COMMLIB_SERVER_HOST_REDUCE)
 
     @property

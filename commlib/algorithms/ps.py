@@ -45,7 +45,7 @@ def shape_of(ctx) -> _cost.Shape:
         config = ctx.config
         cached = ctx.tuning["ps.shape"] = _cost.Shape(
             node_of_rank=tuple(ctx.topology.node_of_rank), servers=tuple(ctx.servers.server_nodes),
-            server_partition_bytes=config.server_partition_bytes,
+            server_partition_bytes=config.server_partition_bytes, server_depth=ctx.servers.depth,
             server_host_reduce=config.server_host_reduce)
     return cached
 
@@ -152,7 +152,7 @@ def cost(model, nbytes: float, shape, codec=None, seg: int = 0) -> float:
     servers = len(shape.servers)
     parts = max(1, -(-int(wire) // max(1, shape.server_partition_bytes)))
     if parts > 1:
-        parts = max(parts, min(16 * servers, int(wire) // (256 << 10)))
+        parts = max(parts, min(shape.server_depth * servers, int(wire) // (256 << 10)))
     end = wire / parts
     if parts >= 4 * servers:  # the layout's tapered ends (commlib.server.protocol.bounds; that layer is above)
         parts += 6 * servers

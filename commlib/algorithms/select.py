@@ -56,6 +56,7 @@ def shape_of(ctx) -> Shape:
             torus=torus, small_message_bytes=ctx.config.small_message_bytes,
             servers=tuple(servers.server_nodes) if servers is not None else (),
             server_partition_bytes=ctx.config.server_partition_bytes,
+            server_depth=servers.depth if servers is not None else 16,
             server_host_reduce=ctx.config.server_host_reduce)
     return cached
 

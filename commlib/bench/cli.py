@@ -79,9 +79,10 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
     lane = open_lane(comm, config)
     client = None
     if servers is not None and servers.servers:
-        from ..server.client import ServerClient, ServerLane
+        from ..server.client import ServerLane
+        from ..server.tcp_client import open_client
 
-        client = ServerClient(servers, config.server_partition_bytes, config.server_timeout_s)
+        client = open_client(servers, config.server_partition_bytes, config.server_timeout_s)
         nodes = client.server_nodes(list(servers.workers), lane.topology.node_of_rank)
         lane.engine.context.servers = ServerLane(client, "commlib-bench", comm.Get_size(), nodes)
     try:

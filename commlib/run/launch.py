@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 from typing import Sequence
 
 from ..config import parse_shape
@@ -90,8 +93,6 @@ def _servers(args) -> dict:
     """The Launch fields for ``--num-servers`` / ``--server-hosts``."""
     if args.num_servers < 0:
         raise UsageError(f"--num-servers {args.num_servers}: give 0 or more")
-    if args.server_hosts and not args.num_servers:
-        raise UsageError("--server-hosts needs --num-servers N")
     return dict(servers=args.num_servers,
                 server_hosts=_hosts.parse_hosts(args.server_hosts) if args.server_hosts else [],
                 server_command=[sys.executable, "-m", "commlib.server"])
@@ -107,15 +108,57 @@ def _run(args, env: dict[str, str]) -> int:
         if args.verbose:
             print(f"commlib-run: {len(hosts)} host(s) reachable", file=sys.stderr, flush=True)
     print(f"commlib-run: {_mpi.printable(launcher_env, argv)}", file=sys.stderr, flush=True)
-    return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
+    if not args.num_servers:
+        return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
+    # with servers, mpiexec's output is passed on and its end kept: a lost server is named from it
+    tail: collections.deque = collections.deque(maxlen=16)  # chunks of at most 64 KiB
+    code = _execute(argv, dict(os.environ, **launcher_env), args.timeout, tail)
+    if code:
+        workers, servers = _rank_hosts(args, hosts)
+        for line in _mpi.lost_servers(b"".join(tail).decode(errors="replace"), workers, servers):
+            print(f"commlib-run: error: {line}", file=sys.stderr, flush=True)
+    return code
 
 
-def _execute(argv: list[str], environ: dict[str, str], timeout: float | None) -> int:
-    """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down."""
-    job = subprocess.Popen(argv, env=environ, start_new_session=True)
+def _rank_hosts(args, hosts) -> tuple[list[str], list[str]]:
+    """The host of each worker and of each server, in rank order (hydra's name for this machine where
+    no hosts are given)."""
+    _, np = _slots(args)
+    workers, servers = _mpi.placement(_mpi.Launch(flavor="", mpiexec="", np=np, command=(), hosts=hosts,
+                                                  **_servers(args)))
+    if not workers:
+        workers = [(socket.gethostname(), np)]
+    if not servers:
+        servers = [(socket.gethostname(), args.num_servers)]
+    return ([name for name, k in workers for _ in range(k)], [name for name, k in servers for _ in range(k)])
+
+
+def _execute(argv: list[str], environ: dict[str, str], timeout: float | None,
+             tail: collections.deque | None = None) -> int:
+    """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down.
+    With ``tail``, its output is copied to ours as it comes and its last chunks kept there."""
+    job = subprocess.Popen(argv, env=environ, start_new_session=True,
+                           stdout=None if tail is None else subprocess.PIPE)
+    copier = None
+    if tail is not None:
+        def copy() -> None:  # as it comes (a line without its newline too, e.g. a progress bar)
+            out = getattr(sys.stdout, "buffer", None)
+            while chunk := job.stdout.read1(1 << 16):
+                if out is not None:
+                    out.write(chunk)
+                else:
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                sys.stdout.flush()
+                tail.append(chunk)
+
+        copier = threading.Thread(target=copy, name="commlib-run-output", daemon=True)
+        copier.start()
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        return job.wait(timeout=timeout)
+        code = job.wait(timeout=timeout)
+        if copier is not None:
+            copier.join(timeout=5)  # a rank left behind may hold the pipe: what it writes later is lost
+        return code
     except subprocess.TimeoutExpired:
         print(f"commlib-run: error: the job ran past --timeout {timeout:g} s; killed", file=sys.stderr)
         _kill(job)
@@ -186,9 +229,12 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
     timeout = 3600.0 if args.timeout is None else args.timeout
     if args.server_hosts:
         raise UsageError("--server-hosts does not apply to --emulate: the servers get emulated hosts of their own")
+    own = 0 if args.colocate_servers else args.num_servers  # server hosts of their own
     try:
-        with Cluster([per_host] * nhosts + [1] * args.num_servers, rate=args.link_rate) as cluster:
-            print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks, "
+        with Cluster([per_host] * nhosts + [1] * own, rate=args.link_rate) as cluster:
+            servers = (f", {args.num_servers} server(s) " + ("beside the workers" if args.colocate_servers else
+                                                            "on hosts of their own")) if args.num_servers else ""
+            print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks{servers}, "
                   f"links {args.link_rate or 'unshaped'}", file=sys.stderr, flush=True)
             if opts is not None:
                 return _elastic.Driver(opts, _emulated_launcher(cluster, args.command), env).run()
@@ -208,17 +254,24 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
 
 
 def _emulated_servers(cluster, args, env: dict[str, str], np: int, timeout: float) -> int:
-    """An MPMD job on the emulated cluster: ``np`` workers on the first hosts, one server on each of the
-    last ``--num-servers`` hosts."""
-    nhosts = len(cluster.hosts) - args.num_servers
+    """An MPMD job on the emulated cluster: ``np`` workers on the first hosts, then one server on each of
+    the last ``--num-servers`` hosts, or, with ``--colocate-servers``, one per worker host in turn."""
     per_host = cluster.ranks_per_host[0]
     workers = [r // per_host for r in range(np)]
-    programs = [(workers, list(args.command)),
-                (list(range(nhosts, len(cluster.hosts))), [sys.executable, "-m", "commlib.server"])]
+    if args.colocate_servers:
+        used = sorted(set(workers))
+        servers = [used[i % len(used)] for i in range(args.num_servers)]
+    else:
+        servers = list(range(len(cluster.hosts) - args.num_servers, len(cluster.hosts)))
+    programs = [(workers, list(args.command)), (servers, [sys.executable, "-m", "commlib.server"])]
     print(f"commlib-run: {_mpi.printable(env, cluster.mpmd_args(programs))}", file=sys.stderr, flush=True)
     done = cluster.mpiexec_mpmd(programs, timeout=timeout, env=dict(os.environ, **env), check=False)
     sys.stdout.write(done.stdout)
     sys.stdout.flush()
+    if done.returncode:
+        hosts = cluster.hosts
+        for line in _mpi.lost_servers(done.stdout, [hosts[h] for h in workers], [hosts[h] for h in servers]):
+            print(f"commlib-run: error: {line}", file=sys.stderr, flush=True)
     return done.returncode
 
 

@@ -19,6 +19,7 @@ checked by golden tests on a machine that has only one of the two MPIs.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 import subprocess
 from typing import Sequence
@@ -216,6 +217,27 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
         argv += [":", "-np", str(launch.servers)] + (["-H", _runs(servers)] if servers else [])
         argv += list(launch.server_command)
     return {}, argv
+
+
+#: hydra's report of a process that ended badly (it then stops every other process of the job)
+_BAD_TERMINATION = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
+
+
+def lost_servers(output: str, worker_hosts: Sequence[str], server_hosts: Sequence[str]) -> list[str]:
+    """What to tell the user when hydra's ``output`` reports a process that ended badly on a host that
+    runs summation servers and no worker (elsewhere the report cannot say whether a server or a worker
+    ended): one line per such report, naming the server(s) there. ``worker_hosts``/``server_hosts``: the
+    host of each worker and of each server, in rank order (servers come after the workers)."""
+    lines = []
+    for pid, host, code in _BAD_TERMINATION.findall(output):
+        servers = [f"server {j} (rank {len(worker_hosts) + j} of the job)"
+                   for j, h in enumerate(server_hosts) if h == host]
+        if not servers or host in worker_hosts:
+            continue
+        lines.append(f"summation {' or '.join(servers)} on {host} ended (pid {pid}, exit code {code}), and "
+                     "mpiexec stopped every other process of the job: a push_pull cannot go on without the "
+                     "server that owns its partitions. Its own output, above, may say why; start the job again")
+    return lines
 
 
 def printable(env: dict[str, str], argv: Sequence[str]) -> str:

@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--server-hosts", default=None,
                    help="the servers' hosts, e.g. s1:1,s2:1 (default: one per worker host in turn; with "
                         "--emulate: hosts of their own)")
+    p.add_argument("--colocate-servers", action="store_true",
+                   help="put the servers beside the workers, one per worker host in turn (the default on real "
+                        "hosts without --server-hosts; with --emulate the servers otherwise get hosts of their own)")
     p.add_argument("--start-timeout", type=float, default=30.0,
                    help="seconds each host check (ssh) may take (default 30)")
     p.add_argument("--output-filename", default=None, help="write each rank's output to files under this name")
@@ -160,6 +163,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError(f"{' and '.join(given)} both name the hosts; give one")
     if args.link_rate and not args.emulate:
         raise UsageError("--link-rate shapes an emulated cluster's links: use it with --emulate HxR")
+    if args.server_hosts and args.colocate_servers:
+        raise UsageError("--server-hosts and --colocate-servers both place the servers; give one")
+    if (args.server_hosts or args.colocate_servers) and not args.num_servers:
+        raise UsageError(f"{'--server-hosts' if args.server_hosts else '--colocate-servers'} needs --num-servers N")
     if args.stall_check is False and args.stall_check_warning_time_seconds is not None:
         raise UsageError("--no-stall-check and --stall-check-warning-time-seconds contradict each other")
     if args.hierarchical_allreduce and args.torus_allreduce:

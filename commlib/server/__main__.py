@@ -23,23 +23,22 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(name)s: %(message)s")
     from mpi4py import MPI
 
-    from .discovery import SERVER, job
-    from .loop import Server
-
     from ..config import Config
     from .discovery import StartError
+    from .loop import open_server
 
+    config = Config.load()
     try:
-        layout = job(MPI.COMM_WORLD, SERVER, Config.load().start_timeout_s)
+        server = open_server(MPI.COMM_WORLD, config.server_transport, config.start_timeout_s)
     except StartError as exc:
         print(f"commlib-server: {exc}", file=sys.stderr, flush=True)
         return 1
+    layout = server.job
     if not layout.workers:
         print("commlib-server: this MPI job has no workers (no process called commlib.init()); launch the "
               "servers beside the training script: mpiexec -n W python train.py : -n S python -m "
               "commlib.server", file=sys.stderr)
         return 2
-    server = Server(layout)
     logging.getLogger("commlib.server").info("%s serving %d workers", layout.describe_server(server.index),
                                              len(layout.workers))
     server.run()

@@ -8,6 +8,9 @@ reads; the server cannot answer before it has every push anyway). A background t
 (``Testsome``), applies the postscale or decodes each answered partition, and completes the handle when
 its last partition is in. The caller's thread encodes and posts; MPI must provide MPI_THREAD_MULTIPLE.
 
+This is the MPI data plane (``COMMLIB_SERVER_TRANSPORT=mpi``); :mod:`.tcp_client` replaces the transfers
+with TCP connections and keeps the rest (partitions, their sending order in ``_queued``, errors, deadlines).
+
 Bounded waits: a partition that a server has not answered for ``timeout_s`` (with nothing else heard
 from that server meanwhile) fails its tensor on this worker with an error naming the server and the key.
 """
@@ -71,19 +74,24 @@ class _Part:
 class _Job:
     """One tensor's push_pull."""
 
-    __slots__ = ("key", "handle", "output", "finish", "remaining", "failed")
+    __slots__ = ("key", "handle", "output", "finish", "remaining", "failed", "priority")
 
-    def __init__(self, key: str, handle: Handle, output: np.ndarray, finish: Callable, parts: int):
+    def __init__(self, key: str, handle: Handle, output: np.ndarray, finish: Callable, parts: int,
+                 priority: int = 0):
         self.key = key
         self.handle = handle
         self.output = output
         self.finish = finish  # (part) -> None: decode / postscale one answered partition into output
         self.remaining = parts
         self.failed = False
+        self.priority = priority  # higher: its queued partitions are sent sooner (ServerClient._enqueue)
 
 
 class ServerClient:
-    """push_pull for one worker runtime over ``job`` (which has servers). Thread-safe."""
+    """push_pull for one worker runtime over ``job`` (which has servers), over MPI. Thread-safe."""
+
+    #: partitions per server of a large tensor (:func:`.protocol.partitions`)
+    depth = protocol.DEPTH
 
     def __init__(self, job: Job, partition_bytes: int, timeout_s: float, max_sleep_s: float = 1e-3):
         self.job = job
@@ -129,14 +137,15 @@ class ServerClient:
     # -- submitting -------------------------------------------------------------------------------------
     def push_pull_async(self, buf: np.ndarray, key: str, op: ReduceOp = ReduceOp.SUM, codec=None,
                         prescale: float = 1.0, postscale: float = 1.0, contributors: int | None = None,
-                        result=None, lossy=None) -> Handle:
+                        result=None, lossy=None, priority: int = 0) -> Handle:
         """Start ``buf = postscale * reduce(prescale * buf)`` over the workers (``contributors`` of them
         push ``key``; default every worker) through the servers; ``buf`` is 1-D and C-contiguous. With
         ``codec`` (float32 ``buf``) the values travel in ``codec.wire_dtype`` and the servers accumulate
         in float32; half-precision ``buf`` travels as it is and also accumulates in float32. The handle's
         result is ``result`` (default ``buf``). ``lossy`` (a :class:`commlib.compression.pushed.PushEncoder`,
         float32 ``buf``, no ``codec``): each partition is pushed encoded, the servers decode and sum it in
-        float32 and answer with the dense float32 sum."""
+        float32 and answer with the dense float32 sum. ``priority``: this tensor's partitions are sent before
+        those of lower priority still queued (:meth:`_enqueue`)."""
         if self._broken is not None:
             raise ServerError(f"push_pull {key!r}: {self._broken}")
         contributors = contributors or len(self.job.workers)
@@ -165,18 +174,18 @@ class ServerClient:
             def finish(part: _Part, lo: int, hi: int) -> None:
                 if postscale != 1.0:
                     kernels.scale_(part.wire, postscale)
-        bounds = protocol.bounds(buf.size, wire.itemsize, self.partition_bytes, len(self.servers))
+        bounds = protocol.bounds(buf.size, wire.itemsize, self.partition_bytes, len(self.servers), depth=self.depth)
         nparts = len(bounds) - 1
         result = buf if result is None else result
         if nparts == 0:
             handle.set_result(result)
             return handle
-        job = _Job(key, handle, result, finish, nparts)
+        job = _Job(key, handle, result, finish, nparts, priority)
         wire_name = dtype_name(wire.dtype)
         with self._lock:
             self._in_flight.add(key)
-            for q in range(nparts):
-                p = (q + self.worker) % nparts  # each worker starts at another server (see _launch)
+            parts = []
+            for p in protocol.sending_order(nparts, len(self.servers), self.worker):
                 lo, hi = bounds[p], bounds[p + 1]
                 server = protocol.server_of(key, p, len(self.servers))
                 dest = self.servers[server]
@@ -186,11 +195,27 @@ class ServerClient:
                                        self.worker, slot, packed, payload.nbytes if payload is not None else 0)
                 part = _Part(job, p, lo, hi, server, slot, wire[lo:hi], header)
                 part.payload = payload
-                self._queued.append(part)
+                parts.append(part)
                 self._by_slot[slot] = part
+            self._enqueue(parts, priority)
             self._launch()
         self._ensure_thread()
         return handle
+
+    def _enqueue(self, parts: list[_Part], priority: int) -> None:
+        """Queue one tensor's partitions (under the lock) behind every queued partition of the same or a
+        higher priority and ahead of the lower ones: higher priorities are sent first, equal ones in
+        submission order (BytePS's scheduled queue). What is already being sent is not overtaken."""
+        queue = self._queued
+        if not queue or queue[-1].job.priority >= priority:  # the common case: no reordering
+            queue.extend(parts)
+            return
+        at = len(queue)
+        while at and queue[at - 1].job.priority < priority:
+            at -= 1
+        queue.rotate(-at)  # the lower-priority tail first, the new partitions before it, then back
+        queue.extendleft(reversed(parts))
+        queue.rotate(at)
 
     def _launch(self) -> None:
         """Post the next queued partitions while fewer than ``WINDOW`` are being sent (under the lock).
@@ -284,18 +309,22 @@ class ServerClient:
         now = time.monotonic()
         for part in finished:
             self._heard[part.server] = now
-            job = part.job
-            if job.failed:
-                continue
-            job.finish(part, part.lo, part.hi)
-            with self._lock:  # another thread may finish another partition of the job meanwhile
-                job.remaining -= 1
-                last = job.remaining == 0 and not job.failed
-                if last:
-                    self._in_flight.discard(job.key)
-            if last:
-                job.handle.set_result(job.output)
+            self._complete(part)
         return True
+
+    def _complete(self, part: _Part) -> None:
+        """``part``'s answer is in its memory: decode it, and complete its tensor if it was the last."""
+        job = part.job
+        if job.failed:
+            return
+        job.finish(part, part.lo, part.hi)
+        with self._lock:  # another thread may finish another partition of the job meanwhile
+            job.remaining -= 1
+            last = job.remaining == 0 and not job.failed
+            if last:
+                self._in_flight.discard(job.key)
+        if last:
+            job.handle.set_result(job.output)
 
     def _errors(self) -> bool:
         """A server refused a round: fail that tensor here, naming what the server said."""
@@ -316,24 +345,49 @@ class ServerClient:
         if not self.timeout_s:
             return
         with self._lock:
-            # queued partitions too: behind a server that stopped taking pushes, they never leave
-            for part in self._parts + list(self._queued):
+            for part in self._watched():
                 if part.job.failed:
                     continue
                 waited = now - max(part.since, self._heard[part.server])
                 if waited > self.timeout_s:
-                    stage = "taken its push" if part.recv is None else "answered"
+                    stage = self._stage(part)
                     self._fail(part.job, ServerError(
                         f"push_pull {part.job.key!r}: {self.job.describe_server(part.server)} has not "
                         f"{stage} partition {part.index} for {waited:.1f} s (COMMLIB_SERVER_TIMEOUT="
                         f"{self.timeout_s:g}): the server died or hangs, or another worker has not pushed "
                         f"{part.job.key!r} (every worker must push the same keys, alike)"))
 
+    def _stage(self, part: _Part) -> str:
+        """What the server of ``part`` has not done yet, for an error."""
+        return "taken its push" if part.recv is None else "answered"
+
+    def _watched(self) -> list[_Part]:
+        """The partitions whose deadline runs (under the lock)."""
+        # queued ones too: behind a server that stopped taking pushes, they never leave
+        return self._pending()
+
+    def _pending(self) -> list[_Part]:
+        """Every partition sent or queued and not yet answered (under the lock)."""
+        return self._parts + list(self._queued)
+
     def _fail(self, job: _Job, error: BaseException) -> None:
-        """Fail ``job`` (under the lock): cancel the receives of its partitions (the sends still complete
-        when their servers take them) and forget them."""
+        """Fail ``job`` (under the lock): forget its partitions, sent and queued."""
         job.failed = True
         self._in_flight.discard(job.key)
+        self._forget_sent(job)
+        queue = self._queued
+        if any(part.job is job for part in queue):
+            kept = [part for part in queue if part.job is not job]
+            for part in queue:
+                if part.job is job:
+                    self._by_slot.pop(part.slot, None)
+            queue.clear()
+            queue.extend(kept)
+        job.handle.set_error(error)
+
+    def _forget_sent(self, job: _Job) -> None:
+        """Cancel the receives of ``job``'s partitions (the sends still complete when their servers take
+        them) and forget them (under the lock)."""
         keep = []
         for part in self._parts:
             if part.job is job:
@@ -345,15 +399,6 @@ class ServerClient:
             else:
                 keep.append(part)
         self._parts = keep
-        queue = self._queued
-        if any(part.job is job for part in queue):
-            kept = [part for part in queue if part.job is not job]
-            for part in queue:
-                if part.job is job:
-                    self._by_slot.pop(part.slot, None)
-            queue.clear()
-            queue.extend(kept)
-        job.handle.set_error(error)
 
     # -- waiting and closing ----------------------------------------------------------------------------
     def wait(self, handle: Handle) -> None:
@@ -377,14 +422,14 @@ class ServerClient:
         """Wait for what is in flight (bounded by the timeout), stop the thread, and tell every server
         this worker's runtime is shutting down."""
         deadline = time.monotonic() + (self.timeout_s or 10.0)
-        while (self._parts or self._queued) and time.monotonic() < deadline and self._thread is not None \
+        while self._pending() and time.monotonic() < deadline and self._thread is not None \
                 and self._thread.is_alive():
             time.sleep(1e-3)
         self._stop = True
         if self._thread is not None:
             self._thread.join()
         with self._lock:
-            for part in self._parts + list(self._queued):
+            for part in self._pending():
                 if not part.job.failed:
                     self._fail(part.job, ServerError(f"push_pull {part.job.key!r}: commlib shut down"))
         if MPI.Is_finalized():
@@ -403,6 +448,7 @@ class ServerLane:
     def __init__(self, client: ServerClient, prefix: str, contributors: int, server_nodes: tuple[int, ...] = ()):
         self.client = client
         self.server_nodes = server_nodes  # the node of each server, as the set's topology numbers them
+        self.depth = client.depth  # partitions per server of a large tensor (the cost model reads it)
         self.prefix = prefix
         self.contributors = contributors
         self.calls = 0

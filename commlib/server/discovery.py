@@ -46,6 +46,13 @@ class Job:
     own: "MPI.Comm"
     roles: tuple[str, ...]
     hosts: tuple[str, ...]
+    #: by rank of ``full``: where a server listens for push_pull over TCP (:class:`.tcp.Endpoint`), or None
+    endpoints: tuple = ()
+
+    @property
+    def tcp(self) -> bool:
+        """Whether push_pull's data goes over TCP: every server listens (COMMLIB_SERVER_TRANSPORT=tcp)."""
+        return bool(self.servers) and all(self.endpoints[r] is not None for r in self.servers)
 
     @property
     def workers(self) -> tuple[int, ...]:
@@ -74,18 +81,19 @@ class StartError(CommlibError):
 _jobs: dict[int, Job] = {}  # by the user's communicator handle: one layout per communicator per process
 
 
-def job(comm: "MPI.Comm", role: str, start_timeout_s: float = 0.0) -> Job:
+def job(comm: "MPI.Comm", role: str, start_timeout_s: float = 0.0, endpoint=None) -> Job:
     """The job's layout over ``comm`` (collective over every process of ``comm`` the first time in this
-    process, workers and servers alike; free afterwards). Raises :class:`StartError` on every process
+    process, workers and servers alike; free afterwards). A server passes ``endpoint`` when it takes
+    push_pull's data over TCP (:mod:`.tcp`); the workers find it in ``Job.endpoints``. Raises :class:`StartError` on every process
     that started when another has not reached this call within ``start_timeout_s`` (0: wait forever)."""
     key = int(comm.handle)
     found = _jobs.get(key)
     if found is not None:
         return found
-    reports = _roll_call(comm, (role, socket.gethostname()), start_timeout_s)
+    reports = _roll_call(comm, (role, socket.gethostname(), endpoint), start_timeout_s)
     full = comm.Dup()
-    roles = tuple(r for r, _ in reports)
-    hosts = tuple(h for _, h in reports)
+    roles = tuple(r[0] for r in reports)
+    hosts = tuple(r[1] for r in reports)
     if SERVER in roles:
         own = full.Split(0 if role == WORKER else 1, full.Get_rank())
         if role == WORKER and WORKER in roles:
@@ -93,7 +101,7 @@ def job(comm: "MPI.Comm", role: str, start_timeout_s: float = 0.0) -> Job:
             atexit.register(_say_exit, full, servers)
     else:
         own = full
-    found = _jobs[key] = Job(full, own, roles, hosts)
+    found = _jobs[key] = Job(full, own, roles, hosts, tuple(r[2] for r in reports))
     return found
 
 
@@ -109,8 +117,8 @@ def _receive(comm: "MPI.Comm", source: int, deadline: float | None):
         time.sleep(1e-3)
 
 
-def _roll_call(comm: "MPI.Comm", me: tuple[str, str], timeout_s: float) -> list[tuple[str, str]]:
-    """Every process's ``(role, host)``, by rank of ``comm``, once all have reported (see the module)."""
+def _roll_call(comm: "MPI.Comm", me: tuple, timeout_s: float) -> list[tuple]:
+    """Every process's ``(role, host, endpoint)``, by rank of ``comm``, once all have reported (see the module)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
         return [me]
@@ -143,8 +151,8 @@ def _roll_call(comm: "MPI.Comm", me: tuple[str, str], timeout_s: float) -> list[
         reports, missing = table
     if missing:
         started = {r: reports[r] for r in sorted(reports)}
-        workers = [r for r, (x, _) in started.items() if x == WORKER]
-        servers = [r for r, (x, _) in started.items() if x == SERVER]
+        workers = [r for r, report in started.items() if report[0] == WORKER]
+        servers = [r for r, report in started.items() if report[0] == SERVER]
         raise StartError(
             f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of the MPI job "
             f"did not start within {timeout_s:g} s (COMMLIB_START_TIMEOUT): a summation server (python -m "

@@ -9,15 +9,21 @@ in a float32 buffer and are rounded once for the answer, so every worker receive
 Memory is the rounds in flight: per open round one accumulator plus the pushes received but not yet added,
 and answers until they are sent. Buffers are reused through a small pool.
 
-One thread drives everything with non-blocking MPI: a matched probe for headers, ``Testsome`` over the
-receives and sends. While transfers are under way it only yields the core between polls (MPI moves a
-large message's data only while it is polled: 1 ms sleeps there cost push_pull a third of its rate);
-idle, it yields, then sleeps (``coordinator.backoff``).
+With MPI as the data plane (COMMLIB_SERVER_TRANSPORT=mpi), one thread drives everything with
+non-blocking MPI: a matched probe for headers, ``Testsome`` over the receives and sends. While transfers
+are under way it only yields the core between polls (MPI moves a large message's data only while it is
+polled: 1 ms sleeps there cost push_pull a third of its rate); idle, it yields, then sleeps
+(``coordinator.backoff``). Over TCP (:mod:`.tcp`, the default), each worker's connection has a thread that
+receives its pushes and adds them (under one lock, which the kernels' sums hold without the GIL), and a
+thread that sends its answers; the main thread serves the control messages and Geo-SGD over MPI.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import socket
+import threading
 import time
 
 import numpy as np
@@ -28,8 +34,8 @@ from ..compression import pushed
 from ..coordinator.backoff import Backoff, yield_core
 from ..dtypes import BFLOAT16, HALF
 from ..ops import ReduceOp
-from . import protocol
-from .discovery import Job
+from . import protocol, tcp
+from .discovery import SERVER, Job, job as find_job
 from .geo import GeoStore
 
 log = logging.getLogger("commlib.server")
@@ -61,21 +67,46 @@ class _Pool:
 class _Round:
     """One key's open round."""
 
-    __slots__ = ("first", "acc", "pushed", "slots", "error", "arrived", "most")
+    __slots__ = ("first", "acc", "pushed", "dests", "slots", "error", "arrived", "most")
 
     def __init__(self, first: protocol.Push):
         self.first = first
         self.acc: np.ndarray | None = None
         self.pushed: dict[int, int] = {}  # worker -> slot
+        self.dests: dict = {}  # worker -> where its answer goes (a rank, or a TCP link)
         self.arrived = 0  # pushes whose data has been added
         self.error = ""
         self.most = first.contributors  # the most contributors any push declared: a refused round waits for them
 
 
-class Server:
-    """The loop of one summation server on ``job`` (this process is one of ``job.servers``)."""
+class _Link:
+    """One worker's TCP connection to this server: pushes come in on it, answers go out in order."""
 
-    def __init__(self, job: Job, max_sleep_s: float = 1e-3):
+    def __init__(self, conn: socket.socket, worker: int):
+        self.conn = conn
+        self.worker = worker
+        self.out: queue.SimpleQueue = queue.SimpleQueue()  # (slot, answer or error text, holder); None ends
+        self.closed = False  # under the server's lock: no more answers are queued
+
+
+def open_server(comm: "MPI.Comm", transport: str, start_timeout_s: float = 0.0) -> "Server":
+    """This process as a summation server of the job over ``comm`` (collective with the workers' first
+    ``init()``): with ``transport`` "tcp" it listens first and reports where (:mod:`.tcp`)."""
+    listener, endpoint = tcp.listen() if transport == "tcp" else (None, None)
+    try:
+        layout = find_job(comm, SERVER, start_timeout_s, endpoint)
+    except BaseException:
+        if listener is not None:
+            listener.close()
+        raise
+    return Server(layout, listener=listener)
+
+
+class Server:
+    """The loop of one summation server on ``job`` (this process is one of ``job.servers``); with
+    ``listener`` (:func:`open_server`) push_pull's data comes over TCP."""
+
+    def __init__(self, job: Job, max_sleep_s: float = 1e-3, listener: socket.socket | None = None):
         self.job = job
         self.comm = job.full
         self.index = job.servers.index(self.comm.Get_rank())
@@ -93,12 +124,20 @@ class Server:
         #: ``None``, or a list that receives ``(time, event, worker, key, part)`` ("header", "received",
         #: "answer", "answered"): scripts/bench_servers.py --trace sets it.
         self.trace: list | None = None
+        # TCP: the round state is shared by the connections' threads (the lock also covers the pool)
+        self._lock = threading.Lock()
+        self.listener = listener
+        self.endpoint = job.endpoints[job.servers[self.index]] if listener is not None else None
+        self.links: list[_Link] = []
+        self.unsent = 0  # answers queued on links, not yet sent (under the lock)
+        if listener is not None:
+            self._spawn(self._accept, "commlib-server-accept")
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve until every worker's process has said it is exiting."""
         last = time.monotonic()
-        while len(self.exits) < len(self.job.workers) or self.sending or self.geo.busy:
+        while len(self.exits) < len(self.job.workers) or self.sending or self.geo.busy or self.unsent:
             moved = self._control() | self._headers() | self._received() | self._sent() | self.geo.progress()
             now = time.monotonic()
             if moved:
@@ -107,6 +146,7 @@ class Server:
                 yield_core()  # transfers under way progress only while MPI is polled: never sleep then
             else:
                 self.backoff.pause(now - last)
+        self._close_links()
         log.info("commlib server %d: every worker exited after %d rounds", self.index, self.rounds_done)
 
     def _headers(self) -> bool:
@@ -141,29 +181,37 @@ class Server:
     # -- pushes -----------------------------------------------------------------------------------------
     def _start(self, push: protocol.Push, source: int) -> None:
         """A header arrived: post the receive of its data (always: the worker's send must complete)."""
-        key = (push.key, push.part)
-        buf = self.pool.take(_U8 if push.codec else _WIRE[push.wire], push.nbytes if push.codec else push.count)
+        buf = self._buffer(push)
         request = self.comm.Irecv(buf.view(np.uint8), source=source, tag=push.slot)
+        self.receiving.append((request, push, buf, self._register(push, self.worker_of_rank[source], source)))
+
+    def _buffer(self, push: protocol.Push) -> np.ndarray:
+        """Where a push's data is received."""
+        return self.pool.take(_U8 if push.codec else _WIRE[push.wire], push.nbytes if push.codec else push.count)
+
+    def _register(self, push: protocol.Push, worker: int, dest) -> bool:
+        """Count ``worker``'s push in its key's round (answers go to ``dest``: a rank, or a TCP link);
+        False when its data is to be dropped (a second push of the same round, refused)."""
+        key = (push.key, push.part)
         rnd = self.rounds.get(key)
         if rnd is None:
             rnd = self.rounds[key] = _Round(push)
-        worker = self.worker_of_rank[source]
         if self.trace is not None:
             self.trace.append((time.monotonic(), "header", worker, push.key, push.part))
         if worker in rnd.pushed:  # its data is received and dropped
-            self.receiving.append((request, push, buf, False))
-            self._answer_error([(source, push.slot)], (
+            self._answer_error([(dest, push.slot)], (
                 f"push_pull {push.key!r} partition {push.part}: worker {worker} pushed it again before every "
                 f"worker had pushed the previous round; the workers declare this key differently (sizes) "
                 f"or one of them stopped pushing it"))
-            return
-        self.receiving.append((request, push, buf, True))
+            return False
         rnd.pushed[worker] = push.slot
+        rnd.dests[worker] = dest
         rnd.most = max(rnd.most, push.contributors)
         if push.declaration() != rnd.first.declaration() and not rnd.error:
             rnd.error = (f"push_pull {push.key!r} partition {push.part}: worker {worker} declared "
                          f"{push.describe()}, worker {rnd.first.worker} declared {rnd.first.describe()}; "
                          "declare every key alike on every worker")
+        return True
 
     def _received(self) -> bool:
         if not self.receiving:
@@ -227,7 +275,7 @@ class Server:
 
     def _finish(self, rnd: _Round) -> None:
         """Every contributor has pushed: send each the sum (or the error)."""
-        destinations = [(self.job.workers[w], slot) for w, slot in rnd.pushed.items()]
+        destinations = [(rnd.dests[w], slot) for w, slot in rnd.pushed.items()]
         if rnd.error:
             if rnd.acc is not None:
                 self.pool.give(rnd.acc)
@@ -243,13 +291,19 @@ class Server:
         holder = [answer, len(destinations)]  # back to the pool when its last send completes
         if self.trace is not None:
             self.trace.append((time.monotonic(), "answer", -1, rnd.first.key, rnd.first.part))
-        for rank, slot in destinations:
-            self.sending.append((self.comm.Isend(answer.view(np.uint8), dest=rank, tag=slot), holder))
+        for dest, slot in destinations:
+            if isinstance(dest, _Link):
+                self._queue(dest, (slot, answer, holder))
+            else:
+                self.sending.append((self.comm.Isend(answer.view(np.uint8), dest=dest, tag=slot), holder))
 
     def _answer_error(self, destinations, text: str) -> None:
         log.warning("commlib server %d: %s", self.index, text)
-        for rank, slot in destinations:
-            self.sending.append((self.comm.isend((slot, text), dest=rank, tag=protocol.TAG_ERROR), None))
+        for dest, slot in destinations:
+            if isinstance(dest, _Link):
+                self._queue(dest, (slot, text, None))
+            else:
+                self.sending.append((self.comm.isend((slot, text), dest=dest, tag=protocol.TAG_ERROR), None))
 
     def _sent(self) -> bool:
         if not self.sending:
@@ -270,8 +324,118 @@ class Server:
     def _bye(self, worker: int) -> None:
         """A worker's runtime shut down; once every worker has, drop the rounds still open (their
         contributors left)."""
-        self.byes[worker] += 1
-        if min(self.byes) == max(self.byes) and self.rounds:
-            log.warning("commlib server %d: the workers shut down with %d rounds open; dropping them",
-                        self.index, len(self.rounds))
-            self.rounds.clear()
+        with self._lock:
+            self.byes[worker] += 1
+            if min(self.byes) == max(self.byes) and self.rounds:
+                log.warning("commlib server %d: the workers shut down with %d rounds open; dropping them",
+                            self.index, len(self.rounds))
+                self.rounds.clear()
+
+    # -- TCP (tcp.py) -----------------------------------------------------------------------------------
+    def _spawn(self, target, name: str, *args) -> None:
+        threading.Thread(target=target, args=args, name=name, daemon=True).start()
+
+    def _accept(self) -> None:
+        """Take the workers' connections (each runtime of each worker opens one per server)."""
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed: the server is exiting
+                return
+            self._spawn(self._welcome, "commlib-server-hello", conn)  # a silent peer holds only its thread
+
+    def _welcome(self, conn: socket.socket) -> None:
+        """Check a new connection's introduction; a worker's gets its receiving and sending threads."""
+        worker = tcp.accept_hello(conn, self.endpoint, self.index)
+        if worker is None or not 0 <= worker < len(self.job.workers):
+            conn.close()
+            return
+        link = _Link(conn, worker)
+        with self._lock:  # a worker's earlier runtimes' connections have ended
+            self.links = [old for old in self.links if not old.closed] + [link]
+        self._spawn(self._receive, f"commlib-server-recv-{worker}", link)
+        self._spawn(self._answer, f"commlib-server-send-{worker}", link)
+
+    def _receive(self, link: _Link) -> None:
+        """One worker's pushes: each header, its data into a buffer, then added to its round."""
+        conn = link.conn
+        try:
+            while True:
+                kind, push, size = tcp.recv_head(conn)
+                if kind != tcp.PUSH or not isinstance(push, protocol.Push):
+                    raise ConnectionError(f"unexpected frame kind {kind}")
+                with self._lock:
+                    buf = self._buffer(push)
+                    counted = self._register(push, link.worker, link)
+                if buf.nbytes != size:
+                    raise ConnectionError(f"push {push.key!r} partition {push.part} carries {size} bytes, its "
+                                          f"header declares {buf.nbytes}")
+                tcp.recv_exact(conn, memoryview(buf.view(np.uint8)))
+                if self.trace is not None:
+                    self.trace.append((time.monotonic(), "received", push.worker, push.key, push.part))
+                with self._lock:
+                    if counted:
+                        self._add(push, buf)
+                    else:
+                        self.pool.give(buf)
+        except (OSError, EOFError) as exc:  # the worker closed its connection (its runtime shut down)
+            log.debug("commlib server %d: worker %d's connection ended: %s", self.index, link.worker, exc)
+        except Exception as exc:  # a malformed frame: this connection is unusable, the server goes on
+            log.error("commlib server %d: dropping worker %d's connection: %r", self.index, link.worker, exc)
+        finally:
+            with self._lock:
+                link.closed = True
+                link.out.put(None)
+            try:
+                conn.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def _answer(self, link: _Link) -> None:
+        """One worker's answers, in the order the rounds completed."""
+        conn, broken = link.conn, False
+        while True:
+            item = link.out.get()
+            if item is None:
+                break
+            slot, answer, holder = item
+            if not broken:
+                try:
+                    if holder is None:  # a refused round: the message
+                        tcp.send_frame(conn, tcp.ERROR, (slot, answer))
+                    else:
+                        tcp.send_frame(conn, tcp.ANSWER, slot, answer.view(np.uint8))
+                except OSError:  # the worker went away; what is queued for it is dropped
+                    broken = True
+            with self._lock:
+                self.unsent -= 1
+                if holder is not None:
+                    holder[1] -= 1
+                    if holder[1] == 0:
+                        self.pool.give(holder[0])
+        conn.close()
+
+    def _queue(self, link: _Link, item: tuple) -> None:
+        """Queue an answer on ``link`` (under the lock); dropped when the worker's connection has ended."""
+        if link.closed:
+            holder = item[2]
+            if holder is not None:
+                holder[1] -= 1
+                if holder[1] == 0:
+                    self.pool.give(holder[0])
+            return
+        self.unsent += 1
+        link.out.put(item)
+
+    def _close_links(self) -> None:
+        """Stop taking connections and close the workers' (the server is exiting)."""
+        if self.listener is None:
+            return
+        self.listener.close()
+        with self._lock:
+            links = list(self.links)
+        for link in links:
+            try:
+                link.conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -73,16 +73,20 @@ class Push:
 #: A tensor that spans several partitions gets at least this many per server (while partitions stay at
 #: least ``MIN_PARTITION_BYTES``): a server answers a partition once every worker has pushed it, so the
 #: answers overlap the pushes only from the second partition on; with k partitions per server the last
-#: answer ends about 1/k of the tensor's time after the last push. On 4 + 4 emulated hosts at 1 Gbit/s,
-#: 64 MiB in 1 MiB partitions (16 per server) took 0.80 s, in 2 MiB (8 per server) 0.82-0.87 s, in
-#: 256 KiB 0.93 s (one run each, machine shared; scripts/bench_servers.py).
+#: answer ends about 1/k of the tensor's time after the last push. Over MPI, on 4 + 4 emulated hosts at
+#: 1 Gbit/s, 64 MiB in 1 MiB partitions (16 per server) took 0.80 s, in 2 MiB (8 per server) 0.82-0.87 s,
+#: in 256 KiB 0.93 s (one run each, machine shared; scripts/bench_servers.py).
 DEPTH = 16
+#: The same over TCP (:mod:`.tcp`), where a partition costs little CPU: 64 MiB in 256 KiB partitions (64
+#: per server) took 0.62-0.64 s, in 1 MiB 0.65-0.67 s, in 128 KiB 0.68-0.75 s (5 rounds each, machine
+#: shared).
+TCP_DEPTH = 64
 MIN_PARTITION_BYTES = 256 << 10
 
 
-def partitions(count: int, itemsize: int, partition_bytes: int, servers: int) -> tuple[int, int]:
+def partitions(count: int, itemsize: int, partition_bytes: int, servers: int, depth: int = DEPTH) -> tuple[int, int]:
     """``(elements per partition, number of partitions)`` of a tensor of ``count`` elements: partitions of
-    at most ``partition_bytes`` (at least one element); when there are several, at least ``DEPTH`` per
+    at most ``partition_bytes`` (at least one element); when there are several, at least ``depth`` per
     server (down to ``MIN_PARTITION_BYTES``) and as many as a multiple of ``servers``, of equal size, so
     that a large tensor loads every server's link alike (17 partitions of 4 MB over 4 servers would give
     one server 5, a quarter more than the others, and its link the whole tensor's time). The last
@@ -92,7 +96,7 @@ def partitions(count: int, itemsize: int, partition_bytes: int, servers: int) ->
     per = max(1, partition_bytes // itemsize)
     nparts = -(-count // per)
     if nparts > 1:
-        nparts = max(nparts, min(DEPTH * servers, count * itemsize // MIN_PARTITION_BYTES))
+        nparts = max(nparts, min(depth * servers, count * itemsize // MIN_PARTITION_BYTES))
         if nparts % servers:
             nparts += servers - nparts % servers
     per = -(-count // nparts)
@@ -104,7 +108,8 @@ def partitions(count: int, itemsize: int, partition_bytes: int, servers: int) ->
 RAMP = (8, 8, 4, 2)
 
 
-def bounds(count: int, itemsize: int, partition_bytes: int, servers: int, ramp: bool = True) -> list[int]:
+def bounds(count: int, itemsize: int, partition_bytes: int, servers: int, ramp: bool = True,
+           depth: int = DEPTH) -> list[int]:
     """The partitions of push_pull: offsets ``[0, b1, ..., count]`` (partition ``p`` is ``[b[p], b[p+1])``).
 
     :func:`partitions`' equal partitions, except that a tensor of at least ``4 x servers`` of them starts
@@ -114,7 +119,7 @@ def bounds(count: int, itemsize: int, partition_bytes: int, servers: int, ramp: 
     and nothing but answers after the last: small partitions there shorten both. Each group holds one
     partition per server (consecutive partitions go to consecutive servers), so every server's link still
     carries the same share."""
-    per, n = partitions(count, itemsize, partition_bytes, servers)
+    per, n = partitions(count, itemsize, partition_bytes, servers, depth)
     if n == 0:
         return [0]
     if not ramp or n < 4 * servers or per < 2 * RAMP[0]:
@@ -128,6 +133,21 @@ def bounds(count: int, itemsize: int, partition_bytes: int, servers: int, ramp: 
     out = list(itertools.accumulate(sizes, initial=0))
     assert out[-1] == count
     return out
+
+
+def sending_order(nparts: int, servers: int, worker: int) -> list[int]:
+    """The order in which ``worker`` pushes a tensor's ``nparts`` partitions: group by group (``servers``
+    consecutive partitions, one per server, of equal size under :func:`bounds`), each group's order rotated
+    by the worker, so that at each moment the workers push to different servers (every server's link takes
+    one worker's stream at a time) and a group's partitions are complete, and answered, one group's time
+    after its first push. (Rotating the whole tensor instead, worker w starting at partition w, left the
+    first partitions' answers waiting for the last worker to come round to them at the end.)"""
+    order = []
+    for start in range(0, nparts, servers):
+        group = list(range(start, min(start + servers, nparts)))
+        k = worker % len(group)
+        order += group[k:] + group[:k]
+    return order
 
 
 def server_of(key: str, part: int, servers: int) -> int:

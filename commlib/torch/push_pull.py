@@ -6,8 +6,8 @@
 same signatures). The tensors go through the servers with no negotiation (docs/servers.md); the
 DistributedOptimizer's gradients go through them with ``algorithm="ps"`` (``COMMLIB_ALGORITHM=ps``).
 
-BytePS's ``version`` and ``priority`` arguments are accepted and have no effect: commlib sends partitions
-in submission order (priority scheduling is not implemented).
+``priority`` is BytePS's: a worker sends the partitions of higher-priority tensors before those of lower
+ones still waiting to go (equal priorities in submission order). ``version`` is accepted and has no effect.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ def _op(average: bool):
     return _cl.Average if average else _cl.Sum
 
 
-def _async(tensor, inplace: bool, average: bool, name, compression) -> Handle:
+def _async(tensor, inplace: bool, average: bool, name, compression, priority=0) -> Handle:
     array = as_array(tensor.contiguous() if not inplace else tensor, name, "push_pull")
-    kwargs = dict(op=_op(average), name=name, compression=compression)
+    kwargs = dict(op=_op(average), name=name, compression=compression, priority=priority)
     if inplace:
         return Handle(_cl.push_pull_async_(array, **kwargs), _same(tensor), tensor)
     return Handle(_cl.push_pull_async(array, **kwargs), as_tensor, tensor)
@@ -35,14 +35,15 @@ def _async(tensor, inplace: bool, average: bool, name, compression) -> Handle:
 def push_pull_async(tensor, average: bool = True, name: str | None = None, version: int = 0, priority: int = 0,
                     compression=Compression.none) -> Handle:
     """Start summing (``average``: averaging) ``tensor`` over the workers through the servers into a new
-    tensor; ``synchronize`` returns it. Every worker must push each ``name`` with the same shape and dtype."""
-    return _async(tensor, False, average, name, compression)
+    tensor; ``synchronize`` returns it. Every worker must push each ``name`` with the same shape and dtype.
+    ``priority``: higher-priority tensors' partitions are sent first (see :func:`commlib.push_pull_async`)."""
+    return _async(tensor, False, average, name, compression, priority)
 
 
 def push_pull_async_inplace(tensor, average: bool = True, name: str | None = None, version: int = 0,
                             priority: int = 0, compression=Compression.none) -> Handle:
     """In-place :func:`push_pull_async`: ``synchronize`` returns ``tensor``, now holding the result."""
-    return _async(tensor, True, average, name, compression)
+    return _async(tensor, True, average, name, compression, priority)
 
 
 def push_pull(tensor, average: bool = True, name: str | None = None, version: int = 0, priority: int = 0,

@@ -221,6 +221,7 @@ if "host" in cases:
 if "lossy" in cases:
     # lossy encoders through the servers: each worker pushes its encoded partitions, the servers decode
     # and sum in float32, every worker receives the dense sum. Integer values keep every sum exact.
+    from commlib import api
     from commlib.server import protocol
     from commlib.errors import CommlibError
 
@@ -229,7 +230,7 @@ if "lossy" in cases:
 
     def bounds(count):
         """The partitions push_pull encodes one by one (protocol.bounds: tapered at both ends)."""
-        b = protocol.bounds(count, 4, PART, servers)
+        b = protocol.bounds(count, 4, PART, servers, depth=api._rt().servers.depth)
         return list(zip(b[:-1], b[1:]))
 
     def distinct(r, step):
