@@ -328,7 +328,7 @@ def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[li
                      + " ".join(f"{x:.3f}" for x in t))
     lines += [f"bounds: push_pull S/B = {ps_bound:.3f} s, allreduce 2(n-1)/n S/B = {ar_bound:.3f} s",
               f"best allreduce: {best} {med[best]:.3f} s; push_pull {med['push_pull']:.3f} s = "
-              f"{med['push_pull'] / ps_bound:.2f}x its bound, {med[best] / med['push_pull']:.2f}x faster than "
+              f"{med['push_pull'] / ps_bound:.3f}x its bound, {med[best] / med['push_pull']:.3f}x faster than "
               f"{best}"]
     transport = result.get("transport")
     if transport and "error" in transport:
@@ -345,7 +345,8 @@ def summarize(name: str, result: dict, nbytes: int, rate_bps: float) -> tuple[li
                   f"push_pull {med['push_pull']:.3f} s = {med['push_pull'] / every:.2f}x the raw transport bound"]
     if "auto" in result:
         lines.append(f"auto runs {result['auto']['runs']} after its warm-up; the cost model predicted "
-                     + ", ".join(f"{a} {t:.3f} s" for a, t in result["auto"]["predicted"]))
+                     + ", ".join(f"{a} {t:.3f} s" for a, t in result["auto"]["predicted"])
+                     + " (without a profile the model assumes 10 Gbit/s links: its ranking counts, not its seconds)")
     return lines, {"median_s": med, "best_allreduce": best, "push_pull_bound_s": ps_bound,
                    "allreduce_bound_s": ar_bound, **result}
 
