@@ -101,6 +101,24 @@ def _server_transport(text: str) -> str:
     return value
 
 
+def _non_negative_size(text: str) -> int:
+    value = parse_size(text)
+    if value < 0:
+        raise ValueError(f"{text!r} must be >= 0")
+    return value
+
+
+def _congestion(text: str) -> str:
+    """A TCP congestion control's name (Linux: /proc/sys/net/ipv4/tcp_available_congestion_control), or
+    ``default`` (""): the kernel's."""
+    value = str(text).strip().lower()
+    if value in ("", "default"):
+        return ""
+    if not re.fullmatch(r"[a-z0-9_]{1,15}", value):
+        raise ValueError(f"{text!r} is not a congestion control's name (e.g. reno, cubic, bbr) or default")
+    return value
+
+
 def _size_or_auto(text: str) -> int | None:
     """A byte count, or ``auto`` (None): the cost model decides."""
     return None if str(text).strip().lower() == "auto" else parse_size(text)
@@ -170,6 +188,8 @@ class Config:
     geo_steps: int = 4
     geo_staleness: int | None = None
     server_transport: str = "tcp"
+    server_tcp_congestion: str = "reno"
+    server_tcp_rcvbuf: int = 512 << 10
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -356,6 +376,13 @@ FIELDS: dict[str, _Field] = {
                                "(MPI still finds the servers and carries control messages); mpi: MPI "
                                "point-to-point, e.g. to use an RDMA fabric MPI drives. Read by the servers; "
                                "the workers follow them (default tcp)"),
+    "server_tcp_congestion": _Field("COMMLIB_SERVER_TCP_CONGESTION", _congestion,
+                                    "summation servers over TCP: the congestion control of push_pull's "
+                                    "connections (both ends; 'default': the kernel's; default reno)"),
+    "server_tcp_rcvbuf": _Field("COMMLIB_SERVER_TCP_RCVBUF", _non_negative_size,
+                                "summation servers over TCP: the receive buffer of a worker's connections "
+                                "to the servers, which bounds the answers in flight towards it (K/M/G "
+                                "suffix; 0: the kernel's autotuning; default 512K)"),
     "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
                         "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
     "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,

@@ -71,7 +71,8 @@ class Runtime:
                 self.comm.Free()
                 raise ConfigError("summation servers need MPI_THREAD_MULTIPLE (push_pull progresses in its own "
                                   "thread); do not lower mpi4py.rc.thread_level")
-            self.servers = open_client(self.job, self.config.server_partition_bytes, self.config.server_timeout_s)
+            self.servers = open_client(self.job, self.config.server_partition_bytes, self.config.server_timeout_s,
+                                       self.config.server_tcp_congestion, self.config.server_tcp_rcvbuf)
         self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,

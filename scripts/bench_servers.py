@@ -236,7 +236,8 @@ def traced_server(out: str) -> None:
     from commlib.config import Config
     from commlib.server.loop import open_server
 
-    server = open_server(MPI.COMM_WORLD, Config.load().server_transport)
+    config = Config.load()
+    server = open_server(MPI.COMM_WORLD, config.server_transport, congestion=config.server_tcp_congestion)
     server.trace = []
     server.run()
     Path(out, f"server{server.index}.json").write_text(json.dumps(server.trace))

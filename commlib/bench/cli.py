@@ -82,7 +82,8 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
         from ..server.client import ServerLane
         from ..server.tcp_client import open_client
 
-        client = open_client(servers, config.server_partition_bytes, config.server_timeout_s)
+        client = open_client(servers, config.server_partition_bytes, config.server_timeout_s,
+                             config.server_tcp_congestion, config.server_tcp_rcvbuf)
         nodes = client.server_nodes(list(servers.workers), lane.topology.node_of_rank)
         lane.engine.context.servers = ServerLane(client, "commlib-bench", comm.Get_size(), nodes)
     try:

@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
 
     config = Config.load()
     try:
-        server = open_server(MPI.COMM_WORLD, config.server_transport, config.start_timeout_s)
+        server = open_server(MPI.COMM_WORLD, config.server_transport, config.start_timeout_s,
+                             config.server_tcp_congestion)
     except StartError as exc:
         print(f"commlib-server: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -89,10 +89,12 @@ class _Link:
         self.closed = False  # under the server's lock: no more answers are queued
 
 
-def open_server(comm: "MPI.Comm", transport: str, start_timeout_s: float = 0.0) -> "Server":
+def open_server(comm: "MPI.Comm", transport: str, start_timeout_s: float = 0.0,
+                congestion: str = tcp.CONGESTION) -> "Server":
     """This process as a summation server of the job over ``comm`` (collective with the workers' first
-    ``init()``): with ``transport`` "tcp" it listens first and reports where (:mod:`.tcp`)."""
-    listener, endpoint = tcp.listen() if transport == "tcp" else (None, None)
+    ``init()``): with ``transport`` "tcp" it listens first (its connections with ``congestion``) and
+    reports where (:mod:`.tcp`)."""
+    listener, endpoint = tcp.listen(congestion) if transport == "tcp" else (None, None)
     try:
         layout = find_job(comm, SERVER, start_timeout_s, endpoint)
     except BaseException:

@@ -38,6 +38,16 @@ CONNECT_TIMEOUT_S = 5.0
 #: 256 KiB 0.61-0.72 s, 128 KiB 0.72-0.75 s, the kernel's default 0.61-0.67 s (5 rounds each, alone on
 #: the machine). Beside a 1 ms round trip it allows about 8 Gbit/s per connection.
 PUSH_SNDBUF = 512 << 10
+#: The defaults of ``COMMLIB_SERVER_TCP_CONGESTION`` and ``COMMLIB_SERVER_TCP_RCVBUF`` (docs/configuration.md).
+#: On 4 + 4 emulated hosts at 1 Gbit/s (tbf, 64 MiB push_pull), with the kernel's default there, BBR, the
+#: links ran below their rate (round trips of 5-10 ms, the shaped queues mostly empty, the pushes' last
+#: partitions in at 1.07-1.14x S/B); reno (or cubic: the same) keeps the links full, and a 512 KiB receive
+#: buffer on the workers bounds what four servers' answers keep in flight towards one worker, so that its
+#: link's queue stays short: see docs/results/servers_trace_1gbit.txt for the figures. Reno is
+#: in every Linux kernel and allowed to every user (``net.ipv4.tcp_allowed_congestion_control``); at a
+#: cluster's round trips cubic behaves as reno.
+CONGESTION = "reno"
+RCVBUF = 512 << 10
 _SIOCGIFADDR = 0x8915
 
 
@@ -77,9 +87,31 @@ def local_addresses() -> tuple[str, ...]:
                  or ["127.0.0.1"])
 
 
-def listen() -> tuple[socket.socket, Endpoint]:
-    """A listening socket on every address of this host, and the endpoint to report."""
+def tune(sock: socket.socket, congestion: str = "", rcvbuf: int = 0) -> None:
+    """Set ``sock``'s congestion control (a name; "" keeps the kernel's) and receive buffer (0 keeps the
+    kernel's autotuning), before ``connect()`` or ``listen()``: the window scale is agreed at the
+    handshake, and accepted connections inherit both from their listener. Raises ``OSError`` saying which
+    setting the kernel refused."""
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    if congestion and hasattr(socket, "TCP_CONGESTION"):  # Linux only; elsewhere the kernel's
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
+        except OSError as exc:
+            raise OSError(exc.errno, f"the kernel refused the TCP congestion control {congestion!r} "
+                          f"({exc.strerror}): set COMMLIB_SERVER_TCP_CONGESTION to one of "
+                          f"/proc/sys/net/ipv4/tcp_allowed_congestion_control, or to 'default'") from exc
+
+
+def listen(congestion: str = CONGESTION) -> tuple[socket.socket, Endpoint]:
+    """A listening socket on every address of this host (its connections with ``congestion``, see
+    :func:`tune`), and the endpoint to report."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        tune(listener, congestion)
+    except OSError:
+        listener.close()
+        raise
     listener.bind(("0.0.0.0", 0))
     listener.listen(256)
     return listener, Endpoint(local_addresses(), listener.getsockname()[1], os.urandom(8).hex())
@@ -124,14 +156,19 @@ def discard(conn: socket.socket, size: int) -> None:
         size -= n
 
 
-def connect(endpoint: Endpoint, worker: int, server: int) -> socket.socket:
-    """A connection to the server at ``endpoint`` (its index ``server``), introduced as ``worker``; tries
-    each address in turn. Raises ``ConnectionError`` saying what each address answered."""
+def connect(endpoint: Endpoint, worker: int, server: int, congestion: str = CONGESTION,
+            rcvbuf: int = RCVBUF) -> socket.socket:
+    """A connection to the server at ``endpoint`` (its index ``server``), introduced as ``worker``, with
+    ``congestion`` and ``rcvbuf`` (:func:`tune`); tries each address in turn. Raises ``ConnectionError``
+    saying what each address answered."""
     tried = []
     for address in endpoint.addresses:
         conn = None
         try:
-            conn = socket.create_connection((address, endpoint.port), timeout=CONNECT_TIMEOUT_S)
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tune(conn, congestion, rcvbuf)
+            conn.settimeout(CONNECT_TIMEOUT_S)
+            conn.connect((address, endpoint.port))
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             send_frame(conn, HELLO, (endpoint.token, worker))
             kind, header, _ = recv_head(conn)
@@ -165,5 +202,5 @@ def accept_hello(conn: socket.socket, endpoint: Endpoint, server: int) -> int | 
         return None
 
 
-__all__ = ["Endpoint", "listen", "connect", "accept_hello", "send_frame", "recv_head", "recv_exact", "discard",
+__all__ = ["Endpoint", "tune", "listen", "connect", "accept_hello", "send_frame", "recv_head", "recv_exact", "discard",
            "local_addresses", "FRAME", "HELLO", "PUSH", "ANSWER", "ERROR"]

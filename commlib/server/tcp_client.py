@@ -32,8 +32,10 @@ class TcpServerClient(ServerClient):
 
     depth = protocol.TCP_DEPTH
 
-    def __init__(self, job: Job, partition_bytes: int, timeout_s: float, max_sleep_s: float = 1e-3):
+    def __init__(self, job: Job, partition_bytes: int, timeout_s: float, max_sleep_s: float = 1e-3,
+                 congestion: str = tcp.CONGESTION, rcvbuf: int = tcp.RCVBUF):
         super().__init__(job, partition_bytes, timeout_s, max_sleep_s)
+        self._congestion, self._rcvbuf = congestion, rcvbuf  # of the connections (tcp.tune)
         self._parts: dict[int, _Part] = {}  # by slot, under _lock: sent, awaiting their answer
         self._wake = threading.Condition(self._lock)
         self._conns: list[socket.socket | None] = [None] * len(self.servers)
@@ -94,7 +96,8 @@ class TcpServerClient(ServerClient):
         if conn is not None:
             return conn
         try:
-            conn = tcp.connect(self.job.endpoints[self.servers[server]], self.worker, server)
+            conn = tcp.connect(self.job.endpoints[self.servers[server]], self.worker, server,
+                               self._congestion, self._rcvbuf)
         except ConnectionError as exc:
             self._server_lost(server, f"cannot connect: {exc}")
             return None
@@ -217,9 +220,10 @@ class TcpServerClient(ServerClient):
             conn.close()
 
 
-def open_client(job: Job, partition_bytes: int, timeout_s: float) -> ServerClient:
-    """push_pull's client for ``job``: over TCP where the servers listen (``COMMLIB_SERVER_TRANSPORT=tcp``),
-    else over MPI."""
+def open_client(job: Job, partition_bytes: int, timeout_s: float, congestion: str = tcp.CONGESTION,
+                rcvbuf: int = tcp.RCVBUF) -> ServerClient:
+    """push_pull's client for ``job``: over TCP where the servers listen (``COMMLIB_SERVER_TRANSPORT=tcp``;
+    its connections with ``congestion`` and ``rcvbuf``, see :func:`.tcp.tune`), else over MPI."""
     if job.tcp:
-        return TcpServerClient(job, partition_bytes, timeout_s)
+        return TcpServerClient(job, partition_bytes, timeout_s, congestion=congestion, rcvbuf=rcvbuf)
     return ServerClient(job, partition_bytes, timeout_s)
