@@ -603,23 +603,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _overlapped_step(self):
         """The plain step() overlapped with the reductions: start what backward did not, then, in the order
         the reductions started, wait for the next unit and step the wrapped optimizer for it together with
-        every later unit already reduced. A part smaller than ``_MIN_UPDATE_ELEMENTS`` also waits for the
-        next units (one optimizer call per small tensor would cost more than the overlap gains). Each
-        parameter is updated once, with this step's hyperparameters, exactly as one update of all of them
-        would."""
+        every later unit already reduced. Each parameter is updated once, with this step's hyperparameters,
+        exactly as one update of all of them would."""
         self._defer_step(in_start_order=True)
         pending = self._pending
         count = len(pending)
         try:
             while self._applied < count:
-                stop, elements = self._applied, 0
-                while stop < count:
-                    unit, wait = pending[stop]
-                    if stop > self._applied and elements >= _MIN_UPDATE_ELEMENTS and not wait.done():
-                        break
-                    wait()
-                    pending[stop] = (unit, _waited)
-                    elements += sum(p.numel() for p in unit)
+                index = self._applied
+                unit, wait = pending[index]
+                wait()
+                pending[index] = (unit, _waited)
+                stop = index + 1
+                while stop < count and pending[stop][1].done():
                     stop += 1
                 self._apply_until(stop)
         except BaseException:
@@ -666,10 +662,6 @@ def _waited():
 
 
 _waited.done = lambda: True
-
-#: the plain step's overlapped update steps the optimizer for at least this many elements at a time (its
-#: per-call cost is tens of microseconds: about the update of this many elements)
-_MIN_UPDATE_ELEMENTS = 1 << 18
 
 #: torch.optim optimizers whose step updates each parameter from its own gradient and state only (per-step
 #: counters are per parameter): stepping them on subsets of the parameters gives the bits of one step

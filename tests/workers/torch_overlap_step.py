@@ -35,9 +35,8 @@ OPTIMIZERS = {
 
 def make_model():
     torch.manual_seed(0)
-    # the middle weight is more than one overlapped update's minimum (_MIN_UPDATE_ELEMENTS), the rest less
-    return torch.nn.Sequential(torch.nn.Linear(6, 512), torch.nn.Tanh(), torch.nn.Linear(512, 640), torch.nn.Tanh(),
-                               torch.nn.Linear(640, 3))
+    return torch.nn.Sequential(torch.nn.Linear(6, 96), torch.nn.Tanh(), torch.nn.Linear(96, 96), torch.nn.Tanh(),
+                               torch.nn.Linear(96, 3))
 
 
 class CountSteps:
