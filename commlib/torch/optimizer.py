@@ -2,10 +2,8 @@
 
 How it works. Each parameter gets a post-accumulate-grad hook. When backward has produced a parameter's
 gradient for the k-th time (k = ``backward_passes_per_step``), the hook starts an in-place asynchronous
-allreduce of ``p.grad``, so communication overlaps the rest of backward. ``step()`` waits for them and
-steps the wrapped optimizer: where that gives the same bits (a per-parameter torch.optim optimizer, no step
-hooks), for each unit as soon as its reduction finishes, so that only the last unit's update follows the
-last reduction; otherwise once, after ``synchronize()``.
+allreduce of ``p.grad``, so communication overlaps the rest of backward. ``step()`` first calls
+``synchronize()``, which waits for all of them, then steps the wrapped optimizer.
 
 Every rank submits exactly one allreduce per communication unit (a parameter, or a group of parameters
 with ``groups=``) per step, under the same name: units whose gradient backward did not produce on this
@@ -552,8 +550,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
-        """Synchronize the gradients (unless done already or skipped), then step the wrapped optimizer
-        (unit by unit as the reductions finish where that gives the same bits: :meth:`_can_overlap_step`).
+        """Synchronize the gradients (unless done already or skipped), then step the wrapped optimizer.
 
         With a ``closure`` (LBFGS style), the gradients the closure's backward produces are synchronized
         before the wrapped optimizer uses them."""
