@@ -39,8 +39,3 @@ def test_example_trains_to_its_target_accuracy():
 def test_cuda_tensor_is_refused_with_a_clear_error():
     out = run_mpi(1, "torch_collectives.py", timeout=180, env=WORKER_PATH)  # checks CUDA when available
     assert "torch_collectives OK" in out, out
-
-
-def test_plain_step_overlapped_with_the_reductions_gives_the_bits_of_the_blocking_step():
-    out = run_mpi(2, "torch_overlap_step.py", timeout=180, env=WORKER_PATH)
-    assert out.count("torch_overlap_step OK") == 2, out

@@ -27,7 +27,6 @@ import weakref
 from collections import Counter
 
 import torch
-import torch.optim.optimizer as _optim_module
 
 import commlib as _cl
 
@@ -314,10 +313,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 "not used inside the forward of the module that owns it, or of a module after it); use "
                 "overlap_forward=False for this model")
 
-    def _defer_step(self, in_start_order=False):
-        """overlap_forward's step(): start what backward did not, and leave the updates to the pre-hooks.
-        The pending units are ordered by priority (else by unit), or with ``in_start_order`` in the order
-        their reductions started (the order they finish in, for the plain step's overlap)."""
+    def _defer_step(self):
+        """overlap_forward's step(): start what backward did not, and leave the updates to the pre-hooks."""
         error = None
         try:
             for unit in self._units:
@@ -331,7 +328,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     wait()
             self._reset()
             raise error
-        units = list(self._handles) if in_start_order else [u for u in self._units if u in self._handles]
+        units = [u for u in self._units if u in self._handles]
         if self._priority:
             units.sort(key=lambda u: -self._priority[u])  # stable: equal ones in unit order
         self._pending = [(u, self._handles[u]) for u in units]
@@ -350,12 +347,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._applied = stop
         for _, wait in items:
             wait()
-        params = [p for unit, _ in items for p in unit]
-        ids = {id(p) for p in params}  # keyed by id(): a tensor's own __hash__ is a Python call
+        params = {p for unit, _ in items for p in unit}
         original = self._optimizer.param_groups
         groups = []
         for hyper, group in zip(self._step_groups, original):
-            subset = [p for p in group["params"] if id(p) in ids]
+            subset = [p for p in group["params"] if p in params]
             if subset:
                 groups.append(dict(hyper, params=subset))
         self._optimizer.param_groups = groups
@@ -452,7 +448,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for p, dense in densified:
                 p.grad = dense.to_sparse()
 
-        wait.done = functools.partial(C.poll, handle)
         return wait
 
     def _start_plain(self, unit, grad):
@@ -467,9 +462,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._names[unit[0]], op=self.op, prescale_factor=prescale, postscale_factor=postscale,
                 process_set=self.process_set, priority=priority))
         handle = known[1].start_(grad.numpy())
-        wait = functools.partial(_cl.synchronize, handle)
-        wait.done = handle.done
-        return wait
+        return functools.partial(_cl.synchronize, handle)
 
     def _start_sparse(self, p):
         """Horovod's sparse allreduce: allgather every rank's (index, value) pairs; the result is the
@@ -492,7 +485,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 gathered_values.div_(divisor)
             p.grad = torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, grad.shape)
 
-        wait.done = lambda: C.poll(values) and C.poll(indices)
         return wait
 
     def synchronize(self):
@@ -576,53 +568,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                           "optimizer.synchronize(); the gradients are not reduced again. Use "
                           "`with optimizer.skip_synchronize(): optimizer.step()`", UserWarning, stacklevel=2)
         if self._should_synchronize and not self._synchronized:
-            if self._can_overlap_step():
-                self._overlapped_step()
-                return None
             self.synchronize()
         self._synchronized = False
         return self._optimizer.step()
-
-    def _can_overlap_step(self):
-        """Whether the plain ``step()`` may update unit by unit as the reductions finish, with the bits of
-        one update after them all: a torch.optim optimizer whose update is per parameter, with no step
-        hooks and no ``step`` replaced on the instance, and every parameter with a gradient in a unit."""
-        optimizer = self._optimizer
-        if not (self._included and len(self._units) > 1
-                and type(optimizer) in _PER_PARAMETER_OPTIMIZERS and "step" not in vars(optimizer)
-                and not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
-                and not _optim_module._global_optimizer_pre_hooks
-                and not _optim_module._global_optimizer_post_hooks):
-            return False
-        unit_of = self._unit_of
-        return all(p in unit_of or p.grad is None for group in optimizer.param_groups for p in group["params"])
-
-    def _overlapped_step(self):
-        """The plain step() overlapped with the reductions: start what backward did not, then, in the order
-        the reductions started, wait for the next unit and step the wrapped optimizer for it together with
-        every later unit already reduced. Each parameter is updated once, with this step's hyperparameters,
-        exactly as one update of all of them would."""
-        self._defer_step(in_start_order=True)
-        pending = self._pending
-        count = len(pending)
-        try:
-            while self._applied < count:
-                index = self._applied
-                unit, wait = pending[index]
-                wait()
-                pending[index] = (unit, _waited)
-                stop = index + 1
-                while stop < count and pending[stop][1].done():
-                    stop += 1
-                self._apply_until(stop)
-        except BaseException:
-            # no name may stay in flight: wait for the rest before raising (their updates are not applied)
-            for _, wait in pending[self._applied:]:
-                with contextlib.suppress(BaseException):
-                    wait()
-            self._pending, self._pending_unit, self._applied, self._zero_pending = [], {}, 0, None
-            raise
-        self._synchronized = False
 
     def zero_grad(self, set_to_none=True):
         """Zero the gradients; an error between ``backward()`` and ``step()``/``synchronize()``, where it
@@ -653,19 +601,6 @@ class _Unit(tuple):
     __eq__ = object.__eq__
     __ne__ = object.__ne__
 
-
-def _waited():
-    """The wait of a reduction already waited for."""
-
-
-_waited.done = lambda: True
-
-#: torch.optim optimizers whose step updates each parameter from its own gradient and state only (per-step
-#: counters are per parameter): stepping them on subsets of the parameters gives the bits of one step
-_PER_PARAMETER_OPTIMIZERS = frozenset(
-    getattr(torch.optim, name) for name in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "RMSprop",
-                                            "Rprop", "Adagrad", "Adadelta", "SparseAdam")
-    if hasattr(torch.optim, name))
 
 _STRIDED = torch.strided
 #: dtypes whose CPU tensors ``.numpy()`` views as they are (bfloat16 needs a view of its bits: commlib.torch.tensors)
