@@ -130,3 +130,34 @@ def test_a_server_that_stops_reading_is_given_up_naming_it():
         listener.close()
         for conn in held:
             conn.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="TCP_CONGESTION is Linux's")
+def test_connections_get_the_congestion_control_and_receive_buffer_asked_for():
+    listener, endpoint = tcp.listen("reno")
+    accepted = []
+    thread = threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True)
+    thread.start()
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.tune(conn, "reno", 256 << 10)
+    conn.connect(("127.0.0.1", endpoint.port))
+    thread.join(5)
+    try:
+        for sock in (conn, accepted[0]):  # the accepted connection inherits its listener's
+            name = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+            assert name.rstrip(b"\0") == b"reno"
+        assert conn.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 256 << 10  # Linux doubles it
+    finally:
+        for sock in [conn] + accepted:
+            sock.close()
+        listener.close()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="TCP_CONGESTION is Linux's")
+def test_a_congestion_control_the_kernel_refuses_is_an_error_naming_the_setting():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(OSError, match="COMMLIB_SERVER_TCP_CONGESTION"):
+            tcp.tune(sock, "nosuchcc")
+    finally:
+        sock.close()
