@@ -12,8 +12,9 @@ addresses in turn, and both sides check the token, so that a connection that rea
 (an address that exists on several hosts) is refused and the next address tried.
 
 A frame is ``FRAME`` (kind, length of a pickled header, length of the data that follows), the header,
-then the data. Kinds: ``HELLO`` (worker -> server: ``(token, worker)``; the server answers ``HELLO`` with
-``(token, server)``), ``PUSH`` (worker -> server: a :class:`.protocol.Push`, then the partition's bytes),
+then the data. Kinds: ``HELLO`` (worker -> server: the token and the worker's index, packed as
+``HELLO_BODY``, never pickled: nothing from a peer is unpickled before it has shown the token; the server
+answers ``HELLO`` with the token and its own index), ``PUSH`` (worker -> server: a :class:`.protocol.Push`, then the partition's bytes),
 ``ANSWER`` (server -> worker: the push's slot, then the reduced bytes), ``ERROR`` (server -> worker:
 ``(slot, message)``, no data).
 """
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hmac
 import os
 import pickle
 import socket
 import struct
 
 FRAME = struct.Struct("<BIQ")
+HELLO_BODY = struct.Struct("<16sq")  # the token (16 hex digits), an index
 HELLO, PUSH, ANSWER, ERROR = 1, 2, 3, 4
 CONNECT_TIMEOUT_S = 5.0
 #: The send buffer of a worker's connections (Linux doubles it): small, so that a blocking ``sendall``
@@ -170,14 +173,13 @@ def connect(endpoint: Endpoint, worker: int, server: int, congestion: str = CONG
             conn.settimeout(CONNECT_TIMEOUT_S)
             conn.connect((address, endpoint.port))
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            send_frame(conn, HELLO, (endpoint.token, worker))
-            kind, header, _ = recv_head(conn)
-            if kind == HELLO and header == (endpoint.token, server):
+            send_hello(conn, endpoint.token, worker)
+            if recv_hello(conn, endpoint.token) == server:
                 conn.settimeout(None)
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PUSH_SNDBUF)
                 return conn
             tried.append(f"{address}:{endpoint.port} is another process")
-        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+        except OSError as exc:
             tried.append(f"{address}:{endpoint.port}: {exc}")
         if conn is not None:
             conn.close()
@@ -189,18 +191,37 @@ def accept_hello(conn: socket.socket, endpoint: Endpoint, server: int) -> int | 
     closed) when it is not a worker of this job."""
     try:
         conn.settimeout(CONNECT_TIMEOUT_S)
-        kind, header, _ = recv_head(conn)
-        if kind != HELLO or not isinstance(header, tuple) or len(header) != 2 or header[0] != endpoint.token:
+        worker = recv_hello(conn, endpoint.token)
+        if worker is None:
             conn.close()
             return None
-        send_frame(conn, HELLO, (endpoint.token, server))
+        send_hello(conn, endpoint.token, server)
         conn.settimeout(None)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return int(header[1])
-    except (OSError, EOFError, pickle.UnpicklingError, ValueError):
+        return worker
+    except OSError:
         conn.close()
         return None
 
 
-__all__ = ["Endpoint", "tune", "listen", "connect", "accept_hello", "send_frame", "recv_head", "recv_exact", "discard",
+def send_hello(conn: socket.socket, token: str, index: int) -> None:
+    """The introduction: ``token`` and ``index`` in a fixed binary frame."""
+    conn.sendall(FRAME.pack(HELLO, HELLO_BODY.size, 0) + HELLO_BODY.pack(token.encode(), index))
+
+
+def recv_hello(conn: socket.socket, token: str) -> int | None:
+    """The index a peer's introduction gives, or None when it is not one bearing ``token`` (read as fixed
+    binary fields, never unpickled, and at most ``FRAME.size + HELLO_BODY.size`` bytes of it)."""
+    fixed = bytearray(FRAME.size)
+    recv_exact(conn, memoryview(fixed))
+    kind, hlen, size = FRAME.unpack(fixed)
+    if kind != HELLO or hlen != HELLO_BODY.size or size != 0:
+        return None
+    body = bytearray(HELLO_BODY.size)
+    recv_exact(conn, memoryview(body))
+    theirs, index = HELLO_BODY.unpack(body)
+    return index if hmac.compare_digest(theirs, token.encode().ljust(16, b"\0")[:16]) else None
+
+
+__all__ = ["Endpoint", "tune", "listen", "connect", "accept_hello", "send_hello", "recv_hello", "send_frame", "recv_head", "recv_exact", "discard",
            "local_addresses", "FRAME", "HELLO", "PUSH", "ANSWER", "ERROR"]
