@@ -315,13 +315,17 @@ class Server:
             return False
         finished = set(done)
         for i in done:
-            holder = self.sending[i][1]
-            if holder is not None:
-                holder[1] -= 1
-                if holder[1] == 0:
-                    self.pool.give(holder[0])
+            self._release(self.sending[i][1])
         self.sending = [item for i, item in enumerate(self.sending) if i not in finished]
         return True
+
+    def _release(self, holder: list | None) -> None:
+        """One send of a shared answer is over (sent, or dropped): the answer's buffer goes back to the pool
+        after the last (``holder``: ``[answer, sends left]``; None for an error message)."""
+        if holder is not None:
+            holder[1] -= 1
+            if holder[1] == 0:
+                self.pool.give(holder[0])
 
     def _bye(self, worker: int) -> None:
         """A worker's runtime shut down; once every worker has, drop the rounds still open (their
@@ -411,20 +415,13 @@ class Server:
                     broken = True
             with self._lock:
                 self.unsent -= 1
-                if holder is not None:
-                    holder[1] -= 1
-                    if holder[1] == 0:
-                        self.pool.give(holder[0])
+                self._release(holder)
         conn.close()
 
     def _queue(self, link: _Link, item: tuple) -> None:
         """Queue an answer on ``link`` (under the lock); dropped when the worker's connection has ended."""
         if link.closed:
-            holder = item[2]
-            if holder is not None:
-                holder[1] -= 1
-                if holder[1] == 0:
-                    self.pool.give(holder[0])
+            self._release(item[2])
             return
         self.unsent += 1
         link.out.put(item)

@@ -146,7 +146,7 @@ class TcpServerClient(ServerClient):
         """``server`` cannot be reached: fail every tensor with a partition on it, now and later."""
         with self._lock:
             self._dead.setdefault(server, why)
-            for part in list(self._parts.values()) + list(self._queued):
+            for part in self._pending():
                 if part.server == server and not part.job.failed:
                     self._fail(part.job, self._lost(part, why))
         conn, self._conns[server] = self._conns[server], None
