@@ -18,7 +18,12 @@ tests sat at 10% of a core each, asleep instead of transferring; and where the w
 shares the cores, sleeping costs more than the yields it saves: the 160-tensor training step of
 ``scripts/horovod_train.py`` on one host, 2 ranks on 2 cores, took 21.4-26.3 ms with sleeps after 50 or
 200 us of yielding, against 18.2-18.9 ms with this policy, in alternating jobs alone on the machine), then a poll and a sleep, longer and longer up to ``MAX_SLEEP_S``: a rank waiting on a dead link uses a
-few percent of a core, not all of it. Every ``WATCH_S`` of sleeping the ``watch`` hook runs (the
+few percent of a core, not all of it. A *patient* wait (inside :func:`patiently`: the engine's bulk
+allreduces across hosts) sleeps between polls already after ``PATIENT_YIELD_S``: such a transfer lasts
+tens to hundreds of ms, mostly while the framework computes the next gradients on the same cores, and a
+yielding poll competes with that compute for all of it: a 16 MiB allreduce on 2 emulated hosts at
+1 Gbit/s next to a 58 ms matrix product took 165-168 ms yielding, 149-154 ms patient (146 ms alone).
+Every ``WATCH_S`` of sleeping the ``watch`` hook runs (the
 coordinator reads its peers' notices there: a peer that lost a rank says so, and this rank's wait
 fails at once, naming that rank instead of the peer it waited for). A wait that runs out of time tells
 the others whom it suspects, then keeps listening for ``GRACE_S`` more (at most a quarter of the
@@ -29,8 +34,10 @@ of itself, tells the rank whom to blame.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -42,12 +49,31 @@ SPIN = 32              # back-to-back polls before the first yield
 YIELD_S = 1.0          # poll and yield the core until this long into a wait
 MAX_SLEEP_S = 1e-3     # the longest sleep between polls after that
 MIN_SLEEP_S = 20e-6
+PATIENT_YIELD_S = 5e-4  # a patient wait (patiently) yields this long, then sleeps between polls,
+PATIENT_SLEEP_S = 2e-4  # at most this long each time, until YIELD_S
 WATCH_S = 0.1          # how often the watch hook runs while sleeping
 GRACE_S = 1.0          # after the timeout, how long a wait still listens for a peer's notice
 
 _testall = MPI.Request.Testall
 _yield_core = getattr(os, "sched_yield", lambda: time.sleep(0))
 _monotonic = time.monotonic
+_waits = threading.local()   # .patient: this thread's waits are of a bulk transfer (see patiently)
+
+
+@contextlib.contextmanager
+def patiently():
+    """The waits of this thread, inside the block, are of a bulk transfer across hosts: after
+    ``PATIENT_YIELD_S`` of yielding they sleep between polls (at most ``PATIENT_SLEEP_S``) and leave the
+    core to the framework's compute, where a yielding poll would keep competing with it for the whole
+    transfer. A sleep that short costs such a transfer nothing measurable (the kernel's socket buffers
+    hold far more than 200 us of a link), while short waits - a peer on the same host, a small message -
+    stay yielding: sleeping there cost the 160-tensor training step 10-20%."""
+    before = getattr(_waits, "patient", False)
+    _waits.patient = True
+    try:
+        yield
+    finally:
+        _waits.patient = before
 
 
 class Deadline:
@@ -95,13 +121,17 @@ class Deadline:
         grace = limit + min(GRACE_S, self.timeout_s / 4)
         next_watch = start + YIELD_S + WATCH_S
         suspects = None
+        patient = getattr(_waits, "patient", False)
         while True:
             if done():
                 return
             now = _monotonic()
             waited = now - start
             if waited < YIELD_S:
-                _yield_core()
+                if patient and waited >= PATIENT_YIELD_S:
+                    time.sleep(min(PATIENT_SLEEP_S, max(MIN_SLEEP_S, (waited - PATIENT_YIELD_S) / 8)))
+                else:
+                    _yield_core()
                 continue
             if now >= next_watch or now >= limit:
                 next_watch = now + WATCH_S

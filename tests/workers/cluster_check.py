@@ -21,6 +21,29 @@ from mpi4py import MPI
 from worker import expect_error, run
 
 
+def check_bulk(comm, topology) -> None:
+    """Allreduces across hosts large enough that the engine's waits are patient (engine.PATIENT_BYTES):
+    one buffer and two reduced together, every rank's own values, against numpy."""
+    from commlib.config import Config
+    from commlib.engine import PATIENT_BYTES, Engine
+    from commlib.transport.mpi import MPITransport
+
+    engine = Engine(MPITransport.duplicate(comm), topology, Config.load({}))
+    n = PATIENT_BYTES // 4 + 5
+    everyone = [np.random.default_rng(r).standard_normal(n).astype(np.float32) for r in range(comm.size)]
+    expected = np.sum(everyone, axis=0, dtype=np.float64)
+    for algorithm in ("ring", "hierarchical_pipelined", "native"):
+        assert engine._bulk(n * 4)
+        buf = everyone[comm.rank].copy()
+        engine.allreduce_(buf, algorithm=algorithm, name=f"bulk {algorithm}")
+        np.testing.assert_allclose(buf, expected, rtol=1e-5, atol=1e-4, err_msg=algorithm)
+        first, second = everyone[comm.rank][:n // 3].copy(), everyone[comm.rank][n // 3:].copy()
+        engine.allreduce_many_([first, second], algorithm=algorithm, name=f"bulk many {algorithm}")
+        np.testing.assert_allclose(np.concatenate([first, second]), expected, rtol=1e-5, atol=1e-4,
+                                   err_msg=f"{algorithm}, two buffers")
+    engine.close()
+
+
 def check_allreduce() -> None:
     from algo_check import Checker
 
@@ -67,6 +90,7 @@ def check_allreduce() -> None:
             case += 1
             check.allreduce(large, algorithm, f32, ReduceOp.SUM, big, case, codec)
 
+    check_bulk(comm, topology)
     ones = np.ones(8, np.float32)
     expect_error(CommlibError, "nodes", lambda: run_allreduce(small, ones, ReduceOp.SUM, "cma"), "cma across hosts")
     if not topology.uniform:
