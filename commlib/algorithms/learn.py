@@ -71,7 +71,8 @@ SMALL_S = 2e-3       # predicted best below this: a second scheduled round, the 
 REPS = 2             # consecutive calls per candidate per round: one block, timed from a barrier
 MAX_CALLS = 20       # a bucket settles within this many calls (near-tie rounds only while they fit)
 DROP = 2.0           # after the first round: drop candidates slower than this times the best
-LARGE_S = 20e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it)
+LARGE_S = 10e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it:
+                     # first calls on 2 hosts were at most 2 ms slower than the next, at 1 and 4 MiB)
 TIE = 1e-6           # predicted times this close (relative) count as one candidate
 FREE_CALLS = 400     # exploring calls always allowed per learner
 BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of all calls
