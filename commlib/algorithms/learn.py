@@ -26,18 +26,22 @@ whether the call reduces one buffer or several fused in place - the learner runs
    back, and an algorithm's next call can pay for how its last one ended: there, recursive doubling's
    second call ran far faster than its first and MPI's did not; across 2 hosts x 1 rank at 16-64 MiB the
    ring took 560 ms on a call after another algorithm's and 840 ms per call in twos. At the end of a
-   round every rank's vector of block times is reduced with MAX over the lane's communicator (one small
-   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each block from
-   a common start, per call.
+   round every rank's vector of call times is reduced with MAX over the lane's communicator (one small
+   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
+   A block's time is the mean of its calls, or, where that is ``WATCH_S`` or more, its slowest call:
+   a job waits for each of its few long calls, and some algorithms' long calls are fast and slow in
+   turn (:meth:`Learner._agree_blocks`).
 4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
    closest such one alone run up to ``EXTRA_ROUNDS`` more rounds, the order rotating (a one-block
    difference between near-equal algorithms is mostly noise; more blocks separate them or show that
    either will do), while the bucket's calls stay within ``MAX_CALLS``. Where the closest is within
    ``ALIKE`` of the best, either will do already: the bucket settles on the best at once (on 2 hosts at
    1 Gbit/s an 80 MiB call takes 0.7 s, and 8 more calls of two algorithms 1% apart would spread the
-   exploring over the first 16 steps of a job for nothing a re-check cannot still correct).
+   exploring over the first 16 steps of a job for nothing a re-check cannot still correct). Nor where
+   the best's calls take ``WATCH_S`` or more: the settled algorithm's calls are then watched (7), which
+   compares it with the closest on calls the job needed anyway, instead of 8 more exploring ones.
 5. Settled: the candidate with the least agreed time (its fastest block; ties to the model's order) runs
-   every later call of the bucket, without timing.
+   every later call of the bucket, untimed unless watched (7).
 6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls, then after 4 times as
    many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
    times it (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
@@ -45,6 +49,12 @@ whether the call reduces one buffer or several fused in place - the learner runs
    than ``SWITCH``. A choice settled on unlucky calls (the machine was busy, a near-tie fell the wrong
    way) corrects itself; a right one costs a few calls of algorithms measured near it.
 
+7. Watch: where the settled algorithm's agreed time is at least ``WATCH_S``, each of its calls is timed
+   and agreed (the least over the ranks, no barrier: one small allreduce, under 1% of such a call); when
+   the median of its last ``WATCH_CALLS`` calls is slower than the best measured rival by more than
+   ``SWITCH``, the rival takes over and the old one keeps that median as its time. A block of two calls
+   can catch an algorithm whose calls are fast and slow in turn on its fast calls; the watch corrects
+   that choice within a few calls, where a re-check would come only after ``RECHECK_FIRST``.
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times and the count
 of calls, which every rank sees alike), never of a rank's own clock, so ranks whose clocks disagree still
 choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x ``REPS`` measured calls
@@ -83,6 +93,8 @@ RECHECK_FIRST = 64   # settled calls before the first re-check; each later one a
 RECHECK = 1.25       # re-check the measured algorithms whose agreed time was within this of the settled one
 CHECK_ROUNDS = 2     # rounds per re-check
 SWITCH = 0.05        # a re-check switches to an algorithm faster than the settled one by more than this
+WATCH_S = 50e-3      # settled buckets whose calls take at least this keep timing them (watch)
+WATCH_CALLS = 3      # the settled algorithm's watched time: the median of its last this many calls
 
 Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
 
@@ -110,6 +122,17 @@ class Bucket:
     checked: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed times of this check
     checks: int = 0                 # re-checks run
     switches: int = 0               # of which changed the settled algorithm
+    watched: list[float] = dataclasses.field(default_factory=list)  # agreed times of the settled's calls
+    watch_switches: int = 0         # settled algorithms given up because their calls ran slower than a rival
+
+    @property
+    def watching(self) -> bool:
+        """Whether the settled algorithm's calls are timed (see :meth:`Learner.watched`): its agreed time
+        is at least ``WATCH_S``, where a clock read and one small allreduce per call cost under 1%."""
+        if self.settled is None or self.checking:
+            return False
+        mine = self.agreed.get(self.settled)
+        return bool(mine) and min(mine) >= WATCH_S
 
     def best_times(self) -> dict[str, float]:
         """The agreed time of each candidate measured: its fastest agreed block, per call."""
@@ -129,6 +152,7 @@ class Learner:
         self.calls = 0          # auto calls seen
         self.explored = 0       # of which exploring
         self.agreements = 0     # small MAX allreduces run
+        self.watches = 0        # of which for watched calls (one each)
         self.warmed: set[str] = set()  # algorithms that have run on this lane (their set-up is paid)
         self.notes: list[str] = []  # what was learned, one line per settled bucket, for the timeline
 
@@ -174,13 +198,20 @@ class Learner:
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
 
     def _agree_blocks(self, bucket: Bucket) -> list[tuple[str, float]]:
-        """(name, agreed seconds per call) of each block of this round: every rank's block sums, MAX over
-        the ranks in one small allreduce."""
+        """(name, agreed seconds per call) of each block of this round: every rank's call times, MAX over
+        the ranks in one small allreduce; a block's time is the mean of its calls, or where that is at
+        least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and algorithms
+        whose long calls are fast and slow in turn (the ring and rabenseifner at 80 MiB between 2 hosts
+        at 1 Gbit/s: 0.70 or 1.05 s per call, the pipelined ring 0.71-0.74 s every call) show it in a
+        block's slower call, where the mean of two halves it."""
         reps = bucket.reps
-        sums = np.add.reduceat(np.asarray(bucket.local, np.float64), np.arange(0, len(bucket.local), reps))
-        agreed = self.agree(sums)
+        agreed = self.agree(np.asarray(bucket.local, np.float64)).reshape(-1, reps)
         self.agreements += 1
-        return [(bucket.slots[b * reps], float(total) / reps) for b, total in enumerate(agreed.tolist())]
+        out = []
+        for b, calls in enumerate(agreed.tolist()):
+            mean = sum(calls) / reps
+            out.append((bucket.slots[b * reps], mean if mean < WATCH_S else max(calls)))
+        return out
 
     # -- re-checks ---------------------------------------------------------------------------------------
     def _start_check(self, bucket: Bucket) -> bool:
@@ -224,7 +255,7 @@ class Learner:
         for name, times in bucket.checked.items():  # what the check measured replaces the older times
             bucket.agreed[name] = list(times)
         bucket.checks += 1
-        bucket.checking, bucket.checked, bucket.slots = [], {}, []
+        bucket.checking, bucket.checked, bucket.slots, bucket.watched = [], {}, [], []
         self.notes.append(describe(bucket) + (f" (re-checked: was {old})" if bucket.settled != old
                                               else " (re-checked: kept)"))
 
@@ -270,7 +301,8 @@ class Learner:
                           key=lambda n: (times[n], bucket.candidates.index(n)))[:2]  # the best and its closest
             more = len(near) * bucket.reps
             alike = len(near) > 1 and times[near[1]] <= times[near[0]] * (1 + ALIKE)
-            if len(near) > 1 and not alike and bucket.explored + more <= MAX_CALLS and self._may_explore(bucket, 0, more):
+            watched = best >= WATCH_S  # the settled one's calls are timed anyway: the watch decides
+            if len(near) > 1 and not alike and not watched and bucket.explored + more <= MAX_CALLS and self._may_explore(bucket, 0, more):
                 bucket.extra += 1
                 bucket.rounds += 1
                 bucket.dropped += [n for n in alive if n not in near]
@@ -284,6 +316,36 @@ class Learner:
         shift = (bucket.phase - 1) % len(alive)
         order = alive[shift:] + alive[:shift]
         bucket.slots = [name for name in order for _ in range(bucket.reps)]
+
+    def watched(self, bucket: Bucket, seconds: float) -> None:
+        """The time this rank took for a call of a watched bucket's settled algorithm (no barrier before
+        it). Agreed as the least over the ranks: the rank that entered last waited for nobody, so its time
+        is the algorithm's own, not how late the framework let the others go. Where the median of the last
+        ``WATCH_CALLS`` calls is slower than a measured rival by more than ``SWITCH``, the rival runs from
+        now on and the settled one keeps that median as its time: one block can fall on
+        the fast mode of an algorithm that is slow every other call (recursive doubling and MPI's own at
+        16-80 MiB between 2 hosts at 1 Gbit/s beside a training step ran 0.7 s or 1.0-1.5 s per call; the
+        pipelined ring 0.7 s every call), and what a job's calls show is what counts. A median, so that one
+        call slowed by something else on the machine does not hand a good choice away."""
+        agreed = -float(self.agree(np.array([-seconds], np.float64))[0])
+        self.agreements += 1
+        self.watches += 1
+        bucket.watched.append(agreed)
+        if len(bucket.watched) < WATCH_CALLS:
+            return
+        typical = float(np.median(bucket.watched[-WATCH_CALLS:]))
+        times = bucket.best_times()
+        rivals = [n for n in times if n != bucket.settled]
+        if not rivals:
+            return
+        rival = min(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
+        if typical > times[rival] * (1 + SWITCH):
+            old = bucket.settled
+            bucket.agreed[old] = [typical]
+            bucket.settled = rival
+            bucket.watched = []
+            bucket.watch_switches += 1
+            self.notes.append(describe(bucket) + f" (watched: {old} ran {typical * 1e3:.3f} ms per call)")
 
     def settled(self, key: tuple) -> str | None:
         bucket = self.buckets.get(key)
@@ -333,5 +395,7 @@ def describe(bucket: Bucket) -> str:
         parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
     extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
     checks = f", {bucket.checks} re-check(s), {bucket.switches} switch(es)" if bucket.checks else ""
+    if bucket.watch_switches:
+        checks += f", {bucket.watch_switches} switch(es) on watched calls"
     return (f"auto learned {bucket_label(bucket.key)} in {bucket.explored} calls{extra}{checks}: "
             + ", ".join(parts) + f" -> {bucket.settled}")

@@ -153,7 +153,13 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
     def run(*args) -> int:
         name = learning.pick(bucket)
         if name is None:
-            return runner(bucket.settled)(*args)
+            if not bucket.watching:
+                return runner(bucket.settled)(*args)
+            clock = learning.clock
+            start = clock()
+            overflow = runner(bucket.settled)(*args)
+            learning.watched(bucket, clock() - start)
+            return overflow
         clock = learning.clock
         start = clock()
         overflow = runner(name)(*args)

@@ -99,7 +99,7 @@ def main() -> None:
     checks = sum(b.checks for b in learning.buckets.values())
     assert learning.explored <= len(learning.buckets) * 20 + checks * 3 * 2 * learn.CHECK_ROUNDS
     assert learning.agreements <= ((learn.ROUNDS + 1 + learn.EXTRA_ROUNDS) * len(learning.buckets)
-                                   + learn.CHECK_ROUNDS * checks)
+                                   + learn.CHECK_ROUNDS * checks + learning.watches)
     # what auto runs now is what it learned
     for nbytes in SIZES:
         assert select.current(ctx, nbytes).algorithm == learning.settled(select.bucket_key(nbytes))
