@@ -211,12 +211,8 @@ def test_exploration_is_bounded():
     assert set(bucket.dropped) == {"rabenseifner", "native"}
     # dropped after the first measured round: its warm-up and one measured block, none in the later rounds
     assert exploring.count("rabenseifner") == 1 + learn.REPS
-    # ring, hierarchical and torus2d tie in truth: the two best of them ran the near-tie rounds, or
-    # measured alike (within ALIKE) and settled at once
-    times = sorted(bucket.best_times()[n] for n in ("ring", "hierarchical", "torus2d") if n in bucket.candidates)
-    alike = times[1] <= times[0] * (1 + learn.ALIKE)
-    assert learner.agreements == learn.ROUNDS + bucket.extra
-    assert bucket.extra == (0 if alike else learn.EXTRA_ROUNDS)
+    # ring, hierarchical and torus2d tie in truth: the two best of them ran the near-tie rounds
+    assert learner.agreements == learn.ROUNDS + bucket.extra and bucket.extra == learn.EXTRA_ROUNDS
 
 
 @pytest.mark.parametrize("predicted_s, extra", [(1e-4, 1), (4e-3, learn.EXTRA_ROUNDS)], ids=["small", "large"])
@@ -238,21 +234,17 @@ def test_near_ties_get_more_rounds_within_20_calls(predicted_s, extra):
     assert learners[0].buckets[(20, None, False)].extra == 0
 
 
-def test_alike_candidates_settle_without_near_tie_rounds():
-    """The two best measure within ALIKE of each other: either will do, so the bucket settles on the
-    faster after the scheduled rounds, with no near-tie rounds (no warm-up where the model predicts
-    LARGE_S or more: 4 measured calls in all); 3% apart they still get them, unless calls are long."""
-    predicted = {"ring": 40e-3, "native": 44e-3}  # large calls: no warm-up calls
-    _, learners = simulate(2, 30, {"ring": 10e-3, "native": 10.1e-3}, predicted, noise=0.0)
-    bucket = learners[0].buckets[(20, None, False)]
-    assert bucket.extra == 0 and bucket.settled == "ring" and bucket.explored == 2 * learn.REPS
-    assert "near-tie" not in learners[0].summary()[0]
+def test_long_calls_settle_without_near_tie_rounds():
+    """Near-tied candidates get more rounds where calls are short; where they take WATCH_S or more the
+    bucket settles after the scheduled round (4 measured calls here: no warm-up where the model
+    predicts LARGE_S or more) and the settled algorithm's calls are watched instead."""
+    predicted = {"ring": 40e-3, "native": 44e-3}
     _, learners = simulate(2, 30, {"ring": 10e-3, "native": 10.3e-3}, predicted, noise=0.0)
     assert learners[0].buckets[(20, None, False)].extra == learn.EXTRA_ROUNDS
-    # calls of WATCH_S or more: no near-tie rounds either, the settled one's calls are watched instead
     _, learners = simulate(2, 30, {"ring": 1.0, "native": 1.03}, predicted, noise=0.0)
     bucket = learners[0].buckets[(20, None, False)]
-    assert bucket.extra == 0 and bucket.settled == "ring" and bucket.watching
+    assert bucket.extra == 0 and bucket.settled == "ring" and bucket.explored == 2 * learn.REPS
+    assert bucket.watching and "near-tie" not in learners[0].summary()[0]
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -26,20 +26,19 @@ whether the call reduces one buffer or several fused in place - the learner runs
    back, and an algorithm's next call can pay for how its last one ended: there, recursive doubling's
    second call ran far faster than its first and MPI's did not; across 2 hosts x 1 rank at 16-64 MiB the
    ring took 560 ms on a call after another algorithm's and 840 ms per call in twos. At the end of a
-   round every rank's vector of call times is reduced with MAX over the lane's communicator (one small
-   allreduce): from then on every rank holds the same numbers, the slowest rank's time of each call.
-   A block's time is the mean of its calls, or, where that is ``WATCH_S`` or more, its slowest call:
+   round every rank's vector of block times (and of call times) is reduced with MAX over the lane's
+   communicator (one small allreduce): from then on every rank holds the same numbers, the slowest
+   rank's time of each block from a common start, per call; or, where that is ``WATCH_S`` or more, the
+   block's slowest call:
    a job waits for each of its few long calls, and some algorithms' long calls are fast and slow in
    turn (:meth:`Learner._agree_blocks`).
 4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
    closest such one alone run up to ``EXTRA_ROUNDS`` more rounds, the order rotating (a one-block
    difference between near-equal algorithms is mostly noise; more blocks separate them or show that
-   either will do), while the bucket's calls stay within ``MAX_CALLS``. Where the closest is within
-   ``ALIKE`` of the best, either will do already: the bucket settles on the best at once (on 2 hosts at
-   1 Gbit/s an 80 MiB call takes 0.7 s, and 8 more calls of two algorithms 1% apart would spread the
-   exploring over the first 16 steps of a job for nothing a re-check cannot still correct). Nor where
-   the best's calls take ``WATCH_S`` or more: the settled algorithm's calls are then watched (7), which
-   compares it with the closest on calls the job needed anyway, instead of 8 more exploring ones.
+   either will do), while the bucket's calls stay within ``MAX_CALLS``. Not where the best's calls take
+   ``WATCH_S`` or more: the settled algorithm's calls are then watched (7), which compares it with the
+   closest on calls the job needs anyway (on 2 hosts at 1 Gbit/s an 80 MiB call takes 0.7 s: 8 more
+   exploring calls would spread the exploring over the first 16 steps of a job).
 5. Settled: the candidate with the least agreed time (its fastest block; ties to the model's order) runs
    every later call of the bucket, untimed unless watched (7).
 6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls, then after 4 times as
@@ -87,7 +86,6 @@ TIE = 1e-6           # predicted times this close (relative) count as one candid
 FREE_CALLS = 400     # exploring calls always allowed per learner
 BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of all calls
 NEAR = 0.10          # candidates within this (relative) of the best after the scheduled rounds: near-tied
-ALIKE = 0.02         # ... but a closest one within this of the best is as good: settle without more rounds
 EXTRA_ROUNDS = 2     # more rounds, of the near-tied only
 RECHECK_FIRST = 64   # settled calls before the first re-check; each later one after 4x as many
 RECHECK = 1.25       # re-check the measured algorithms whose agreed time was within this of the settled one
@@ -198,19 +196,24 @@ class Learner:
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
 
     def _agree_blocks(self, bucket: Bucket) -> list[tuple[str, float]]:
-        """(name, agreed seconds per call) of each block of this round: every rank's call times, MAX over
-        the ranks in one small allreduce; a block's time is the mean of its calls, or where that is at
-        least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and algorithms
+        """(name, agreed seconds per call) of each block of this round: every rank's block sums and call
+        times, MAX over the ranks in one small allreduce. A block's time is the slowest rank's sum per
+        call (per-call maxima would add up each call's wait for the others within the block), or where
+        that is at least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and algorithms
         whose long calls are fast and slow in turn (the ring and rabenseifner at 80 MiB between 2 hosts
         at 1 Gbit/s: 0.70 or 1.05 s per call, the pipelined ring 0.71-0.74 s every call) show it in a
         block's slower call, where the mean of two halves it."""
         reps = bucket.reps
-        agreed = self.agree(np.asarray(bucket.local, np.float64)).reshape(-1, reps)
+        local = np.asarray(bucket.local, np.float64)
+        sums = np.add.reduceat(local, np.arange(0, len(local), reps))
+        agreed = self.agree(np.concatenate([sums, local]))  # each rank's block sums, then its calls
         self.agreements += 1
+        blocks = len(sums)
+        calls = agreed[blocks:].reshape(blocks, reps)
         out = []
-        for b, calls in enumerate(agreed.tolist()):
-            mean = sum(calls) / reps
-            out.append((bucket.slots[b * reps], mean if mean < WATCH_S else max(calls)))
+        for b in range(blocks):
+            mean = float(agreed[b]) / reps  # the slowest rank's block from the common start, per call
+            out.append((bucket.slots[b * reps], mean if mean < WATCH_S else float(calls[b].max())))
         return out
 
     # -- re-checks ---------------------------------------------------------------------------------------
@@ -300,9 +303,8 @@ class Learner:
             near = sorted((n for n in alive if times[n] <= best * (1 + NEAR)),
                           key=lambda n: (times[n], bucket.candidates.index(n)))[:2]  # the best and its closest
             more = len(near) * bucket.reps
-            alike = len(near) > 1 and times[near[1]] <= times[near[0]] * (1 + ALIKE)
             watched = best >= WATCH_S  # the settled one's calls are timed anyway: the watch decides
-            if len(near) > 1 and not alike and not watched and bucket.explored + more <= MAX_CALLS and self._may_explore(bucket, 0, more):
+            if len(near) > 1 and not watched and bucket.explored + more <= MAX_CALLS and self._may_explore(bucket, 0, more):
                 bucket.extra += 1
                 bucket.rounds += 1
                 bucket.dropped += [n for n in alive if n not in near]
