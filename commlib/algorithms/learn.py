@@ -122,15 +122,16 @@ class Bucket:
     switches: int = 0               # of which changed the settled algorithm
     watched: list[float] = dataclasses.field(default_factory=list)  # agreed times of the settled's calls
     watch_switches: int = 0         # settled algorithms given up because their calls ran slower than a rival
+    # whether the settled algorithm's calls are timed (Learner.watched): its agreed time is at least
+    # WATCH_S, where a clock read and one small allreduce per call cost under 1%. A field, set where the
+    # settled algorithm or its time changes (settle_on): a settled call of a few microseconds reads it
+    watching: bool = False
 
-    @property
-    def watching(self) -> bool:
-        """Whether the settled algorithm's calls are timed (see :meth:`Learner.watched`): its agreed time
-        is at least ``WATCH_S``, where a clock read and one small allreduce per call cost under 1%."""
-        if self.settled is None or self.checking:
-            return False
-        mine = self.agreed.get(self.settled)
-        return bool(mine) and min(mine) >= WATCH_S
+    def settle_on(self, name: str | None) -> None:
+        """Run ``name`` from now on (untimed, or watched where its agreed time is long)."""
+        self.settled = name
+        mine = self.agreed.get(name) if name is not None else None
+        self.watching = bool(mine) and min(mine) >= WATCH_S
 
     def best_times(self) -> dict[str, float]:
         """The agreed time of each candidate measured: its fastest agreed block, per call."""
@@ -181,7 +182,7 @@ class Learner:
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
         if len(names) < 2 or not self._may_explore(bucket, len(cold)):
-            bucket.settled = names[0] if names else None
+            bucket.settle_on(names[0] if names else None)
             bucket.phase = bucket.rounds + 1
         elif cold:
             bucket.slots = cold  # the warm-up: each once
@@ -257,6 +258,7 @@ class Learner:
             bucket.switches += 1
         for name, times in bucket.checked.items():  # what the check measured replaces the older times
             bucket.agreed[name] = list(times)
+        bucket.settle_on(bucket.settled)
         bucket.checks += 1
         bucket.checking, bucket.checked, bucket.slots, bucket.watched = [], {}, [], []
         self.notes.append(describe(bucket) + (f" (re-checked: was {old})" if bucket.settled != old
@@ -311,7 +313,7 @@ class Learner:
                 alive = near
         if bucket.phase > bucket.rounds or len(alive) == 1:
             times = bucket.best_times()
-            bucket.settled = min(alive, key=lambda n: (times[n], bucket.candidates.index(n)))
+            bucket.settle_on(min(alive, key=lambda n: (times[n], bucket.candidates.index(n))))
             bucket.slots = []
             self.notes.append(describe(bucket))
             return
@@ -344,7 +346,7 @@ class Learner:
         if typical > times[rival] * (1 + SWITCH):
             old = bucket.settled
             bucket.agreed[old] = [typical]
-            bucket.settled = rival
+            bucket.settle_on(rival)
             bucket.watched = []
             bucket.watch_switches += 1
             self.notes.append(describe(bucket) + f" (watched: {old} ran {typical * 1e3:.3f} ms per call)")
