@@ -162,6 +162,11 @@ class Engine:
         720 or 1000 ms instead of 720."""
         return nbytes >= PATIENT_BYTES and self.topology.cross_size > 1
 
+    def _waits(self, algorithm: str, nbytes: int):
+        """The waits of a call of ``algorithm`` moving ``nbytes``: patient for a bulk transfer across hosts
+        by one of commlib's algorithms (:meth:`_bulk`), else as every wait."""
+        return patiently() if algorithm != "native" and self._bulk(nbytes) else contextlib.nullcontext()
+
     def _waiting_as_needed(self, run: Callable[[np.ndarray], None], nbytes: int) -> Callable[[np.ndarray], None]:
         """``run`` (a commlib algorithm), its waits patient where the call is a bulk transfer across hosts."""
         if not self._bulk(nbytes):
@@ -233,7 +238,7 @@ class Engine:
             return
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         self.context.segment_bytes = choice.segment_bytes
-        with patiently() if choice.algorithm != "native" and self._bulk(total) else contextlib.nullcontext():
+        with self._waits(choice.algorithm, total):
             overflow = together(self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
         if overflow:
             warn_overflow(name, overflow, codec)
@@ -247,8 +252,7 @@ class Engine:
         together = spec.get(choice.algorithm).run_many
 
         def run(flats) -> int:
-            with patiently() if choice.algorithm != "native" and self._bulk(sum(f.nbytes for f in flats)) \
-                    else contextlib.nullcontext():
+            with self._waits(choice.algorithm, sum(f.nbytes for f in flats)):
                 return run_each(flats)
 
         def run_each(flats) -> int:
