@@ -14,7 +14,6 @@ Example (on every rank)::
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, Sequence
 
 import numpy as np
@@ -136,7 +135,7 @@ class Engine:
                         return 0
                     return run_native
                 return self._waiting_as_needed(lambda flat: execute(ctx, flat, kernel_op, choice, codec, pre, post),
-                                               count * dtype.itemsize)
+                                               choice.algorithm, count * dtype.itemsize)
             plan = select.learning_plan(ctx, count * dtype.itemsize, codec, False, runner_for)
 
             def run_learning(flat: np.ndarray) -> None:
@@ -152,7 +151,7 @@ class Engine:
             overflow = execute(ctx, flat, kernel_op, choice, codec, pre, post)
             if overflow:
                 warn_overflow(name, overflow, codec)
-        return run if choice.algorithm == "native" else self._waiting_as_needed(run, count * dtype.itemsize)
+        return self._waiting_as_needed(run, choice.algorithm, count * dtype.itemsize)
 
     def _bulk(self, nbytes: int) -> bool:
         """Whether an allreduce of ``nbytes`` is a bulk transfer across hosts: the waits of commlib's own
@@ -162,19 +161,15 @@ class Engine:
         720 or 1000 ms instead of 720."""
         return nbytes >= PATIENT_BYTES and self.topology.cross_size > 1
 
-    def _waits(self, algorithm: str, nbytes: int):
-        """The waits of a call of ``algorithm`` moving ``nbytes``: patient for a bulk transfer across hosts
-        by one of commlib's algorithms (:meth:`_bulk`), else as every wait."""
-        return patiently() if algorithm != "native" and self._bulk(nbytes) else contextlib.nullcontext()
-
-    def _waiting_as_needed(self, run: Callable[[np.ndarray], None], nbytes: int) -> Callable[[np.ndarray], None]:
-        """``run`` (a commlib algorithm), its waits patient where the call is a bulk transfer across hosts."""
-        if not self._bulk(nbytes):
+    def _waiting_as_needed(self, run: Callable, algorithm: str, nbytes: int) -> Callable:
+        """``run`` (a call of ``algorithm`` moving ``nbytes``), its waits patient where that is a bulk
+        transfer across hosts by one of commlib's algorithms; decided once, not per call."""
+        if algorithm == "native" or not self._bulk(nbytes):
             return run
 
-        def run_patiently(flat: np.ndarray):
+        def run_patiently(*args, **kwargs):
             with patiently():
-                return run(flat)
+                return run(*args, **kwargs)
         return run_patiently
 
     def reduce_gathered_(self, out: np.ndarray, contributions: Sequence[np.ndarray], op=ReduceOp.SUM,
@@ -226,7 +221,7 @@ class Engine:
             prepare(self.context, flats[0].dtype, total, algorithm, codec)  # the checks
             overflow = select.learning_plan(self.context, total, codec, True,
                                             lambda choice: self._many_runner(choice, op, codec, prescale,
-                                                                             postscale))(flats)
+                                                                             postscale, total))(flats)
             if overflow:
                 warn_overflow(name, overflow, codec)
             return
@@ -238,30 +233,27 @@ class Engine:
             return
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         self.context.segment_bytes = choice.segment_bytes
-        with self._waits(choice.algorithm, total):
-            overflow = together(self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
+        overflow = self._waiting_as_needed(together, choice.algorithm, total)(
+            self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
         if overflow:
             warn_overflow(name, overflow, codec)
 
-    def _many_runner(self, choice, op: ReduceOp, codec, prescale: float, postscale: float):
-        """A function reducing a list of flat buffers with ``choice`` (``auto`` learning on fused calls):
-        in one pass where the algorithm has a ``run_many``, else one call of the same algorithm each."""
+    def _many_runner(self, choice, op: ReduceOp, codec, prescale: float, postscale: float, total: int):
+        """A function reducing a list of flat buffers of ``total`` bytes with ``choice`` (``auto`` learning
+        on fused calls): in one pass where the algorithm has a ``run_many``, else one call of the same
+        algorithm each."""
         ctx = self.context
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         together = spec.get(choice.algorithm).run_many
 
         def run(flats) -> int:
-            with self._waits(choice.algorithm, sum(f.nbytes for f in flats)):
-                return run_each(flats)
-
-        def run_each(flats) -> int:
             if together is not None:
                 ctx.segment_bytes = choice.segment_bytes
                 return together(ctx, flats, kernel_op, codec, prescale=pre, postscale=post)
             return sum(execute(ctx, flat, kernel_op, select.choice_of(ctx, choice.algorithm, flat.nbytes, codec),
                                codec, pre, post) for flat in flats)
-        return run
+        return self._waiting_as_needed(run, choice.algorithm, total)
 
     # -- data movement ----------------------------------------------------------------------------------
     def _row_counts(self, rows: int) -> list[int]:

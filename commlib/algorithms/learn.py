@@ -253,12 +253,11 @@ class Learner:
         best = {name: min(times) for name, times in bucket.checked.items()}
         old = bucket.settled
         winner = min(bucket.checking, key=lambda n: (best[n], bucket.checking.index(n)))
-        if winner != old and best[winner] < best[old] * (1 - SWITCH):
-            bucket.settled = winner
-            bucket.switches += 1
+        switch = winner != old and best[winner] < best[old] * (1 - SWITCH)
+        bucket.switches += switch
         for name, times in bucket.checked.items():  # what the check measured replaces the older times
             bucket.agreed[name] = list(times)
-        bucket.settle_on(bucket.settled)
+        bucket.settle_on(winner if switch else old)
         bucket.checks += 1
         bucket.checking, bucket.checked, bucket.slots, bucket.watched = [], {}, [], []
         self.notes.append(describe(bucket) + (f" (re-checked: was {old})" if bucket.settled != old

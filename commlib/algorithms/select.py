@@ -152,18 +152,15 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
 
     def run(*args) -> int:
         name = learning.pick(bucket)
-        if name is None:
-            if not bucket.watching:
-                return runner(bucket.settled)(*args)
-            clock = learning.clock
-            start = clock()
-            overflow = runner(bucket.settled)(*args)
-            learning.watched(bucket, clock() - start)
-            return overflow
+        if name is None and not bucket.watching:
+            return runner(bucket.settled)(*args)
         clock = learning.clock
         start = clock()
-        overflow = runner(name)(*args)
-        learning.record(bucket, clock() - start)
+        overflow = runner(name or bucket.settled)(*args)
+        if name is not None:  # an exploring call
+            learning.record(bucket, clock() - start)
+        else:                 # a watched call of the settled algorithm
+            learning.watched(bucket, clock() - start)
         return overflow
     return run
 
