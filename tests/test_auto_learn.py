@@ -45,7 +45,8 @@ def ranking(times: dict[str, float]):
 def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, None, False),), noise=0.3):
     """Run ``calls`` calls per key on ``ranks`` threaded learners; a call of algorithm A takes ``truth[A]``
     (+ noise per rank) on that rank's clock; ``truth`` may be a function of the call's index returning
-    such a dict (the machine changes during the job). Returns (picks per rank, learners)."""
+    such a dict (the machine changes during the job); ``keys`` too may be a function of the call's index.
+    Returns (picks per rank, learners)."""
     agreement = Agreement(ranks)
     picks = [[] for _ in range(ranks)]
     learners = []
@@ -60,7 +61,7 @@ def simulate(ranks: int, calls: int, truth, predicted, clocks=None, keys=((20, N
         learner, state, rng, scale = learners[r]
         for call in range(calls):
             now = truth(call) if callable(truth) else truth
-            for key in keys:
+            for key in (keys(call) if callable(keys) else keys):
                 bucket = learner.bucket(key, ranking(predicted))
                 name = learner.pick(bucket)
                 ran = name or bucket.settled
@@ -274,6 +275,35 @@ def test_watch_gives_up_an_algorithm_whose_calls_turn_slow(ranks):
     bucket = learners[0].buckets[(20, None, False)]
     assert not bucket.watching and bucket.watched == []
     assert agreements > learners[0].agreements  # the long calls' watch agreed on each call
+
+
+@pytest.mark.parametrize("single_first", [False, True])
+def test_long_calls_settle_on_what_their_fused_sibling_measured(single_first):
+    """Long calls (0.7 s), fused on most calls and now and then one alone (a training step's last
+    gradients arriving apart): the single calls settle on what the fused calls measured, watched, on
+    every rank alike - at once where the fused ones settled first, else when they settle (the single
+    calls' own exploration, one call now and then, is dropped). Short calls explore each kind alone."""
+    predicted = {"recursive_doubling": 0.05, "ring": 0.055, "native": 0.06}
+    truth = {"recursive_doubling": 0.75, "ring": 0.80, "native": 0.70}
+    fused, single = (27, None, True), (27, None, False)
+
+    def keys(i):
+        if single_first:
+            return (single, fused) if i % 5 == 0 else (fused,)
+        return (fused,) if i < 20 else (fused, single)
+    picks, learners = simulate(2, 30, truth, predicted, keys=keys, noise=0.0)
+    assert picks[0] == picks[1]
+    first, alone = learners[0].buckets[fused], learners[0].buckets[single]
+    assert first.settled == "native" and first.explored == 3 * learn.REPS
+    assert alone.settled == "native" and alone.seeded and alone.watching
+    assert alone.explored == (2 if single_first else 0)  # calls 0 and 5, before call 7 settled the fused
+    singles = [name for key, name in picks[0] if key == single]
+    assert singles[alone.explored:] == ["native"] * (len(singles) - alone.explored)
+    assert "from its fused calls' times" in " ".join(learners[0].summary())
+    short = {name: t / 100 for name, t in truth.items()}
+    _, learners = simulate(2, 60, short, {k: v / 100 for k, v in predicted.items()},
+                           keys=lambda i: (fused,) if i < 30 else (fused, single), noise=0.0)
+    assert learners[0].buckets[single].explored > 0 and not learners[0].buckets[single].seeded
 
 
 def test_recheck_corrects_a_wrong_settle_on_every_rank_and_stays_bounded():

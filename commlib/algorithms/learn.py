@@ -54,6 +54,11 @@ whether the call reduces one buffer or several fused in place - the learner runs
    ``SWITCH``, the rival takes over and the old one keeps that median as its time. A block of two calls
    can catch an algorithm whose calls are fast and slow in turn on its fast calls; the watch corrects
    that choice within a few calls, where a re-check would come only after ``RECHECK_FIRST``.
+8. Siblings: a new bucket of long calls whose sibling (the same size class and codec, fused where it is
+   not, or the other way round) has settled with calls of at least ``WATCH_S`` starts settled on the
+   sibling's choice and times, watched (7), instead of exploring: such calls are dominated by the bytes
+   they move, and a training step whose last gradients now and then arrive apart reduces them one by
+   one where it usually fuses them.
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times and the count
 of calls, which every rank sees alike), never of a rank's own clock, so ranks whose clocks disagree still
 choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x ``REPS`` measured calls
@@ -126,6 +131,7 @@ class Bucket:
     # WATCH_S, where a clock read and one small allreduce per call cost under 1%. A field, set where the
     # settled algorithm or its time changes (settle_on): a settled call of a few microseconds reads it
     watching: bool = False
+    seeded: bool = False            # settled on its sibling's times (Learner._adopt)
 
     def settle_on(self, name: str | None) -> None:
         """Run ``name`` from now on (untimed, or watched where its agreed time is long)."""
@@ -181,9 +187,12 @@ class Learner:
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
+        sibling = self._sibling(key)
         if len(names) < 2 or not self._may_explore(bucket, len(cold)):
             bucket.settle_on(names[0] if names else None)
             bucket.phase = bucket.rounds + 1
+        elif sibling is not None and self._adopt(bucket, sibling):
+            pass  # settled on the sibling's times, watched
         elif cold:
             bucket.slots = cold  # the warm-up: each once
         else:
@@ -191,6 +200,32 @@ class Learner:
             bucket.slots = [name for name in names for _ in range(bucket.reps)]
         self.buckets[key] = bucket
         return bucket
+
+    def _sibling(self, key: tuple) -> Bucket | None:
+        """The bucket of the same size class and codec, fused where ``key`` is not or the other way round."""
+        power, codec, fused = key
+        return self.buckets.get((power, codec, not fused))
+
+    def _adopt(self, bucket: Bucket, source: Bucket) -> bool:
+        """Settle ``bucket`` (new, or still exploring) on what its sibling ``source`` measured (True), where
+        ``source`` has settled with calls of at least ``WATCH_S``: such calls are dominated by the bytes
+        they move, fused or not, and exploring again runs each candidate twice more at up to a second a
+        call (on 2 hosts a training step whose last gradients arrive apart now and then reduces them one
+        by one instead of fused). The settled algorithm is watched (step 7) against the sibling's rivals,
+        so a difference still shows. Equal on every rank: both buckets are."""
+        if source.settled is None or source.checking:
+            return False
+        times = {name: list(seconds) for name, seconds in source.agreed.items()
+                 if seconds and name in bucket.candidates}
+        if not times or min(min(seconds) for seconds in times.values()) < WATCH_S:
+            return False
+        bucket.agreed = times
+        bucket.phase = bucket.rounds + 1
+        bucket.slots, bucket.local = [], []
+        bucket.seeded = True
+        bucket.settle_on(source.settled if source.settled in times else min(times, key=lambda n: min(times[n])))
+        self.notes.append(describe(bucket))
+        return True
 
     def _may_explore(self, bucket: Bucket, cold: int, calls: int | None = None) -> bool:
         cost = cold + (len(bucket.candidates) * bucket.rounds * bucket.reps if calls is None else calls)
@@ -315,6 +350,9 @@ class Learner:
             bucket.settle_on(min(alive, key=lambda n: (times[n], bucket.candidates.index(n))))
             bucket.slots = []
             self.notes.append(describe(bucket))
+            sibling = self._sibling(bucket.key)
+            if sibling is not None and sibling.settled is None:  # explored now and then: settle it too
+                self._adopt(sibling, bucket)
             return
         shift = (bucket.phase - 1) % len(alive)
         order = alive[shift:] + alive[:shift]
@@ -397,6 +435,8 @@ def describe(bucket: Bucket) -> str:
         mark = " dropped" if name in bucket.dropped else ""
         parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
     extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
+    if bucket.seeded:
+        extra += ", from its " + ("single" if bucket.key[2] else "fused") + " calls' times"
     checks = f", {bucket.checks} re-check(s), {bucket.switches} switch(es)" if bucket.checks else ""
     if bucket.watch_switches:
         checks += f", {bucket.watch_switches} switch(es) on watched calls"
