@@ -41,7 +41,9 @@ whether the call reduces one buffer or several fused in place - the learner runs
    exploring calls would spread the exploring over the first 16 steps of a job).
 5. Settled: the candidate with the least agreed time (its fastest block; ties to the model's order) runs
    every later call of the bucket, untimed unless watched (7).
-6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls, then after 4 times as
+6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls (``RECHECK_SHORT`` where
+   the model predicts under ``SMALL_S``: such a check costs a few milliseconds, and a choice settled on
+   noisy blocks - 4 ranks on 2 cores across hosts - then runs 16 calls, not 64), then after 4 times as
    many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
    times it (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
    as in step 3, and the fastest of that check runs from then on if it beats the settled one by more
@@ -93,6 +95,7 @@ BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of 
 NEAR = 0.10          # candidates within this (relative) of the best after the scheduled rounds: near-tied
 EXTRA_ROUNDS = 2     # more rounds, of the near-tied only
 RECHECK_FIRST = 64   # settled calls before the first re-check; each later one after 4x as many
+RECHECK_SHORT = 16   # the same where the model predicts under SMALL_S
 RECHECK = 1.25       # re-check the measured algorithms whose agreed time was within this of the settled one
 CHECK_ROUNDS = 2     # rounds per re-check
 SWITCH = 0.05        # a re-check switches to an algorithm faster than the settled one by more than this
@@ -183,7 +186,8 @@ class Learner:
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
         # short calls: a second round (of the candidates not dropped), as one block may fall on a busy moment
-        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if best < SMALL_S else ROUNDS)
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if best < SMALL_S else ROUNDS,
+                        next_check=RECHECK_SHORT if best < SMALL_S else RECHECK_FIRST)
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
