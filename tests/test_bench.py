@@ -290,13 +290,21 @@ def test_compression_tolerance_is_tight():
     assert count_wrong(np.array([0.0, 101.0, 1000.5], dtype=np.float32), expected, tol) == 1
 
 
-def test_each_round_starts_with_the_next_algorithm():
-    """Interleaved timing rotates the order, so a slow first block in a round lands on every algorithm."""
+def test_each_round_starts_with_the_next_algorithm_and_predecessors_vary():
+    """Interleaved timing rotates the order, so a slow first block in a round lands on every algorithm,
+    and changes its stride every ``count`` rounds, so no algorithm always follows the same one."""
     from commlib.bench.core import turn_order
 
     assert turn_order(3, 0) == [0, 1, 2]
     assert turn_order(3, 1) == [1, 2, 0]
-    assert turn_order(3, 5) == [2, 0, 1]
+    assert turn_order(3, 5) == [2, 1, 0]
     firsts = [turn_order(4, r)[0] for r in range(8)]
     assert sorted(firsts) == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert all(sorted(turn_order(5, r)) == list(range(5)) for r in range(7))
+    assert all(sorted(turn_order(n, r)) == list(range(n)) for n in range(1, 10) for r in range(40))
+    for n in (3, 8, 9):
+        before = {a: set() for a in range(n)}
+        for r in range(4 * n):
+            order = turn_order(n, r)
+            for prev, this in zip(order, order[1:]):
+                before[this].add(prev)
+        assert all(len(seen) >= 2 for seen in before.values()), before
