@@ -306,6 +306,25 @@ def test_long_calls_settle_on_what_their_fused_sibling_measured(single_first):
     assert learners[0].buckets[single].explored > 0 and not learners[0].buckets[single].seeded
 
 
+def test_short_calls_recheck_early_and_wide():
+    """Short calls (4 KiB across hosts): recursive doubling measures 1.33x MPI's own while the bucket
+    explores and 0.77x after (noisy blocks with 4 ranks on 2 cores). The first re-check comes after
+    RECHECK_SHORT settled calls and includes it although it was more than RECHECK times slower: the
+    bucket runs it from there on, on every rank alike."""
+    predicted = {"recursive_doubling": 68e-6, "native": 105e-6}
+    explore = {"recursive_doubling": 224e-6, "native": 169e-6}
+    later = {"recursive_doubling": 140e-6, "native": 181e-6}
+    picks, learners = simulate(2, 80, lambda i: explore if i < 20 else later, predicted, noise=0.0)
+    assert picks[0] == picks[1]
+    bucket = learners[0].buckets[(20, None, False)]
+    ran = [name for _, name in picks[0]]
+    settled_at = bucket.explored - bucket.checks * 2 * learn.REPS * learn.CHECK_ROUNDS
+    assert ran[settled_at] == "native"
+    assert bucket.settled == "recursive_doubling" and bucket.switches == 1
+    switched = settled_at + learn.RECHECK_SHORT + 2 * learn.REPS * learn.CHECK_ROUNDS
+    assert ran[switched:] == ["recursive_doubling"] * (len(ran) - switched)
+
+
 def test_recheck_corrects_a_wrong_settle_on_every_rank_and_stays_bounded():
     """The bucket settles on the ring (then the faster); from call 20 on, MPI's own is faster (the machine
     changed, or the first calls were unlucky): a re-check after RECHECK_FIRST settled calls switches to it,

@@ -45,7 +45,9 @@ whether the call reduces one buffer or several fused in place - the learner runs
    the model predicts under ``SMALL_S``: such a check costs a few milliseconds, and a choice settled on
    noisy blocks - 4 ranks on 2 cores across hosts - then runs 16 calls, not 64), then after 4 times as
    many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
-   times it (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
+   times it (``DROP`` times where the model predicts under ``SMALL_S``: on 2 hosts x 2 ranks over 2 cores
+   recursive doubling's 4 KiB blocks measured 1.33x MPI's own while exploring and 0.77x in 100 rounds
+   after) (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
    as in step 3, and the fastest of that check runs from then on if it beats the settled one by more
    than ``SWITCH``. A choice settled on unlucky calls (the machine was busy, a near-tie fell the wrong
    way) corrects itself; a right one costs a few calls of algorithms measured near it.
@@ -66,7 +68,8 @@ of calls, which every rank sees alike), never of a rank's own clock, so ranks wh
 choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x ``REPS`` measured calls
 per bucket, plus one warm-up call per algorithm and lane, plus ``EXTRA_ROUNDS`` rounds of the two
 near-tied (at most ``MAX_CALLS`` calls in all, usually 16 or fewer), only among algorithms the model predicts within
-``SPREAD`` of the best; a re-check runs at most 3 algorithms measured within ``RECHECK`` of the settled
+``SPREAD`` of the best; a re-check runs at most 3 algorithms measured within ``RECHECK`` (short calls:
+``DROP``) of the settled
 one, ``CHECK_ROUNDS`` x 2 calls each, after 4x as many calls each time; and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
 ``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
 ``auto`` is then the cost model's choice alone.
@@ -97,6 +100,7 @@ EXTRA_ROUNDS = 2     # more rounds, of the near-tied only
 RECHECK_FIRST = 64   # settled calls before the first re-check; each later one after 4x as many
 RECHECK_SHORT = 16   # the same where the model predicts under SMALL_S
 RECHECK = 1.25       # re-check the measured algorithms whose agreed time was within this of the settled one
+                     # (DROP where the model predicts under SMALL_S)
 CHECK_ROUNDS = 2     # rounds per re-check
 SWITCH = 0.05        # a re-check switches to an algorithm faster than the settled one by more than this
 WATCH_S = 50e-3      # settled buckets whose calls take at least this keep timing them (watch)
@@ -114,6 +118,7 @@ class Bucket:
     predicted_s: dict[str, float]   # the model's time of each at the first size seen
     reps: int                       # consecutive calls per candidate per round (a block)
     rounds: int                     # measured rounds
+    short: bool = False             # the model predicts under SMALL_S: a second round, earlier and wider re-checks
     phase: int = 0                  # 0: warm-up; 1..rounds: measured rounds
     slots: list[str] = dataclasses.field(default_factory=list)    # this phase's calls, in order
     local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of this phase's calls
@@ -186,8 +191,9 @@ class Learner:
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
         # short calls: a second round (of the candidates not dropped), as one block may fall on a busy moment
-        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if best < SMALL_S else ROUNDS,
-                        next_check=RECHECK_SHORT if best < SMALL_S else RECHECK_FIRST)
+        short = best < SMALL_S
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if short else ROUNDS, short=short,
+                        next_check=RECHECK_SHORT if short else RECHECK_FIRST)
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
@@ -266,7 +272,8 @@ class Learner:
         mine = times.get(bucket.settled)
         if mine is None:
             return False
-        rivals = sorted((n for n in times if n != bucket.settled and times[n] <= RECHECK * mine),
+        near = DROP if bucket.short else RECHECK
+        rivals = sorted((n for n in times if n != bucket.settled and times[n] <= near * mine),
                         key=lambda n: (times[n], bucket.candidates.index(n)))
         if "native" in rivals[2:]:  # MPI's own, the baseline, is checked whenever it qualifies
             rivals.remove("native")
