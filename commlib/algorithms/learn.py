@@ -45,9 +45,9 @@ whether the call reduces one buffer or several fused in place - the learner runs
    the model predicts under ``SMALL_S``: such a check costs a few milliseconds, and a choice settled on
    noisy blocks - 4 ranks on 2 cores across hosts - then runs 16 calls, not 64), then after 4 times as
    many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
-   times it (``DROP`` times where the model predicts under ``SMALL_S``: on 2 hosts x 2 ranks over 2 cores
+   times it - ``DROP`` times where the model predicts under ``SMALL_S``: on 2 hosts x 2 ranks over 2 cores
    recursive doubling's 4 KiB blocks measured 1.33x MPI's own while exploring and 0.77x in 100 rounds
-   after) (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
+   after - (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
    as in step 3, and the fastest of that check runs from then on if it beats the settled one by more
    than ``SWITCH``. A choice settled on unlucky calls (the machine was busy, a near-tie fell the wrong
    way) corrects itself; a right one costs a few calls of algorithms measured near it.
@@ -118,7 +118,6 @@ class Bucket:
     predicted_s: dict[str, float]   # the model's time of each at the first size seen
     reps: int                       # consecutive calls per candidate per round (a block)
     rounds: int                     # measured rounds
-    short: bool = False             # the model predicts under SMALL_S: a second round, earlier and wider re-checks
     phase: int = 0                  # 0: warm-up; 1..rounds: measured rounds
     slots: list[str] = dataclasses.field(default_factory=list)    # this phase's calls, in order
     local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of this phase's calls
@@ -140,6 +139,12 @@ class Bucket:
     # settled algorithm or its time changes (settle_on): a settled call of a few microseconds reads it
     watching: bool = False
     seeded: bool = False            # settled on its sibling's times (Learner._adopt)
+
+    @property
+    def short(self) -> bool:
+        """The model predicts this class's calls under ``SMALL_S``: a second round, earlier and wider
+        re-checks."""
+        return min(self.predicted_s.values(), default=0.0) < SMALL_S
 
     def settle_on(self, name: str | None) -> None:
         """Run ``name`` from now on (untimed, or watched where its agreed time is long)."""
@@ -192,16 +197,15 @@ class Learner:
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
         # short calls: a second round (of the candidates not dropped), as one block may fall on a busy moment
         short = best < SMALL_S
-        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if short else ROUNDS, short=short,
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if short else ROUNDS,
                         next_check=RECHECK_SHORT if short else RECHECK_FIRST)
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
-        sibling = self._sibling(key)
         if len(names) < 2 or not self._may_explore(bucket, len(cold)):
             bucket.settle_on(names[0] if names else None)
             bucket.phase = bucket.rounds + 1
-        elif sibling is not None and self._adopt(bucket, sibling):
+        elif self._adopt(bucket, self._sibling(key)):
             pass  # settled on the sibling's times, watched
         elif cold:
             bucket.slots = cold  # the warm-up: each once
@@ -216,14 +220,14 @@ class Learner:
         power, codec, fused = key
         return self.buckets.get((power, codec, not fused))
 
-    def _adopt(self, bucket: Bucket, source: Bucket) -> bool:
+    def _adopt(self, bucket: Bucket, source: Bucket | None) -> bool:
         """Settle ``bucket`` (new, or still exploring) on what its sibling ``source`` measured (True), where
         ``source`` has settled with calls of at least ``WATCH_S``: such calls are dominated by the bytes
         they move, fused or not, and exploring again runs each candidate twice more at up to a second a
         call (on 2 hosts a training step whose last gradients arrive apart now and then reduces them one
         by one instead of fused). The settled algorithm is watched (step 7) against the sibling's rivals,
         so a difference still shows. Equal on every rank: both buckets are."""
-        if source.settled is None or source.checking:
+        if source is None or source.settled is None or source.checking:
             return False
         times = {name: list(seconds) for name, seconds in source.agreed.items()
                  if seconds and name in bucket.candidates}
