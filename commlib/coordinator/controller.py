@@ -58,7 +58,7 @@ from .lifecycle import Lifecycle, StallShutdown
 from .fusion import fuse
 from .negotiation import ReadyTable
 from .priority import PartResponse, PriorityQueue
-from .progress import REPLY_POLLS, Progress
+from .progress import REPLY_POLLS, Progress, gather_limit_s
 from .requests import Entry, Handle, Kind, Response
 from .rounds import make_rounds
 from .stalls import StallInspector
@@ -91,6 +91,7 @@ class Coordinator(Lifecycle):
         self._eager = EagerStore(self.rank, self.size, config.eager_bytes, config.algorithm,
                                  self._engine.topology.cross_size, relayed)
         self._incoming: collections.deque[Entry] = collections.deque()
+        self.submitted = 0  # submissions so far (Progress reads it to see whether a burst goes on)
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
         self._undecided: set[str] = set()       # announced, no response yet (driving thread only)
@@ -102,7 +103,7 @@ class Coordinator(Lifecycle):
         self._lost_in_lane: PeerLostError | None = None  # a lane's transfer timed out: fail in the cycle
         self._closed = False
         self._queue = PriorityQueue(config.priority_partition_bytes, config.priority_credit_bytes, self._finish)
-        self._progress = Progress(self, config.cycle_time_ms / 1e3)
+        self._progress = Progress(self, config.cycle_time_ms / 1e3, gather_s=gather_limit_s(self._engine.topology))
         if not label and not self._lanes.threaded:  # the world's; a lane thread must not read the channel
             channel.deadline.watch = self.watch
 
@@ -130,6 +131,7 @@ class Coordinator(Lifecycle):
             self._in_flight[name] = entry
         entry.handle.owner = self
         self._incoming.append(entry)
+        self.submitted += 1
         if not drive:
             self._progress.wake()
         return entry.handle
