@@ -4,7 +4,7 @@
 # which it explores and settles, and the checked call: its timed calls are what it runs after 20 calls. The
 # other algorithms warm up with 2 calls. Then every algorithm, auto among them, takes turns in interleaved
 # rounds of the same few calls (the order rotating each round), as many rounds as make about --min-time
-# seconds per algorithm (at most 100): short calls get 100 rounds, whose median no noisy round moves - so
+# seconds per algorithm (at most 400): short calls get 400 rounds, whose median no noisy round moves - so
 # the same algorithm under two names cannot differ by much; long ones keep -n in --rounds. Per size, auto
 # against the fastest algorithm and against MPI's own (scripts/auto_vs_fastest.py). Outputs (command in
 # their first line) go to docs/results/.
