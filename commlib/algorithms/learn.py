@@ -195,10 +195,11 @@ class Learner:
         if "native" not in names and any(c.algorithm == "native" for c in ranked):
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
-        # short calls: a second round (of the candidates not dropped), as one block may fall on a busy moment
-        short = best < SMALL_S
-        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS + 1 if short else ROUNDS,
-                        next_check=RECHECK_SHORT if short else RECHECK_FIRST)
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS)
+        # short calls: a second round (of the candidates not dropped), as one block may fall on a busy
+        # moment, and an earlier first re-check
+        if bucket.short:
+            bucket.rounds, bucket.next_check = ROUNDS + 1, RECHECK_SHORT
         # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
         # a long call: warm up only what has not run yet, and only where calls are short
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
