@@ -6,6 +6,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+#: The kinds of test, one marker each (``pytest -m mpi``, ``-m "not cluster"``, ...): a test marked with none
+#: of the first three runs inside the pytest process.
+MARKERS = {
+    "mpi": "launches real MPI jobs (mpiexec) on one host",
+    "cluster": "runs across emulated hosts (network namespaces; root) or real daemons on them (Slurm, Ray)",
+    "slow": "takes more than about 30 seconds",
+}
+
+
+def pytest_configure(config):
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
 def pytest_report_header(config):
     try:
         import mpi4py
