@@ -8,7 +8,8 @@ Horovod Elastic's pattern (docs/elastic.md): the model, the optimizer and an ``E
 every rank and calls ``train`` again when a rank is lost, over the ranks that are left. The learning rate
 follows the number of ranks (a reset callback). Each epoch prints the loss and accuracies; ``--progress``
 prints every step's number, the ranks and the time (what the tests measure the time to resume with). The
-script exits non-zero if the final test accuracy misses ``--target``.
+script exits non-zero if the final test accuracy misses ``--target``. ``train(argv)`` is the same as a
+function (what examples/ray_digits.py runs in Ray actors).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from digits import make_digits
 from train_digits import evaluate, make_model
 
 
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -36,8 +37,12 @@ def main() -> int:
     parser.add_argument("--commit-every", type=int, default=10, help="steps between commits")
     parser.add_argument("--progress", action="store_true", help="print each step (rank 0)")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
+
+def train(argv: list[str] | None = None) -> float:
+    """Train as the command line ``argv`` says; return the final test accuracy (every rank)."""
+    args = parse(argv)
     hvd.init()
     torch.set_num_threads(1)  # one core per rank
     torch.manual_seed(args.seed)
@@ -61,7 +66,7 @@ def main() -> int:
     scale_learning_rate()
 
     @hvd.elastic.run
-    def train(state):
+    def epochs(state):
         rank, size = hvd.rank(), hvd.size()
         if rank == 0:
             print(f"training on {size} rank(s) from epoch {state.epoch + 1} step {state.step}", flush=True)
@@ -86,14 +91,19 @@ def main() -> int:
                 print(f"epoch {state.epoch:2d}  test accuracy {state.accuracy:.4f}  on {size} rank(s)", flush=True)
             state.commit()
 
-    train(state)
-    reached = state.accuracy >= args.target
+    epochs(state)
     if hvd.rank() == 0:
-        verdict = "reached" if reached else "MISSED"
+        verdict = "reached" if state.accuracy >= args.target else "MISSED"
         print(f"{verdict} target accuracy {args.target:.2f}: test accuracy {state.accuracy:.4f} on {hvd.size()} "
               "rank(s)", flush=True)
+    return state.accuracy
+
+
+def main() -> int:
+    args = parse()
+    accuracy = train(sys.argv[1:])
     hvd.shutdown()
-    return 0 if reached else 1
+    return 0 if accuracy >= args.target else 1
 
 
 if __name__ == "__main__":
