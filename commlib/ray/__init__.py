@@ -13,6 +13,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from . import ray_logger
 from .elastic import ElasticRayExecutor
-from .executor import RayExecutor, Worker as BaseHorovodWorker, create_settings
+from .executor import RayExecutor
+from .worker import Worker as BaseHorovodWorker, create_settings
 
 __all__ = ["RayExecutor", "ElasticRayExecutor", "BaseHorovodWorker", "create_settings", "ray_logger"]

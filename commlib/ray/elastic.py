@@ -15,9 +15,7 @@ reachable by every worker: a shared filesystem on a real cluster, as for commlib
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 from typing import Any, Callable, Dict, List, Optional
 
@@ -30,7 +28,7 @@ from ..run.options import UsageError
 from . import launch as _launch
 from . import ray_logger as _logger
 from .member import WorkerEnded
-from .executor import Settings, Worker, _info, _kill_group, _stop_proxy, _update_env, create_settings, mpiexec_path
+from .worker import Settings, Worker, create_settings, info, kill_group, mpiexec_path, stop_proxy, update_env
 
 
 # functions run in the actors with their Member -----------------------------------------------------------
@@ -131,12 +129,12 @@ class ElasticJob:
             strategy = NodeAffinitySchedulingStrategy(node, soft=False)
             workers += [Worker.options(num_cpus=self.cpus, num_gpus=self.gpus, scheduling_strategy=strategy).remote()
                         for _ in range(host.slots)]
-        infos = ray.get([w.control.remote(_info) for w in workers], timeout=self.settings.timeout_s + 60)
+        infos = ray.get([w.control.remote(info) for w in workers], timeout=self.settings.timeout_s + 60)
         plan = _launch.Plan.of(infos)
         workers, infos = [workers[i] for i in plan.order], [infos[i] for i in plan.order]
         plan = _launch.Plan.of(infos)
         gpus = plan.visible_gpus(infos)
-        ray.get([w.control.remote(_update_env, dict(self.env, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if i in gpus else {})))
+        ray.get([w.control.remote(update_env, dict(self.env, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if i in gpus else {})))
                  for i, w in enumerate(workers)])
         with self.lock:
             self.workers = workers
@@ -162,10 +160,10 @@ class ElasticJob:
             worker.apply.remote(_end)
 
     def _kill(self, job: subprocess.Popen) -> None:
-        _kill_group(job)
+        kill_group(job)
         with self.lock:
             for worker in self.workers:
-                worker.control.remote(_stop_proxy)
+                worker.control.remote(stop_proxy)
 
     def _end_launch(self) -> None:
         with self.lock:

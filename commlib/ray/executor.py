@@ -19,11 +19,8 @@ assignment reaches the ranks. With ``min_workers`` the job is elastic (commlib.r
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import subprocess
 import sys
-import warnings
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
@@ -32,90 +29,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import launch as _launch
 from . import ray_logger as _logger
-from .member import member
-
-
-@dataclasses.dataclass
-class Settings:
-    """What ``create_settings`` gives (Horovod's MiniSettings' fields; the ssh ones are accepted and unused:
-    the actors start hydra's proxies, nobody uses ssh)."""
-
-    timeout_s: float = 30.0                 # how long the workers may take to join the MPI job
-    placement_group_timeout_s: float = 100.0
-    nics: Optional[set] = None              # the network interface the ranks use (one: hydra's -iface)
-    verbose: int = 1
-    ssh_identity_file: Optional[str] = None
-    ssh_port: Optional[int] = None
-    elastic: bool = False
-    # ElasticRayExecutor.create_settings (Horovod's older elastic API)
-    min_np: Optional[int] = None
-    max_np: Optional[int] = None
-    reset_limit: Optional[int] = None
-    elastic_timeout: float = 600.0
-    cooldown_range: Optional[tuple] = None
-
-
-def create_settings(timeout_s: float = 30, ssh_identity_file: str | None = None, ssh_str: str | None = None,
-                    placement_group_timeout_s: float = 100, nics: set | None = None, verbose: int = 1,
-                    **ignored) -> Settings:
-    """Horovod's ``RayExecutor.create_settings``: ``timeout_s`` bounds the start of the job;
-    ``ssh_identity_file``/``ssh_str`` are accepted for compatibility (no ssh is used)."""
-    if ignored:
-        warnings.warn(f"create_settings: {', '.join(sorted(ignored))} not used by commlib.ray", stacklevel=2)
-    return Settings(timeout_s=float(timeout_s), placement_group_timeout_s=float(placement_group_timeout_s),
-                    nics=set(nics) if nics else None, verbose=int(verbose), ssh_identity_file=ssh_identity_file)
-
-
-@ray.remote(concurrency_groups={"control": 4})
-class Worker:
-    """One worker: an actor that becomes a rank of the job. Calls in the default group run one at a time
-    in order (the user's functions, so their collectives keep their order); the "control" group serves
-    the launch (its node's proxy) beside them."""
-
-    def __init__(self):
-        self.executable = None
-        member()
-
-    @ray.method(concurrency_group="control")
-    def control(self, function: Callable, *args):
-        return function(member(), *args)
-
-    def apply(self, function: Callable, *args):
-        return function(member(), *args)
-
-    def start_executable(self, executable_cls, executable_args, executable_kwargs) -> None:
-        if executable_cls is not None:
-            self.executable = executable_cls(*(executable_args or []), **(executable_kwargs or {}))
-
-    def execute(self, function: Callable):
-        return function(self.executable)
-
-
-# functions run in the actors with their Member ------------------------------------------------------------
-def _info(m) -> dict:
-    return m.info()
-
-
-def _update_env(m, env: dict) -> None:
-    m.update_env(env)
-
-
-def _join(m, timeout: float) -> int:
-    return m.join(timeout)
-
-
-def _finalize(m) -> None:
-    m.finalize()
-
-
-def _stop_proxy(m) -> None:
-    m.stop_proxy()
-
-
-def mpiexec_path() -> str:
-    from commlib.testing.cluster import find_mpiexec
-
-    return find_mpiexec()
+from .worker import (Settings, Worker, create_settings, finalize, info, join, kill_group, mpiexec_path, stop_proxy,
+                     update_env)
 
 
 class _Static:
@@ -177,14 +92,14 @@ class _Static:
             raise
 
     def _start_job(self, executable_cls, executable_args, executable_kwargs, extra_env_vars) -> None:
-        infos = ray.get([w.control.remote(_info) for w in self.workers], timeout=self.settings.timeout_s + 60)
+        infos = ray.get([w.control.remote(info) for w in self.workers], timeout=self.settings.timeout_s + 60)
         plan = _launch.Plan.of(infos)
         self.workers = [self.workers[i] for i in plan.order]  # rank order
         infos = [infos[i] for i in plan.order]
         plan = _launch.Plan.of(infos)
         gpus = plan.visible_gpus(infos)
         env = {k: str(v) for k, v in extra_env_vars.items()}
-        ray.get([w.control.remote(_update_env, dict(env, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if i in gpus else {})))
+        ray.get([w.control.remote(update_env, dict(env, **({"CUDA_VISIBLE_DEVICES": gpus[i]} if i in gpus else {})))
                  for i, w in enumerate(self.workers)])
         self.server = _launch.LaunchServer(plan.proxies, lambda i, f, *a: self.workers[i].control.remote(f, *a))
         nic = sorted(self.settings.nics)[0] if self.settings.nics else None
@@ -192,7 +107,7 @@ class _Static:
         if self.settings.verbose:
             print(f"commlib.ray: {' '.join(argv)}", file=sys.stderr, flush=True)
         self.mpiexec = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL)
-        joins = [w.apply.remote(_join, self.settings.timeout_s) for w in self.workers]
+        joins = [w.apply.remote(join, self.settings.timeout_s) for w in self.workers]
         ready, _ = ray.wait(joins, num_returns=len(joins), timeout=self.settings.timeout_s + 30)
         if len(ready) < len(joins) or self.mpiexec.poll() is not None:
             raise TimeoutError(f"the workers did not all join the MPI job within timeout_s="
@@ -221,17 +136,17 @@ class _Static:
 
     def shutdown(self) -> None:
         if self.workers and self.mpiexec is not None and self.mpiexec.poll() is None:
-            done, _ = ray.wait([w.apply.remote(_finalize) for w in self.workers], num_returns=len(self.workers),
+            done, _ = ray.wait([w.apply.remote(finalize) for w in self.workers], num_returns=len(self.workers),
                                timeout=60)
             try:
                 self.mpiexec.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
         if self.mpiexec is not None and self.mpiexec.poll() is None:
-            _kill_group(self.mpiexec)
+            kill_group(self.mpiexec)
         for w in self.workers:
             try:
-                ray.get(w.control.remote(_stop_proxy), timeout=10)
+                ray.get(w.control.remote(stop_proxy), timeout=10)
             except Exception:  # noqa: BLE001 - a lost actor has no proxy left to stop
                 pass
             ray.kill(w)
@@ -245,21 +160,6 @@ class _Static:
         if self.placement_group is not None and self.own_placement_group:
             remove_placement_group(self.placement_group)
         self.placement_group = None
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    import signal
-
-    for signum in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class RayExecutor:
