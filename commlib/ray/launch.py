@@ -117,9 +117,16 @@ class LaunchServer:
         self.listener.listen(64)
         self.listener.settimeout(0.5)
         self.closed = threading.Event()
+        self.started: set[str] = set()  # the hosts whose proxy runs
+        self.started_changed = threading.Condition()
         self.directory = tempfile.mkdtemp(prefix="commlib-ray-")
         self.thread = threading.Thread(target=self._serve, name="commlib-ray-launch", daemon=True)
         self.thread.start()
+
+    def wait_started(self, timeout: float) -> bool:
+        """Whether every host's proxy was started within ``timeout`` seconds."""
+        with self.started_changed:
+            return self.started_changed.wait_for(lambda: len(self.started) == len(self.proxies), timeout)
 
     def shim(self, relay: bool = False) -> str:
         return shim_script(self.directory, self.name, relay)
@@ -152,6 +159,9 @@ class LaunchServer:
                 return
             try:
                 self._ray.get(self.call(index, start_proxy, request["command"]))
+                with self.started_changed:
+                    self.started.add(request["host"])
+                    self.started_changed.notify_all()
                 while not self.closed.is_set():
                     status = self._ray.get(self.call(index, proxy_status))
                     if status is not None:

@@ -38,3 +38,11 @@ def test_executor_trains_the_example_on_two_hosts(ray_cluster):
     assert done.returncode == 0, story(done.stdout)
     assert "-hosts rayhost0:1,rayhost1:1 " in done.stdout and "training on 2 rank(s)" in done.stdout
     assert "reached target accuracy 0.85 on 2 worker(s)" in done.stdout, story(done.stdout)
+
+
+@pytest.mark.slow
+def test_ray_train_runs_a_commlib_job(ray_cluster, tmp_path):
+    """DataParallelTrainer with CommlibConfig: the training function's commlib ranks are Ray Train's, an
+    allreduce and a few DistributedOptimizer steps agree on both workers, ray.train.report works."""
+    done = ray_cluster.driver([PY, str(WORKERS / "ray_train.py"), str(tmp_path)], env=job_environment(), timeout=600)
+    assert done.returncode == 0 and "ALL OK" in done.stdout, story(done.stdout)

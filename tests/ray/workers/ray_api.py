@@ -3,12 +3,11 @@ hosts that declare one GPU each: every check prints "CHECK <name> ok" or raises,
 
 import os
 import socket
-import sys
 
 import numpy as np
 import ray
 
-from commlib.ray import RayExecutor, ray_logger
+from commlib.ray import ElasticRayExecutor, RayExecutor, ray_logger
 
 ray.init(address="auto", logging_level="WARNING")
 settings = RayExecutor.create_settings(timeout_s=120)
@@ -82,6 +81,18 @@ results = executor.run(where, args=[0])
 check("local ranks on one host", [r["local_rank"] for r in results], [0, 1])
 check("one host", len({r["host"] for r in results}), 1)
 executor.shutdown()
+
+# Horovod's older names, as its tensorflow2_mnist_ray.py passes them
+executor = RayExecutor(settings, num_hosts=2, num_slots=1, cpus_per_slot=1)
+executor.start()
+check("older names", [r["size"] for r in executor.run(where, kwargs={"offset": 0})], [2, 2])
+executor.shutdown()
+
+# Horovod's ElasticRayExecutor, as its pytorch_ray_elastic.py calls it (a job that loses nobody)
+settings_elastic = ElasticRayExecutor.create_settings(min_num_proc=2, max_num_proc=2, verbose=True)
+executor = ElasticRayExecutor(settings_elastic, use_gpu=False, cpus_per_slot=2)
+executor.start()
+check("elastic run", [r["rank"] for r in executor.run(lambda: where(0))], [0, 1])
 
 # more than the cluster has: a clear error, nothing left placed
 try:
