@@ -6,8 +6,6 @@ runs the same on a real Slurm cluster."""
 import socket
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
