@@ -30,7 +30,7 @@ def start(namespace: str, argv: Sequence[str], log: Path, env: Mapping[str, str]
 
 def processes_mentioning(text: str) -> list[str]:
     """``pid command`` of every live process whose command line contains ``text`` (a cluster's folder:
-    every daemon of it names its configuration or session there)."""
+    every daemon of it names its configuration or temporary folder there)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == os.getpid():

@@ -1,7 +1,7 @@
 """A real Ray cluster on emulated hosts, for tests: ``ray start --head`` on host 0, ``ray start --address`` on
 the others, each node at its host's address and under its host's name.
 
-Each node is started with ``--block`` as a child of this process (:mod:`.daemons`), its session files
+Each node is started with ``--block`` as a child of this process (:mod:`.daemons`), its temporary files
 under the cluster's state folder (``--temp-dir``), so that several clusters live side by side and tearing
 down the cluster (which kills every process in its namespaces) removes all of it; ``ray stop`` is never
 used (it stops every Ray process on the machine, other people's included). Drivers run on host 0
@@ -44,7 +44,7 @@ def ray_command() -> str | None:
 def missing_prerequisites() -> list[str]:
     missing = netns.missing_prerequisites(shaped=False)
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401 - only whether it imports
     except ImportError:
         missing.append("Ray (pip install 'commlib[ray]')")
     if ray_command() is None:
