@@ -19,57 +19,53 @@ full_only = pytest.mark.skipif(os.environ.get("CLUSTER_JOBS") != "all",
                                reason="a longer cluster scenario: bash scripts/cluster_jobs.sh runs it")
 
 
+def _factory(kind):
+    """Yields ``make(**kwargs)`` -> an up cluster of ``kind`` ("slurm" or "ray"); at the end tears every one
+    down and asserts that nothing of it is left. Skips where the daemons cannot run here."""
+    if kind == "slurm":
+        from commlib.testing import slurm as module
+
+        make_cluster = module.SlurmCluster
+    else:
+        from commlib.testing import ray as module
+
+        make_cluster = module.RayCluster
+    missing = module.missing_prerequisites()
+    if missing:
+        pytest.skip(f"{kind.capitalize()} on emulated hosts impossible here: missing " + "; ".join(missing))
+    made = []
+
+    def make(**kwargs):
+        cluster = make_cluster(**kwargs)
+        made.append(cluster)
+        return cluster.up()
+
+    yield make
+    for cluster in made:
+        cluster.down()
+        assert not cluster.leftovers(), cluster.leftovers()
+
+
 @pytest.fixture
 def slurm():
     """Factory ``slurm(nodes, cpus=1)`` -> an up SlurmCluster, torn down after the test."""
-    from commlib.testing import slurm as testing_slurm
-
-    missing = testing_slurm.missing_prerequisites()
-    if missing:
-        pytest.skip("Slurm on emulated hosts impossible here: missing " + "; ".join(missing))
-    made = []
-
-    def make(nodes, cpus=1):
-        cluster = testing_slurm.SlurmCluster(nodes=nodes, cpus=cpus)
-        made.append(cluster)
-        return cluster.up()
-
-    yield make
-    for cluster in made:
-        cluster.down()
-        assert not cluster.leftovers(), cluster.leftovers()
-
-
-def _ray_factory():
-    from commlib.testing import ray as testing_ray
-
-    missing = testing_ray.missing_prerequisites()
-    if missing:
-        pytest.skip("Ray on emulated hosts impossible here: missing " + "; ".join(missing))
-    made = []
-
-    def make(nodes, cpus=2, gpus=1, spare=0):
-        cluster = testing_ray.RayCluster(nodes=nodes, cpus=cpus, gpus=gpus, spare=spare)
-        made.append(cluster)
-        return cluster.up()
-
-    yield make
-    for cluster in made:
-        cluster.down()
-        assert not cluster.leftovers(), cluster.leftovers()
+    for make in _factory("slurm"):
+        yield lambda nodes, cpus=1: make(nodes=nodes, cpus=cpus)
 
 
 @pytest.fixture
 def ray_cluster_factory():
     """Factory ``ray_cluster_factory(nodes, cpus=2, gpus=1, spare=0)`` -> an up RayCluster, torn down after
     the test (``spare`` hosts without Ray, for :meth:`RayCluster.start_node`)."""
-    yield from _ray_factory()
+    for make in _factory("ray"):
+        yield lambda nodes, cpus=2, gpus=1, spare=0: make(nodes=nodes, cpus=cpus, gpus=gpus, spare=spare)
 
 
 @pytest.fixture(scope="module")
 def ray_module_cluster_factory():
     """The same, its clusters torn down after the module (several tests on one cluster)."""
-    yield from _ray_factory()
+    for make in _factory("ray"):
+        yield lambda nodes, cpus=2, gpus=1, spare=0: make(nodes=nodes, cpus=cpus, gpus=gpus, spare=spare)
 
 
 def job_environment() -> dict:

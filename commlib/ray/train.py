@@ -35,28 +35,12 @@ from ray.train.backend import Backend, BackendConfig
 
 from . import launch as _launch
 from .member import member
-from .worker import kill_group, mpiexec_path
+from .worker import finalize, info, join, kill_group, mpiexec_path, stop_proxy
 
 
 def _with_member(function: Callable, *args):
     """Run in a Ray Train worker: ``function(member, *args)`` (RayExecutor's actors do the same)."""
     return function(member(), *args)
-
-
-def _info(m) -> dict:
-    return m.info()
-
-
-def _join(m, timeout: float) -> int:
-    return m.join(timeout)
-
-
-def _finalize(m) -> None:
-    m.finalize()
-
-
-def _stop_proxy(m) -> None:
-    m.stop_proxy()
 
 
 @dataclasses.dataclass
@@ -93,7 +77,7 @@ class _CommlibBackend(Backend):
         self.jobs: dict[int, _Job] = {}
 
     def on_start(self, worker_group, backend_config: CommlibConfig) -> None:
-        infos = worker_group.execute(_with_member, _info)
+        infos = worker_group.execute(_with_member, info)
         plan = _launch.Plan.of(infos)
         if plan.order != list(range(len(infos))):
             raise RuntimeError(f"Ray Train's workers are not grouped by node ({[i['ip'] for i in infos]}); commlib's "
@@ -115,14 +99,14 @@ class _CommlibBackend(Backend):
                                f"(mpiexec {'ended with ' + str(mpiexec.poll()) if mpiexec.poll() is not None else 'runs'})")
 
     def on_training_start(self, worker_group, backend_config: CommlibConfig) -> None:
-        ranks = worker_group.execute(_with_member, _join, backend_config.timeout_s)
+        ranks = worker_group.execute(_with_member, join, backend_config.timeout_s)
         if ranks != list(range(len(ranks))):
             raise RuntimeError(f"Ray Train's workers joined the MPI job as ranks {ranks}, expected 0..{len(ranks) - 1}")
 
     def on_shutdown(self, worker_group, backend_config: CommlibConfig) -> None:
         job = self.jobs.get(id(worker_group))
         if job is not None and job.mpiexec.poll() is None:
-            refs = worker_group.execute_async(_with_member, _finalize)
+            refs = worker_group.execute_async(_with_member, finalize)
             ray.wait(refs, num_returns=len(refs), timeout=60)
             try:
                 job.mpiexec.wait(timeout=30)
@@ -136,6 +120,6 @@ class _CommlibBackend(Backend):
             return
         if job.mpiexec.poll() is None:
             kill_group(job.mpiexec)
-        refs = worker_group.execute_async(_with_member, _stop_proxy)  # a proxy mpiexec's end left behind
+        refs = worker_group.execute_async(_with_member, stop_proxy)  # a proxy mpiexec's end left behind
         ray.wait(refs, num_returns=len(refs), timeout=10)
         job.server.close()

@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .cluster import Cluster, leftovers
+
 SHM = Path("/dev/shm")
 
 
@@ -84,3 +86,58 @@ def clean_shm(before: set[Path]) -> list[str]:
         except OSError:
             pass
     return kept
+
+
+class DaemonCluster:
+    """What a cluster of daemons on emulated hosts (Slurm's, Ray's) shares: its hosts, its daemons (this
+    process's children), its folder ``<state folder>/<folder>``, the teardown, and what it left."""
+
+    folder = "daemons"
+
+    def __init__(self, hosts: Cluster):
+        self.hosts = hosts
+        self.daemons: dict = {}
+        self._shm_before: set[Path] = set()
+
+    @property
+    def name(self) -> str | None:
+        return self.hosts.name
+
+    @property
+    def dir(self) -> Path:
+        return self.hosts.state_dir / self.folder
+
+    def up_hosts(self) -> None:
+        self._shm_before = shm_files()
+        self.hosts.up()
+
+    def down(self) -> list[str]:
+        """Stop every daemon and what it started, remove the hosts and the folder, and the shared memory
+        killed jobs left; return what someone still holds under /dev/shm (not ours: every process of the
+        cluster is gone)."""
+        for process in self.daemons.values():
+            if process.poll() is None:
+                process.kill()
+        self.hosts.down()  # kills what still runs in the namespaces, removes them and the state folder
+        for process in self.daemons.values():
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.daemons.clear()
+        return clean_shm(self._shm_before)
+
+    def __enter__(self):
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    def leftovers(self) -> list[str]:
+        """What of this cluster is still on the machine: processes, namespaces, interfaces, folders."""
+        if self.name is None:
+            return []
+        found = leftovers([self.name]) + processes_mentioning(str(self.hosts.state_dir))
+        if self.dir.exists():
+            found.append(f"folder {self.dir}")
+        return found

@@ -52,29 +52,21 @@ def missing_prerequisites() -> list[str]:
     return missing
 
 
-class RayCluster:
+class RayCluster(daemons.DaemonCluster):
     """``nodes`` Ray nodes of ``cpus`` CPUs (and ``gpus`` declared GPUs) each on emulated hosts, plus
     ``spare`` hosts where :meth:`start_node` can add nodes later."""
+
+    folder = "ray"
 
     def __init__(self, nodes: int = 2, cpus: int = 1, gpus: int = 0, spare: int = 0, rate: str | None = None,
                  object_store_mb: int = 80):
         if nodes < 1 or cpus < 1:
             raise ValueError(f"need at least one node of one CPU, got nodes={nodes} cpus={cpus}")
+        super().__init__(Cluster([cpus] * (nodes + spare), rate=rate))
         self.nodes = nodes
         self.cpus = cpus
         self.gpus = gpus
         self.object_store_mb = object_store_mb
-        self.hosts = Cluster([cpus] * (nodes + spare), rate=rate)
-        self.daemons: dict[int, subprocess.Popen] = {}
-        self._shm_before: set[Path] = set()
-
-    @property
-    def name(self) -> str | None:
-        return self.hosts.name
-
-    @property
-    def dir(self) -> Path:
-        return self.hosts.state_dir / "ray"
 
     @property
     def address(self) -> str:
@@ -93,8 +85,7 @@ class RayCluster:
         missing = missing_prerequisites()
         if missing:
             raise ClusterUnavailable("cannot run Ray on emulated hosts here; missing: " + "; ".join(missing))
-        self._shm_before = daemons.shm_files()
-        self.hosts.up()
+        self.up_hosts()
         try:
             self.dir.mkdir()
             self.start_node(0)
@@ -128,37 +119,6 @@ class RayCluster:
             time.sleep(0.2)
         raise ClusterUnavailable(f"Ray on host {index} did not start within {timeout:g} s: "
                                  f"{log.read_text(errors='replace')[-2000:]}")
-
-    def down(self) -> list[str]:
-        """Kill every Ray process, remove the hosts and the folder, and the shared memory left behind;
-        return what someone else still holds under /dev/shm."""
-        for process in self.daemons.values():
-            if process.poll() is None:
-                process.kill()
-        self.hosts.down()
-        for process in self.daemons.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.daemons.clear()
-        return daemons.clean_shm(self._shm_before)
-
-    def __enter__(self) -> "RayCluster":
-        return self.up()
-
-    def __exit__(self, *exc) -> None:
-        self.down()
-
-    def leftovers(self) -> list[str]:
-        if self.name is None:
-            return []
-        from .cluster import leftovers
-
-        found = leftovers([self.name]) + daemons.processes_mentioning(str(self.hosts.state_dir))
-        if self.dir.exists():
-            found.append(f"folder {self.dir}")
-        return found
 
     # -- using it ---------------------------------------------------------------------------------------
     def driver(self, argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 600.0,

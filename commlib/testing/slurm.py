@@ -103,32 +103,24 @@ class JobState:
         return self.state in _DONE
 
 
-class SlurmCluster:
+class SlurmCluster(daemons.DaemonCluster):
     """``nodes`` Slurm nodes of ``cpus`` CPUs each (declared to Slurm: they may exceed the machine's),
     on emulated hosts (links shaped at ``rate`` when given). ``slurmd_timeout``: seconds before
     slurmctld takes a silent node for down."""
 
+    folder = "slurm"
+
     def __init__(self, nodes: int = 2, cpus: int = 2, rate: str | None = None, slurmd_timeout: int = 10):
         if nodes < 1 or cpus < 1:
             raise ValueError(f"need at least one node of one CPU, got nodes={nodes} cpus={cpus}")
+        super().__init__(Cluster([cpus] * nodes, rate=rate))
         self.cpus = cpus
         self.slurmd_timeout = slurmd_timeout
-        self.hosts = Cluster([cpus] * nodes, rate=rate)
-        self.daemons: dict[str, subprocess.Popen] = {}
-        self._shm_before: set[Path] = set()
 
     # -- names and places -------------------------------------------------------------------------------
     @property
-    def name(self) -> str | None:
-        return self.hosts.name
-
-    @property
     def nodes(self) -> list[str]:
         return self.hosts.hosts
-
-    @property
-    def dir(self) -> Path:
-        return self.hosts.state_dir / "slurm"
 
     @property
     def conf(self) -> Path:
@@ -144,8 +136,7 @@ class SlurmCluster:
         missing = missing_prerequisites()
         if missing:
             raise ClusterUnavailable("cannot run Slurm on emulated hosts here; missing: " + "; ".join(missing))
-        self._shm_before = daemons.shm_files()
-        self.hosts.up()
+        self.up_hosts()
         try:
             self._configure()
             controller = self.nodes[0]
@@ -163,39 +154,6 @@ class SlurmCluster:
             self.down()
             raise
         return self
-
-    def down(self) -> list[str]:
-        """Stop every daemon and job, remove the hosts and the folder (the cluster's), and the shared
-        memory killed jobs left; return what someone still holds under /dev/shm (not ours: every process
-        of the cluster is gone)."""
-        for process in self.daemons.values():
-            if process.poll() is None:
-                process.kill()
-        self.hosts.down()  # kills what still runs in the namespaces, removes them and the state folder
-        for process in self.daemons.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.daemons.clear()
-        return daemons.clean_shm(self._shm_before)
-
-    def __enter__(self) -> "SlurmCluster":
-        return self.up()
-
-    def __exit__(self, *exc) -> None:
-        self.down()
-
-    def leftovers(self) -> list[str]:
-        """What of this cluster is still on the machine: processes, namespaces, interfaces, folders."""
-        if self.name is None:
-            return []
-        from .cluster import leftovers
-
-        found = leftovers([self.name]) + daemons.processes_mentioning(str(self.hosts.state_dir))
-        if self.dir.exists():
-            found.append(f"folder {self.dir}")
-        return found
 
     def _configure(self) -> None:
         for sub in ("state", "spool", "log", "munge"):
