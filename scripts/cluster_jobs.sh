@@ -24,7 +24,7 @@ if [ "$record" = 1 ]; then
         echo "# commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- commlib tests examples || echo ' (with uncommitted changes)'), started $started"
         echo "# machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end; $(slurmctld -V 2>/dev/null); ray $(.venv/bin/python -c 'import ray; print(ray.__version__)')"
         echo "# time to resume: from the loss to the survivors' first completed step (COMMLIB_TIMEOUT 10 s, the driver's default)"
-        grep -E "^[.sF]*RESUME|passed|failed|SKIPPED|^FAILED" "$log" | sed -E 's/^[.sF]*//'
+        grep -oE "RESUME .*|^(FAILED|SKIPPED) .*|^[0-9]+ (passed|failed).*" "$log"
     } >> docs/results/cluster_jobs.txt
 fi
 exit "$code"

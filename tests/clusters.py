@@ -78,3 +78,16 @@ def story(out: str) -> str:
     check fails)."""
     return "\n".join(line for line in out.splitlines()
                      if not re.search(r"step \d+ ranks \d+ time|A worker died or was killed", line))[-6000:]
+
+
+def went_on(out: str, lost_rank: int) -> list[int]:
+    """The world ranks that went on in process after ``lost_rank`` was lost (asserting that they did, once).
+    Which survivors go on is the driver's verdict from their reports: a survivor waiting in MPI's own
+    allreduce suspects every other rank, and of two survivors that suspect each other one is left out
+    (docs/elastic.md): two or one go on, each time at least one and never the lost rank."""
+    decisions = re.findall(r"(\d+) rank\(s\) go on in process \(world ranks \[([\d, ]*)\]; lost \[([\d, ]*)\]\)", out)
+    assert len(decisions) == 1, story(out)
+    survivors = [int(r) for r in decisions[0][1].split(",") if r.strip()]
+    lost = [int(r) for r in decisions[0][2].split(",") if r.strip()]
+    assert survivors and lost_rank in lost and lost_rank not in survivors, story(out)
+    return survivors
