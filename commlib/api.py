@@ -2,18 +2,12 @@
 
 Every collective is asynchronous underneath: ``*_async`` submits and returns a handle; the plain names
 submit and wait. Functions ending in ``_`` work in place. All of them act on the runtime that ``init()``
-created; that runtime is the library's only state (see :mod:`commlib.runtime`).
+created (:mod:`commlib.lifecycle`, the one owner of the process's state).
 """
 
 from __future__ import annotations
 
-import atexit
-import datetime
-import logging
-import os
 import pickle
-import sys
-import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -25,141 +19,18 @@ from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
 from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
+from .lifecycle import (ABORT_GRACE_S, LOST_PEER_EXIT_STATUS, current, current_or_none,  # noqa: F401
+                        global_process_set, init, is_initialized, shutdown)
 from .ops import Average, ReduceOp, Sum, as_op
-from .process_sets import ProcessSet, _GlobalProcessSet, check_process_set
+from .process_sets import ProcessSet, check_process_set
 
 if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import commlib` does not
     from .process_sets import Member
     from .runtime import Runtime
-
-log = logging.getLogger("commlib")
-
-
-class _State:
-    """Holds the runtime between init() and shutdown(); the single place commlib keeps state."""
-
-    runtime: Runtime | None = None
-    lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
-    settings: dict | None = None  # init()'s settings, for a runtime rebuilt over survivors (commlib.elastic)
+_rt = current  # the runtime init() built, or the error that says to call init()
 
 
-_state = _State()
-
-
-def _rt() -> "Runtime":
-    runtime = _state.runtime
-    if runtime is None:
-        raise CommlibError("commlib is not initialized; call commlib.init() first")
-    return runtime
-
-
-#: The world as a process set (id 0): always registered while commlib is initialized.
-global_process_set = _GlobalProcessSet(lambda: _state.runtime.sets if _state.runtime is not None else None)
-
-
-# ---- lifecycle and topology ---------------------------------------------------------------------------
-
-def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings) -> None:
-    """Start commlib on ``comm`` (default MPI.COMM_WORLD); this initializes MPI (mpi4py) if needed.
-    ``process_sets``: sets to register at once (as ``add_process_set`` each, in order). ``settings``
-    override ``COMMLIB_*`` variables (e.g. ``algorithm="ring"``, ``num_streams=2``; see
-    docs/configuration.md). Calling it again while initialized does nothing; after ``shutdown()`` it
-    starts afresh.
-
-    ``timeout`` (seconds, or a ``datetime.timedelta`` as torch.distributed takes; ``COMMLIB_TIMEOUT``,
-    default 10 minutes) bounds every wait for a peer: past it the call raises ``PeerLostError`` naming the
-    peers (docs/failures.md).
-
-    Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
-    other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
-    if _state.runtime is not None:
-        return
-    from .runtime import Runtime
-
-    if "timeout" in settings:
-        timeout = settings.pop("timeout")
-        settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    _state.runtime = Runtime(comm, **settings)
-    _state.settings = dict(settings)
-    atexit.register(_leave)
-    for process_set in process_sets or ():
-        add_process_set(process_set)
-
-
-def shutdown() -> None:
-    """Stop commlib: pending operations fail with a clear error; ``init()`` may be called again."""
-    runtime, _state.runtime = _state.runtime, None
-    atexit.unregister(_leave)
-    if runtime is not None:
-        try:
-            runtime.close()
-        finally:
-            _after_loss(runtime)
-
-
-def _leave() -> None:
-    """The exit hook: the process exits without ``shutdown()``. Tell the other ranks, without waiting for
-    them (they may be waiting for this rank in their next collective)."""
-    runtime, _state.runtime = _state.runtime, None
-    if runtime is None:
-        return
-    try:
-        runtime.close(leaving=True)
-    except Exception as exc:  # exiting anyway: say why the others may not have been told
-        log.warning("commlib: could not tell the other ranks that rank %d is exiting: %r", runtime.rank, exc)
-    _after_loss(runtime)
-    if _state.lost is not None:
-        _exit_after_loss()
-
-
-#: The exit status of a process that lost a peer (the launcher then ends the rest of the job).
-LOST_PEER_EXIT_STATUS = 1
-
-
-def _after_loss(runtime) -> None:
-    """After a runtime that lost a peer: the process must not finalize MPI (MPI_Finalize, and freeing
-    what the lost peers still hold, would wait for them), so it ends without it at exit."""
-    lost = runtime.lost
-    if lost is not None and _state.lost is None:
-        _state.lost = lost
-        atexit.register(_exit_after_loss)
-
-
-#: How long the exit path waits before aborting the job, so that the other live ranks, which reach their
-#: own verdict within moments (or at once through this rank's notice), can report it before the launcher
-#: stops them.
-ABORT_GRACE_S = 1.0
-
-
-def _exit_after_loss() -> None:
-    """At exit after a lost peer: end the job with ``MPI_Abort(MPI_COMM_WORLD, 1)`` instead of reaching
-    mpi4py's MPI_Finalize (which would wait for the lost peers). The launcher ends every other rank it
-    can reach and exits (measured with hydra: a plain exit(1) left mpiexec waiting for the proxy behind
-    the cut link; MPI_Abort ended it at once). Other exit handlers registered before ``init()`` do not
-    run."""
-    log.error("commlib: ending the job (MPI_Abort, status %d) after a lost peer: %s",
-              LOST_PEER_EXIT_STATUS, _state.lost)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
-            pass
-    time.sleep(ABORT_GRACE_S)
-    try:
-        from mpi4py import MPI
-
-        from .transport.deadline import unlink_mapped_shared_memory
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            unlink_mapped_shared_memory()  # MPI_Abort leaves MPICH's node segments in /dev/shm
-            MPI.COMM_WORLD.Abort(LOST_PEER_EXIT_STATUS)
-    finally:
-        os._exit(LOST_PEER_EXIT_STATUS)
-
-
-def is_initialized() -> bool:
-    return _state.runtime is not None
-
+# ---- topology ------------------------------------------------------------------------------------------
 
 def rank() -> int:
     return _rt().rank
@@ -440,7 +311,7 @@ class PersistentAllreduce:
 
     def start_(self, array) -> Handle:
         """Start reducing ``array`` in place; returns the handle to ``synchronize``."""
-        runtime = _state.runtime
+        runtime = current_or_none()
         meta = self._meta
         if (meta is None or runtime is not self._runtime or type(array) is not np.ndarray
                 or array.dtype is not self._dtype or array.shape != self._shape):
@@ -457,7 +328,7 @@ class PersistentAllreduce:
         handle = _allreduce_handle(array, True, kwargs["op"], self.name, kwargs["prescale_factor"],
                                    kwargs["postscale_factor"], None, None, wait=False,
                                    process_set=self._process_set, priority=kwargs["priority"])
-        runtime = _state.runtime
+        runtime = current_or_none()
         self._meta = None
         if type(array) is np.ndarray and type(kwargs["op"]) is ReduceOp:
             meta = _plain_allreduce_meta(runtime, self.name, array, kwargs["op"], kwargs["prescale_factor"],

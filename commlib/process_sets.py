@@ -77,7 +77,7 @@ class ProcessSet:
     __str__ = __repr__
 
 
-class _GlobalProcessSet(ProcessSet):
+class GlobalProcessSet(ProcessSet):
     """The world (id 0). One object for every runtime: it reads the current one when asked."""
 
     def __init__(self, current: Callable[[], "ProcessSetTable | None"]):

@@ -51,6 +51,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                        "commlib.server.tcp", "commlib.server.tcp_client")),
     # the state object and its process sets
     ("runtime", ("commlib.process_sets", "commlib.runtime")),
+    # the one owner of the process's state: init, shutdown, the exit and abort paths, the rebuild over
+    # survivors; and the internal interface services and plug-ins reach the runtime through
+    ("lifecycle", ("commlib.lifecycle",)),
     # the public functions (they hand the compressors their collectives), and Adasum over them
     ("api", ("commlib.api", "commlib.adasum")),
     # the package's public face (re-exports only)
