@@ -611,10 +611,10 @@ def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
                       compression, priority: int = 0) -> Handle:
     runtime = _rt()
     if runtime.servers is None:
-        from .algorithms.ps import NO_SERVERS
+        from .algorithms.ps import no_servers
 
-        raise CommlibError(NO_SERVERS.replace("algorithm 'ps'", "push_pull"))
-    from .engine import _scale_factors
+        raise CommlibError(no_servers("push_pull"))
+    from .engine import scale_factors
 
     if priority:
         priority = _priority(priority, name or "push_pull")
@@ -640,7 +640,7 @@ def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
         # one push per host: the host's ranks meet first, so this goes through the coordinator (agreed order)
         return _allreduce_handle(output, True, op, name, prescale_factor, postscale_factor, "ps", codec,
                                  wait=False, priority=priority)
-    pre, post = _scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
+    pre, post = scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
     return runtime.servers.push_pull_async(output.reshape(-1), name, op.kernel_op, codec, pre, post,
                                            result=output, lossy=lossy, priority=priority)
 
