@@ -114,10 +114,16 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
     default 10 minutes) bounds every wait for a peer: past it the call raises ``PeerLostError`` naming the
     peers (docs/failures.md).
 
+    A script that set ``mpi4py.rc.initialize = False`` gets MPI initialized here (MPI_THREAD_MULTIPLE) and
+    finalized at exit, after commlib's own exit work. A set that cannot be registered (the same ranks
+    twice, or twice the same communicator) raises the ValueError on every rank and leaves commlib
+    uninitialized, so that ``init()`` may be called again with a corrected list (as Horovod).
+
     Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
     other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
     if _process.runtime is not None:
         return
+    _start_mpi()
     from .runtime import Runtime
 
     if "timeout" in settings:
@@ -126,8 +132,12 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
     runtime = Runtime(comm, **settings)
     _process.runtime, _process.settings, _process.config = runtime, dict(settings), runtime.config
     atexit.register(_leave)
-    for process_set in process_sets or ():
-        runtime.add_process_set(process_set)
+    try:
+        for process_set in process_sets or ():
+            runtime.add_process_set(process_set)
+    except Exception:  # every rank raises alike (the sets are agreed on): every rank shuts down
+        shutdown()
+        raise
 
 
 def shutdown() -> None:
@@ -139,6 +149,31 @@ def shutdown() -> None:
             runtime.close()
         finally:
             _after_loss(runtime)
+
+
+def _start_mpi() -> None:
+    """Initialize MPI where the script told mpi4py not to (``mpi4py.rc.initialize = False``, as some
+    applications and Horovod's tests do), with the thread level commlib needs (its background threads,
+    process sets and servers call MPI: MPI_THREAD_MULTIPLE); finalize it at exit. The exit handler is
+    registered before ``init()`` registers its own, so it runs after them (atexit runs the last registered
+    first); mpi4py itself finalizes only what it initialized."""
+    from mpi4py import MPI
+
+    if MPI.Is_initialized():
+        return
+    if MPI.Is_finalized():
+        raise CommlibError("commlib.init(): MPI was already finalized in this process; it cannot start again")
+    MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    atexit.register(_finalize_mpi)
+
+
+def _finalize_mpi() -> None:
+    """At exit, after commlib's exit hook: finalize the MPI that :func:`_start_mpi` initialized (not after a
+    lost peer: that path aborts instead)."""
+    from mpi4py import MPI
+
+    if _process.lost is None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 # ---- leaving: the exit hook and the abort after a lost peer ---------------------------------------------
