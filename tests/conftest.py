@@ -1,9 +1,21 @@
 """Prints which MPI the tests run on, and puts the test helpers on the import path."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+# tests/torch, tests/jax, ... are folders of this tree, and tests/ is on the import path (pytest puts a
+# conftest's folder there too): where a framework is not installed, ``import torch`` would find the folder
+# as an empty namespace package instead of failing, and ``pytest.importorskip`` would not skip. Such an
+# import fails here as it does outside the tests.
+for _name in sorted(p.name for p in TESTS.iterdir() if p.is_dir()):
+    _spec = importlib.util.find_spec(_name) if _name.isidentifier() and _name not in sys.modules else None
+    if _spec is not None and _spec.origin is None and all(
+            Path(p).resolve().parent == TESTS for p in _spec.submodule_search_locations or []):
+        sys.modules[_name] = None
 
 
 #: The kinds of test, one marker each (``pytest -m mpi``, ``-m "not cluster"``, ...): a test marked with none

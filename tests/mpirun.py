@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-WORKERS = Path(__file__).resolve().parent / "workers"
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 
 def mpiexec() -> str:
@@ -81,21 +81,30 @@ def _remove_new_mpich_shm(before: set[Path]) -> None:
 
 
 def worker_path(script: str | Path) -> Path:
-    """``script`` as given when it exists, else the file of that name under ``tests/workers/``."""
+    """``script`` as given when it exists, else the worker of that name in ``tests/<area>/workers/``
+    (worker names are unique in the tree)."""
     path = Path(script)
-    return path if path.is_absolute() or path.exists() else WORKERS / path
+    if path.is_absolute() or path.exists():
+        return path
+    found = sorted(TESTS.glob(f"*/workers/{path}"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{script}: {'no' if not found else 'more than one'} worker of that name in "
+                                f"tests/<area>/workers/ {[str(f.relative_to(REPO)) for f in found]}")
+    return found[0]
 
 
 def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a test job: this one without any COMMLIB_* setting, the repository on the
-    import path, unbuffered output, CMA_EXPECTED, then ``env``."""
+    """The environment of a test job: this one without any COMMLIB_* setting, unbuffered output,
+    CMA_EXPECTED, then ``env``; the repository and tests/ (the workers' helpers: spmd.py, torch_common.py)
+    come first on the import path, before any PYTHONPATH ``env`` gives."""
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH", "")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
     for key in [k for k in full_env if k.startswith("COMMLIB_")]:
         del full_env[key]
     full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
+        str(REPO), str(TESTS), *full_env.get("PYTHONPATH", "").split(os.pathsep)])))
     return full_env
 
 
@@ -103,7 +112,7 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
             env: dict[str, str] | None = None, expect_fail: bool = False, extra: list[str] = ()) -> str:
     """Run ``python script args`` on ``nprocs`` ranks; return combined stdout+stderr.
 
-    ``script`` is a path, or a file name under ``tests/workers/``. On timeout the whole process group is
+    ``script`` is a path, or the name of a worker in ``tests/<area>/workers/``. On timeout the whole process group is
     killed and :class:`MPIJobFailed` is raised, so no test can hang CI. With ``expect_fail`` the job must
     exit non-zero (within the timeout) instead.
     """
@@ -141,12 +150,12 @@ def run_mpmd(workers: int, servers: int, script: str | Path, *args: str, timeout
 def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120.0,
                    env: dict[str, str] | None = None) -> str:
     """Run ``python script args`` on every rank of an emulated cluster (commlib.testing.cluster) under
-    ``timeout``, through ``workers/on_cluster.py``, which first checks that commlib sees the cluster's
+    ``timeout``, through ``tests/testing/workers/on_cluster.py``, which first checks that commlib sees the cluster's
     node layout from MPI; return combined stdout+stderr, raise :class:`MPIJobFailed` on failure."""
     from commlib.testing.cluster import JobFailed
 
     layout = ",".join(map(str, cluster.ranks_per_host))
-    command = [sys.executable, str(WORKERS / "on_cluster.py"), layout, str(worker_path(script)), *map(str, args)]
+    command = [sys.executable, str(worker_path("on_cluster.py")), layout, str(worker_path(script)), *map(str, args)]
     shm_before = _mpich_shm_files()
     try:
         return cluster.mpiexec(command, timeout=timeout, env=job_env(env)).stdout

@@ -3,8 +3,10 @@ an error."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import traceback
+from pathlib import Path
 
 
 def run(main) -> None:
@@ -28,3 +30,14 @@ def expect_error(kind, fragment, func, what):
             raise AssertionError(f"{what}: error {exc!r} does not mention {fragment!r}") from None
         return
     raise AssertionError(f"{what}: expected {kind.__name__}, nothing was raised")
+
+
+def import_worker(name: str):
+    """Another worker script as a module (worker names are unique in tests/<area>/workers/), for a worker
+    that reuses another's checks or model."""
+    if name not in sys.modules:
+        (path,) = Path(__file__).resolve().parent.glob(f"*/workers/{name}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]

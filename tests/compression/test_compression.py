@@ -1,5 +1,5 @@
 """Lossy compression: the C kernels against numpy in this process, then every compressor, the Horovod
-compressor interface and LocalSGD on real MPI jobs of 1-4 ranks (tests/workers/compression_check.py and
+compressor interface and LocalSGD on real MPI jobs of 1-4 ranks (tests/compression/workers/compression_check.py and
 torch_compression.py assert the invariants on every rank)."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from commlib.compression import Compression, ErrorFeedback, TopK, kernels
 from commlib.compression.base import Exchange
-from mpirun import REPO, run_mpi
+from mpirun import run_mpi
 
 
 def reference_topk(x, k):
@@ -124,7 +124,6 @@ def test_compressors_on_ranks(nprocs):
 @pytest.mark.parametrize("nprocs", [1, 2, 4])
 def test_torch_compression_and_localsgd(nprocs):
     pytest.importorskip("torch")
-    env = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}",
-           "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::UserWarning"}
+    env = {"PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::UserWarning"}
     out = run_mpi(nprocs, "torch_compression.py", timeout=300, env=env)
     assert out.count("torch_compression OK") == nprocs, out

@@ -6,7 +6,7 @@ import pytest
 
 from commlib.coordinator.priority import PartResponse, PriorityQueue
 from commlib.coordinator.requests import Kind, Meta, Response
-from mpirun import REPO, run_mpi, run_mpmd
+from mpirun import run_mpi, run_mpmd
 
 
 def _response(name, count, priority, op=0, compression="none"):
@@ -74,8 +74,7 @@ def test_results_with_two_lanes(tmp_path):
 def test_torch_priority_and_overlap_forward_give_the_plain_weights():
     pytest.importorskip("torch")
     out = run_mpi(2, "torch_priority.py", timeout=240,
-                  env={"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}",
-                       "PYTHONWARNINGS": "ignore::DeprecationWarning",
+                  env={"PYTHONWARNINGS": "ignore::DeprecationWarning",
                        "COMMLIB_PRIORITY_PARTITION": "16K", "COMMLIB_PRIORITY_CREDIT": "32K"})
     assert out.count("torch_priority OK") == 2, out
 
@@ -84,7 +83,6 @@ def test_torch_priority_through_summation_servers():
     """algorithm="ps": each partition the coordinator releases is one push_pull through the server."""
     pytest.importorskip("torch")
     out = run_mpmd(2, 1, "torch_priority.py", "sgd", timeout=240,
-                   env={"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}",
-                        "PYTHONWARNINGS": "ignore::DeprecationWarning", "COMMLIB_ALGORITHM": "ps",
+                   env={"PYTHONWARNINGS": "ignore::DeprecationWarning", "COMMLIB_ALGORITHM": "ps",
                         "COMMLIB_PRIORITY_PARTITION": "16K", "COMMLIB_PRIORITY_CREDIT": "32K"})
     assert out.count("torch_priority OK") == 2, out

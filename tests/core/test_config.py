@@ -7,7 +7,7 @@ import pytest
 from commlib.config import FIELDS, Config, parse_shape, parse_size
 from commlib.errors import ConfigError
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 
 def test_defaults():

@@ -7,7 +7,7 @@ import re
 import tokenize
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # What the word check reads: the package, its docs, scripts, tests, examples, C sources and build files.
 SCANNED = ("README.md", "setup.py", "MANIFEST.in", "docs", "commlib", "scripts", "tests", "examples", "csrc",
            ".ci")

@@ -66,9 +66,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 # -------------------------------------------------------------------------------------------------------
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = "commlib"
-WHERE = "LAYERS at the top of tests/test_layers.py"
+WHERE = "LAYERS at the top of tests/core/test_layers.py"
 
 
 def modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:

@@ -3,7 +3,7 @@ reaches the background coordinator, every other bad argument is an error on ever
 working afterwards; a compressor that applies momentum is refused around an optimizer with momentum.
 
 The fuzz test runs FUZZ_EXAMPLES random calls (default 150, about a minute on 2 ranks); set it higher to
-search longer, e.g. ``FUZZ_EXAMPLES=2000 pytest tests/test_robustness.py -k fuzz``.
+search longer, e.g. ``FUZZ_EXAMPLES=2000 pytest tests/core/test_robustness.py -k fuzz``.
 """
 
 import math

@@ -15,14 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirun import REPO
+from mpirun import REPO, worker_path
 
 from commlib.elastic import HostsUpdatedInterrupt, ObjectState, control
 from commlib.run import elastic as driver
 from commlib.run.hosts import Host
 from commlib.run.options import UsageError, parse
 
-WORKER = str(REPO / "tests" / "workers" / "elastic_train.py")
+WORKER = str(worker_path("elastic_train.py"))
 PEER_TIMEOUT_S = 3  # COMMLIB_TIMEOUT of the elastic jobs: how long a lost rank takes to be noticed
 
 
@@ -278,7 +278,7 @@ def test_numpy_worker_killed_the_others_go_on(make_cluster, tmp_path):
     _needs_cluster(make_cluster)
     try:
         done = _elastic_run(["--emulate", "3x1", "--min-np", "2", "--max-np", "3", sys.executable,
-                             str(REPO / "tests" / "workers" / "elastic_numpy.py"), str(tmp_path)],
+                             str(worker_path("elastic_numpy.py")), str(tmp_path)],
                             {"ELASTIC_KILL_AT": "6", "COMMLIB_TIMEOUT": str(PEER_TIMEOUT_S)})
     finally:
         _remove_shared_memory_left(tmp_path)
@@ -312,7 +312,7 @@ def test_below_min_np_after_a_loss_waits_then_fails(make_cluster, tmp_path):
     _needs_cluster(make_cluster)
     try:
         done = _elastic_run(["--emulate", "3x1", "--min-np", "3", "--elastic-timeout", "2", sys.executable,
-                             str(REPO / "tests" / "workers" / "elastic_numpy.py"), str(tmp_path)],
+                             str(worker_path("elastic_numpy.py")), str(tmp_path)],
                             {"ELASTIC_KILL_AT": "3", "COMMLIB_TIMEOUT": str(PEER_TIMEOUT_S)})
     finally:
         _remove_shared_memory_left(tmp_path)
@@ -346,8 +346,8 @@ def test_survivor_decision():
 def test_torch_state_and_sampler_across_ranks(nprocs):
     """TorchState's sync/restore/commit of a model, an optimizer with momentum and attributes;
     ObjectState's sync; ElasticSampler's split without overlap and its split of the rest after a restore
-    (tests/workers/elastic_state.py)."""
+    (tests/elastic/workers/elastic_state.py)."""
     from mpirun import run_mpi
 
-    out = run_mpi(nprocs, "elastic_state.py", timeout=240, env={"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"})
+    out = run_mpi(nprocs, "elastic_state.py", timeout=240)
     assert out.count("elastic_state OK") == nprocs, out[-3000:]

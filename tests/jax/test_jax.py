@@ -1,7 +1,7 @@
 """commlib.jax on real MPI jobs: collectives eagerly and under jit against numpy, gradients, differing
 orders, errors on every rank, the optax wrappers against single-process training; across 2 emulated hosts.
 
-Each test launches one job that runs many checks (tests/workers/jax_*.py): JAX's import and compilations
+Each test launches one job that runs many checks (tests/jax/workers/jax_*.py): JAX's import and compilations
 dominate, so the cases are batched. CI runs a representative subset; ``JAX_TESTS=all`` (scripts/test_jax.sh)
 runs every rank count.
 """
@@ -18,7 +18,7 @@ pytest.importorskip("optax")
 
 from mpirun import REPO, run_mpi, run_on_cluster  # noqa: E402
 
-ENV = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+ENV = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 ALL = os.environ.get("JAX_TESTS") == "all"
 full_only = pytest.mark.skipif(not ALL, reason="CI runs 2 ranks; JAX_TESTS=all (scripts/test_jax.sh) runs it")
 
@@ -61,7 +61,7 @@ def test_across_two_emulated_hosts(make_cluster):
 
 def test_keras_fit_on_the_jax_backend_matches_one_process_on_the_combined_batch():
     """commlib.keras's DistributedOptimizer in model.fit with KERAS_BACKEND=jax (the gradients cross into
-    commlib inside the train step Keras jits), as tests/test_tensorflow.py runs it on tensorflow and torch."""
+    commlib inside the train step Keras jits), as tests/tensorflow/test_tensorflow.py runs it on tensorflow and torch."""
     pytest.importorskip("keras")
     out = run_mpi(2, "keras_fit.py", timeout=400, env={**ENV, "KERAS_BACKEND": "jax"})
     assert out.count("keras_fit OK jax") == 2, out[-4000:]

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from mpirun import REPO
+from mpirun import REPO, worker_path
 
 from commlib.run import hosts as H
 from commlib.run import mpi
 from commlib.run.options import UsageError, parse, settings
 
-WORKER = str(REPO / "tests" / "workers" / "run_job.py")
+WORKER = str(worker_path("run_job.py"))
 
 
 # ---- golden command lines -------------------------------------------------------------------------------
@@ -261,7 +261,7 @@ def test_job_with_a_server_killed_names_it():
     """Workers on localhost and a server on 127.0.0.1 (hydra's second host, still this machine): the server
     killed mid-job ends the job within seconds, and commlib-run names it from hydra's report."""
     done = _commlib_run("-np", "2", "-H", "localhost:2", "--num-servers", "1", "--server-hosts", "127.0.0.1:1",
-                        sys.executable, str(REPO / "tests" / "workers" / "run_servers.py"), "killed",
+                        sys.executable, str(worker_path("run_servers.py")), "killed",
                         env={"COMMLIB_SERVER_TIMEOUT": "5"}, timeout=60)
     assert done.returncode != 0 and "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
     assert "commlib-run: error: summation server 0 (rank 2 of the job) on 127.0.0.1 ended" in done.stderr, \
@@ -296,7 +296,7 @@ def test_job_on_emulated_hosts(make_cluster):
 # ---- summation servers on emulated hosts (docs/servers.md, "Launching") ---------------------------------
 
 def _emulate_servers(*argv, case="values"):
-    """commlib-run --emulate ... with servers running tests/workers/run_servers.py ``case``; skips where the
+    """commlib-run --emulate ... with servers running tests/run/workers/run_servers.py ``case``; skips where the
     emulated cluster cannot run. Returns (completed process, seconds it took, the cluster's name)."""
     import time
 
@@ -307,7 +307,7 @@ def _emulate_servers(*argv, case="values"):
     if missing:
         pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
     start = time.monotonic()
-    done = _commlib_run(*argv, sys.executable, str(REPO / "tests" / "workers" / "run_servers.py"), case,
+    done = _commlib_run(*argv, sys.executable, str(worker_path("run_servers.py")), case,
                         env={"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "5"}, timeout=120)
     took = time.monotonic() - start
     name = done.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]

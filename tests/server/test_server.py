@@ -77,8 +77,7 @@ def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, s
     pytest.importorskip("torch")
     from mpirun import REPO
 
-    env = dict(SMALL, COMMLIB_ALGORITHM="ps", PYTHONWARNINGS="ignore::DeprecationWarning",
-               PYTHONPATH=f"{REPO}:{REPO / 'tests' / 'workers'}")
+    env = dict(SMALL, COMMLIB_ALGORITHM="ps", PYTHONWARNINGS="ignore::DeprecationWarning")
     out = run_mpmd(workers, servers, "torch_server.py", env=env, timeout=240)
     assert out.count("torch_server OK") == workers, out[-3000:]
 

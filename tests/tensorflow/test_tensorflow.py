@@ -1,6 +1,6 @@
 """commlib.tensorflow and commlib.keras on real MPI jobs.
 
-Each test launches one job running many checks (tests/workers/tf_collectives.py, keras_fit.py); the worker
+Each test launches one job running many checks (tests/tensorflow/workers/tf_collectives.py, keras_fit.py); the worker
 aborts the whole job on the first failure, and run_mpi kills it on timeout. TensorFlow's import costs
 seconds per rank, so the checks are batched into few jobs.
 """
@@ -11,7 +11,7 @@ pytest.importorskip("tensorflow")
 
 from mpirun import REPO, run_mpi  # noqa: E402
 
-ENV = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARNINGS": "ignore::DeprecationWarning",
+ENV = {"PYTHONWARNINGS": "ignore::DeprecationWarning",
        "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
@@ -37,7 +37,7 @@ def test_keras_fit_matches_one_process_on_the_combined_batch(backend):
 @pytest.mark.parametrize("keras_flavour", ["tf-keras", "keras3"])
 def test_keras_gradient_accumulation_local_variables_and_saving(keras_flavour):
     """backward_passes_per_step in fit against one process, the passes counter, local variables,
-    PartialDistributedOptimizer, and a trained model saved and loaded (tests/workers/tf_keras_optimizer.py)."""
+    PartialDistributedOptimizer, and a trained model saved and loaded (tests/tensorflow/workers/tf_keras_optimizer.py)."""
     if keras_flavour == "tf-keras":
         pytest.importorskip("tf_keras")
     env = {**ENV, "TF_USE_LEGACY_KERAS": "1" if keras_flavour == "tf-keras" else "0"}

@@ -10,10 +10,9 @@ import os
 
 import pytest
 
-from mpirun import REPO, run_on_cluster
+from mpirun import run_on_cluster
 
 SHAPES = [pytest.param([2, 2], id="2x2"), pytest.param([1, 1, 1], id="3x1"), pytest.param([2, 1], id="2+1")]
-TORCH_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}"}
 
 
 @pytest.fixture(scope="module", params=SHAPES)
@@ -32,7 +31,7 @@ def test_allreduce_algorithms(cluster):
 
 def test_coordinator_collectives(cluster):
     """allreduce, allgather, broadcast, reducescatter, alltoall through the coordinator, tensors submitted
-    in a different order on every rank (workers/coord_collectives.py)."""
+    in a different order on every rank (tests/coordinator/workers/coord_collectives.py)."""
     out = run_on_cluster(cluster, "coord_collectives.py", timeout=300)
     assert out.count("collectives OK") == cluster.size, out[-2000:]
 
@@ -60,7 +59,7 @@ def test_compressors_across_hosts(cluster):
 
 
 def test_torch_optimizer_matches_single_process(cluster):
-    out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300, env=TORCH_PATH)
+    out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300)
     assert out.count("cluster torch OK") == cluster.size, out[-2000:]
 
 

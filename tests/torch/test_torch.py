@@ -1,6 +1,6 @@
 """commlib.torch on real MPI jobs: collectives, autograd, broadcast helpers, DistributedOptimizer, misuse.
 
-Each test launches one job that runs many checks (see tests/workers/torch_*.py); the worker aborts the
+Each test launches one job that runs many checks (see tests/torch/workers/torch_*.py); the worker aborts the
 whole job on the first failure, and run_mpi kills it on timeout so nothing can hang the suite.
 """
 
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from mpirun import REPO, run_mpi  # noqa: E402
 
-WORKER_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+WORKER_PATH = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])

@@ -1,4 +1,4 @@
-"""What commlib.torch added for Horovod compatibility (tests/workers/torch_horovod.py on 1-4 ranks), and
+"""What commlib.torch added for Horovod compatibility (tests/torch/workers/torch_horovod.py on 1-4 ranks), and
 Adasum's combination rule checked by hand (no MPI)."""
 
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mpirun import REPO, run_mpi  # noqa: E402
+from mpirun import run_mpi  # noqa: E402
 
 from commlib import adasum  # noqa: E402
 
-WORKER_PATH = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'workers'}", "PYTHONWARNINGS": "ignore::DeprecationWarning"}
+WORKER_PATH = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])

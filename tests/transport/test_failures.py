@@ -1,14 +1,14 @@
 """A cut link or a frozen host on the emulated cluster: every rank raises PeerLostError within the
 timeout, naming an unreachable peer, a second call fails at once, and the job ends (docs/failures.md).
 
-Each case runs tests/workers/link_cut.py on every rank with COMMLIB_TIMEOUT=5 (one case instead with
+Each case runs tests/transport/workers/link_cut.py on every rank with COMMLIB_TIMEOUT=5 (one case instead with
 COMMLIB_STALL_SHUTDOWN_TIME=5, the default timeout: the stall shutdown alone ends it), waits until every rank
 loops, then takes the last host's link down (``ip link set <its bridge-side veth> down``) or stops its
 rank processes (SIGSTOP), and checks what each rank recorded and that mpiexec itself exited.
 
 CI runs a representative subset (2 hosts x 1 rank: a large allreduce, a 1 MiB one under stall shutdown, a
 small eager one, a barrier and a negotiation round cut; 3 x 1 with a frozen host), about 65 s; every case (2 x 2 and 3 x 1 cuts too):
-``FAILURE_TESTS=all .venv/bin/python -m pytest tests/test_failures.py``, about 100 s.
+``FAILURE_TESTS=all .venv/bin/python -m pytest tests/transport/test_failures.py``, about 100 s.
 """
 
 import json

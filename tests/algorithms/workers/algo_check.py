@@ -26,7 +26,7 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from worker import expect_error, run
+from spmd import expect_error, run
 
 OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 SUBNORMAL = {FLOAT16: 2.0 ** -24, BFLOAT16: 2.0 ** -133}  # smallest positive subnormal of the wire format
@@ -142,7 +142,7 @@ def main() -> None:
 
     small = context(ring_segment_bytes=1024, small_message_bytes=256, cma_segment_bytes=64)  # several segments already at 1K
     large = context(ring_segment_bytes=256 << 10)
-    algorithms = ["auto"] + [a for a in ALGORITHMS if a != "ps"]  # ps needs servers: tests/test_server.py
+    algorithms = ["auto"] + [a for a in ALGORITHMS if a != "ps"]  # ps needs servers: tests/server/test_server.py
     if not topology.uniform:
         algorithms.remove("torus2d")  # default grid needs equal nodes: checked as an error below
     cma_usable = small.peer_memory is not None

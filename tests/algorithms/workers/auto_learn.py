@@ -22,7 +22,7 @@ from commlib.engine import Engine
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from worker import run
+from spmd import run
 
 SIZES = (1 << 10, 48 << 10, 1 << 20, 3 << 20)  # bytes; 48 KiB and 1 MiB classes differ from 3 MiB's
 CALLS = 24

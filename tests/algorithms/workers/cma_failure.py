@@ -21,7 +21,7 @@ from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
 from commlib.transport.peer_memory import PeerMemory
-from worker import run
+from spmd import run
 
 
 def main() -> None:

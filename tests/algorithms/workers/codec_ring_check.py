@@ -29,7 +29,7 @@ from commlib.engine import Engine
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from worker import run
+from spmd import run
 
 F32 = np.float32
 SEGMENT_BYTES = 4096  # a codec segment is SEGMENT_BYTES / 16 = 256 elements

@@ -1,4 +1,4 @@
-"""The commlib-bench console script, launched by tests/test_bench.py under mpiexec."""
+"""The commlib-bench console script, launched by tests/bench/test_bench.py under mpiexec."""
 
 import sys
 

@@ -6,7 +6,7 @@ import numpy as np
 import commlib as cl
 from commlib import CollectiveError
 from commlib.compression import DGC, OneBit, PowerSGD, RandomK, TopK
-from worker import run
+from spmd import run
 
 C = cl.Compression
 rank = size = 0

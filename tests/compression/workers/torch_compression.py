@@ -10,7 +10,7 @@ import torch
 import commlib as cl
 import commlib.torch as hvd
 from torch_common import close
-from worker import run
+from spmd import run
 
 
 class TorchHalf:

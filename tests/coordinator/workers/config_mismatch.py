@@ -6,7 +6,7 @@ import os
 
 from mpi4py import MPI
 
-from worker import expect_error, run
+from spmd import expect_error, run
 
 
 def main():

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import commlib as cl
-from worker import run
+from spmd import run
 
 SMALL = 30_000      # floats: above the eager limit (64K bytes), below one partition (256K bytes)
 LARGE = 2_000_000   # floats: 8 MB, 31 partitions of 256K bytes... and a remainder

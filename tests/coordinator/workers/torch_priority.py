@@ -14,7 +14,7 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, expect_error
-from worker import run
+from spmd import run
 
 STEPS = 4
 BATCH = 8

@@ -7,7 +7,7 @@ import torch
 
 import commlib as cl
 import commlib.torch as hvd
-from worker import expect_error, run
+from spmd import expect_error, run
 
 
 def main():

@@ -21,7 +21,7 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from worker import expect_error, run
+from spmd import expect_error, run
 
 REL = {FLOAT16: 2.0 ** -9, BFLOAT16: 2.0 ** -6, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 MOVABLE = list(REDUCIBLE) + [np.dtype(np.complex128)]

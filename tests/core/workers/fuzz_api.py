@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 import commlib as cl
 import commlib.torch as hvd
-from worker import run
+from spmd import run
 
 ARGS = [a for a in sys.argv[1:] if a != "-v"]
 EXAMPLES = int(ARGS[0]) if ARGS else 150

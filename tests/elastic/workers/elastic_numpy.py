@@ -1,9 +1,9 @@
 """Elastic training with the numpy API (commlib.elastic.run, ObjectState) under commlib-run's driver
-(tests/test_elastic.py): a linear least-squares model trained by SGD over 96 samples, each step's gradient
+(tests/elastic/test_elastic.py): a linear least-squares model trained by SGD over 96 samples, each step's gradient
 averaged with commlib.allreduce; the weights, the step and the position in the shuffled order are the
 committed state. Rank 1 of the first launch kills itself (SIGKILL) at step ELASTIC_KILL_AT.
 
-Logs as tests/workers/elastic_train.py: LOGDIR/<launch>.<rank>.log (a header, per step its samples before
+Logs as tests/elastic/workers/elastic_train.py: LOGDIR/<launch>.<rank>.log (a header, per step its samples before
 the allreduce, and when it completed); rank 0 writes LOGDIR/final.json."""
 
 import json

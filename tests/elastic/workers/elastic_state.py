@@ -1,4 +1,4 @@
-"""TorchState, ObjectState and ElasticSampler on several ranks without the driver (tests/test_elastic.py)."""
+"""TorchState, ObjectState and ElasticSampler on several ranks without the driver (tests/elastic/test_elastic.py)."""
 
 import torch
 

@@ -1,4 +1,4 @@
-"""Elastic training under commlib-run's driver (tests/test_elastic.py): a linear model, DistributedOptimizer,
+"""Elastic training under commlib-run's driver (tests/elastic/test_elastic.py): a linear model, DistributedOptimizer,
 ElasticSampler and TorchState committed after every step.
 
 Each process logs to LOGDIR/<launch>.<rank>.log: its launch (a time rank 0 broadcasts at each start of the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import commlib.jax as cj
 import jax_collectives
 import jax_optimizer
-from worker import run
+from spmd import run
 
 
 def main():

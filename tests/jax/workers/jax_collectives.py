@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 import commlib.jax as cj
-from worker import expect_error, run
+from spmd import expect_error, run
 
 DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16, jnp.int32, jnp.uint8]
 SIZES = [0, 1, 2, 7, 1000]  # empty, one element, fewer than the ranks, not divisible, larger

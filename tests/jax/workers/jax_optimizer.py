@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 import commlib.jax as cj
-from worker import run
+from spmd import run
 
 LOCAL_BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 12, 16, 4, 6
 

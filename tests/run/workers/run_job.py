@@ -1,4 +1,4 @@
-"""A job started by commlib-run (tests/test_run.py): one allreduce, then rank 0 prints what every rank ran
+"""A job started by commlib-run (tests/run/test_run.py): one allreduce, then rank 0 prints what every rank ran
 with (one writer: lines of several ranks may interleave in mpiexec's output)."""
 
 import json

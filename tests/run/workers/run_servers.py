@@ -1,4 +1,4 @@
-"""A job with summation servers started by commlib-run (tests/test_run.py). argv[1]: the case.
+"""A job with summation servers started by commlib-run (tests/run/test_run.py). argv[1]: the case.
 
 - ``values``: push_pull of float32 (Sum and Average) and int64 tensors of 0, 1 and several partitions
   against numpy, the same bits on every worker; then rank 0 prints one ``RUNSERVERS {json}`` line with

@@ -1,4 +1,4 @@
-"""push_pull's priority (tests/test_server.py): the order in which a worker posts partitions.
+"""push_pull's priority (tests/server/test_server.py): the order in which a worker posts partitions.
 
 Every worker submits, without waiting, a large tensor of priority 0, two small ones of priority 1 and
 one of priority 5, and records when each submission returned; the client's trace gives the order of the

@@ -7,8 +7,9 @@ import torch
 
 import commlib.torch as bps
 from torch_common import assert_same_on_all_ranks, close
-from torch_optimizer import train_pair
-from worker import run
+from spmd import import_worker, run
+
+train_pair = import_worker("torch_optimizer").train_pair
 
 
 def check_byteps_names(r, n):

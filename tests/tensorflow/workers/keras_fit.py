@@ -10,7 +10,7 @@ import numpy as np
 
 import keras
 import commlib.keras as hvd
-from worker import run
+from spmd import run
 
 STEPS, BATCH, FEATURES = 4, 6, 5
 

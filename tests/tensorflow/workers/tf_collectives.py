@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib.tensorflow as hvd
-from worker import run
+from spmd import run
 
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.int32, tf.int64]
 

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib.tensorflow.keras as hvd
-from worker import expect_error, run
+from spmd import expect_error, run
 
 keras = tf.keras
 LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"

@@ -1,4 +1,4 @@
-"""Worker for jobs across emulated hosts (tests/test_cluster.py): the checks of algo_check.py and
+"""Worker for jobs across emulated hosts (tests/testing/test_cluster.py): the checks of algo_check.py and
 torch_optimizer.py, cut to what a change of transport (TCP between hosts, shared memory within) can break,
 so that three cluster shapes stay within a few minutes.
 
@@ -18,7 +18,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from worker import expect_error, run
+from spmd import expect_error, import_worker, run
 
 
 def check_bulk(comm, topology) -> None:
@@ -45,7 +45,7 @@ def check_bulk(comm, topology) -> None:
 
 
 def check_allreduce() -> None:
-    from algo_check import Checker
+    Checker = import_worker("algo_check").Checker
 
     from commlib.algorithms import ALGORITHMS, AlgorithmContext, run_allreduce
     from commlib.compression import Compression
@@ -69,7 +69,7 @@ def check_allreduce() -> None:
     small = context(ring_segment_bytes=1024, small_message_bytes=256)
     large = context(ring_segment_bytes=256 << 10)
     assert small.peer_memory is None and "nodes" in small.peer_memory_reason, small.peer_memory_reason
-    algorithms = ["auto"] + [a for a in ALGORITHMS if a not in ("cma", "ps")]  # ps needs servers: tests/test_server.py
+    algorithms = ["auto"] + [a for a in ALGORITHMS if a not in ("cma", "ps")]  # ps needs servers: tests/server/test_server.py
     if not topology.uniform:
         algorithms.remove("torus2d")
     sizes = sorted({0, 1, max(p - 1, 0), p + 1, 13, 1031})
@@ -106,7 +106,7 @@ def check_allreduce() -> None:
 
 def check_torch() -> None:
     import commlib.torch as hvd
-    from torch_optimizer import check_equivalence
+    check_equivalence = import_worker("torch_optimizer").check_equivalence
 
     hvd.init()
     assert hvd.cross_size() > 1, f"expected several hosts, commlib sees {hvd.cross_size()}"

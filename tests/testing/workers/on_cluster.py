@@ -12,7 +12,7 @@ import runpy
 import socket
 import sys
 
-from worker import run
+from spmd import run
 
 
 def check_layout(ranks_per_host: list[int]) -> None:

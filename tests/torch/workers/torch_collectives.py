@@ -11,7 +11,7 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close, expect_error
-from worker import run
+from spmd import run
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64]

@@ -15,7 +15,7 @@ import torch
 import commlib.torch as hvd
 from commlib import adasum
 from torch_common import close, expect_error
-from worker import run
+from spmd import run
 
 
 def rows_of(r):

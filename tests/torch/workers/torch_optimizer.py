@@ -11,7 +11,7 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close, expect_error
-from worker import run
+from spmd import run
 
 BATCH = 12  # per micro-batch, over all ranks; divisible by 1, 2, 3, 4 ranks
 STEPS = 5

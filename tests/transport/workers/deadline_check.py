@@ -1,4 +1,4 @@
-"""Worker for tests/test_failures.py: the transport's deadline on one host, without a cluster.
+"""Worker for tests/transport/test_failures.py: the transport's deadline on one host, without a cluster.
 
 Rank 0 waits (with a 1 s timeout) in a receive, an allreduce and a barrier that rank 1 never joins; each
 must raise PeerLostError naming rank 1 within about a second, and, after the first, the next wait at once.

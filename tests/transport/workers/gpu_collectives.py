@@ -11,7 +11,7 @@ import cupy
 import numpy as np
 
 import commlib as cl
-from worker import run
+from spmd import run
 
 
 def data(rank, shape, dtype, salt=0):

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from commlib.ops import ReduceOp
 from commlib.transport.nccl import NcclTransport
-from worker import run
+from spmd import run
 
 REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.mean, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max,
           ReduceOp.PRODUCT: np.prod}

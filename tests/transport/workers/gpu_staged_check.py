@@ -1,7 +1,7 @@
 """Worker: the host-staged allreduce pipeline (commlib.transport.staged) with HostOps on a real Engine,
 against numpy: several arrays fused, segments smaller than the buffer, sizes 0/1/fewer than ranks/not
 divisible, Sum/Average/Min/Max, pre/postscale, float16 and bfloat16 wires. ``--ops cuda`` runs the same
-checks on CuPy arrays with CudaOps (streams, events, kernels): tests/test_gpu_device.py, on a GPU only.
+checks on CuPy arrays with CudaOps (streams, events, kernels): tests/transport/test_gpu_device.py, on a GPU only.
 
     mpiexec -n P python gpu_staged_check.py [--ops host|cuda]
 """
@@ -21,7 +21,7 @@ from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
 from commlib.transport.staged import CudaOps, HostOps, StagedAllreduce, segments
-from worker import expect_error, run
+from spmd import expect_error, run
 
 SIZES = [0, 1, 2, 3, 5, 17, 300]
 REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.mean, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max}

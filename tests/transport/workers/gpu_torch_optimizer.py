@@ -10,8 +10,11 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close
-from torch_optimizer import OPTIMIZERS, batches, loss_fn, make_model, shard, STEPS
-from worker import run
+from spmd import import_worker, run
+
+_cpu = import_worker("torch_optimizer")  # the CPU worker's model, data and optimizers
+OPTIMIZERS, STEPS, batches, loss_fn, make_model, shard = (_cpu.OPTIMIZERS, _cpu.STEPS, _cpu.batches, _cpu.loss_fn,
+                                                          _cpu.make_model, _cpu.shard)
 
 
 def train_pair(r, n, opt_name, passes=1, **dist_kwargs):

@@ -1,4 +1,4 @@
-"""Worker for tests/test_failures.py: collectives in a loop while the test cuts a host's link (or stops
+"""Worker for tests/transport/test_failures.py: collectives in a loop while the test cuts a host's link (or stops
 its processes); every rank records how its call failed.
 
     python link_cut.py MODE DIR
