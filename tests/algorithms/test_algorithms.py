@@ -18,6 +18,7 @@ SHAPES = [
 ]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs, local_size", SHAPES)
 def test_allreduce_algorithms(nprocs, local_size):
     if local_size is None:
@@ -69,6 +70,7 @@ def test_scratch_pool_reuses_memory():
     assert pool.get("b", 0, np.int8).size == 0
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_cma_failure_on_one_rank_raises_on_every_rank(nprocs):
     out = run_mpi(nprocs, "cma_failure.py", timeout=60)

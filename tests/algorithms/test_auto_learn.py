@@ -429,6 +429,7 @@ def test_default_model_prefers_mpi_across_two_hosts_of_one_rank():
         assert select.rank_all(model, nbytes, shape, specs, None, 1 << 20)[0].algorithm == "native"
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs, args", [
     pytest.param(2, [], id="2ranks"),
     pytest.param(3, ["--skew"], id="3ranks-skewed-clock"),

@@ -7,6 +7,8 @@ import pytest
 
 from mpirun import run_mpi
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("nprocs,local_size", [(1, None), (2, None), (3, None), (4, None), (4, 2)])
 def test_codec_ring_matches_the_rule_bit_for_bit(nprocs, local_size):

@@ -4,6 +4,8 @@ import pytest
 
 from mpirun import run_mpi
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_allreduce_many_matches_numpy(nprocs):

@@ -49,6 +49,7 @@ def assert_all_right(data, algorithms, nprocs):
 
 # -- the real tool on real ranks ------------------------------------------------------------------------
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs, flags", [
     (1, ["-d", "half", "-o", "max"]),
     (2, ["-d", "float", "-o", "sum"]),
@@ -77,6 +78,7 @@ def test_allreduce_every_algorithm_is_right(tmp_path, nprocs, flags):
     assert meta["nodes"] == (2 if "--local-size" in flags else 1)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
 def test_compressed_allreduce_is_right(tmp_path, compression):
     algorithms = [a for a in ALL if a not in ("native", "cma")]
@@ -86,6 +88,7 @@ def test_compressed_allreduce_is_right(tmp_path, compression):
     assert data["metadata"]["compression"] == compression
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("collective", ["allgather", "broadcast", "reducescatter", "alltoall"])
 def test_other_collectives_are_right(tmp_path, collective):
     flags = ["-r", "2"] if collective == "broadcast" else []
@@ -96,6 +99,7 @@ def test_other_collectives_are_right(tmp_path, collective):
     assert data["results"][0]["count"] == (3 if collective != "broadcast" else 1)
 
 
+@pytest.mark.mpi
 def test_algo_all_leaves_out_what_the_shape_refuses_with_a_note(tmp_path):
     # Nodes of 2 and 1 ranks: torus2d (no --torus) refuses; with compression native refuses too.
     data, out = bench(3, tmp_path, "-b", "4", "-e", "16K", "-f", "64", "-n", "2", "-w", "1", "--local-size", "2",
@@ -106,6 +110,7 @@ def test_algo_all_leaves_out_what_the_shape_refuses_with_a_note(tmp_path):
     assert "# skipped torus2d: torus2d needs nodes of equal size" in out
 
 
+@pytest.mark.mpi
 def test_bad_flags_are_clear_errors(tmp_path):
     out = run_mpi(2, "bench_cli.py", "--algo", "ring,bogus", expect_fail=True, timeout=60)
     assert "unknown algorithm(s) bogus" in out
@@ -119,6 +124,7 @@ def test_bad_flags_are_clear_errors(tmp_path):
     assert "torus2d cannot run here" in out and "X*Y = 4" in out
 
 
+@pytest.mark.mpi
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs matplotlib: pip install -e '.[bench]'")
     png = tmp_path / "busbw.png"
@@ -132,6 +138,7 @@ def test_plot_writes_a_png(tmp_path):
     assert all(m["wrong"] is None for r in data["results"] for m in r["algorithms"].values())
 
 
+@pytest.mark.mpi
 def test_wrong_results_make_the_exit_code_non_zero():
     # A collective whose run step reduces with Max while the check expects Sum: real wrong values.
     out = run_mpi(2, "bench_wrong_results.py", "-b", "64", "-e", "4K", "-f", "8", "-n", "1", "-w", "0",
@@ -167,6 +174,7 @@ def test_incompatible_or_bad_options_exit_2_with_a_message(capsys, argv, message
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.mpi
 def test_table_width_does_not_grow_with_the_algorithms(tmp_path):
     # --algo all, the link-bound column and the model's prediction: still one narrow row per algorithm
     data, out = bench(2, tmp_path, "-b", "4K", "-e", "64K", "-f", "16", "-n", "2", "-w", "1", "--rounds", "1",
@@ -181,6 +189,7 @@ def test_table_width_does_not_grow_with_the_algorithms(tmp_path):
     assert "# What auto learned" in out and "4K-8K" in out.split("# What auto learned")[1], out
 
 
+@pytest.mark.mpi
 def test_calibrate_writes_a_profile_that_auto_reads(tmp_path):
     profile = tmp_path / "tuning.json"
     data, out = bench(2, tmp_path, "-b", "4K", "-n", "2", "-w", "1", "--rounds", "1", "--algo", "auto,native",
@@ -194,6 +203,7 @@ def test_calibrate_writes_a_profile_that_auto_reads(tmp_path):
     assert f"cost model ({profile})" in out, out
 
 
+@pytest.mark.mpi
 def test_a_bad_profile_is_an_error_on_every_rank(tmp_path):
     profile = tmp_path / "tuning.json"
     profile.write_text('{"version": 1, "model": {"intra": {"alpha_s": -1, "beta_s_per_byte": 0}}}')
@@ -233,6 +243,7 @@ def test_min_time_must_be_finite_and_not_negative(value, capsys):
     assert exc.value.code == 2 and "--min-time must be a finite number" in capsys.readouterr().err
 
 
+@pytest.mark.mpi
 def test_auto_warmup_and_min_time_on_a_job(tmp_path):
     """auto gets its own untimed calls per size; 4 KiB calls get many more rounds than -n/--rounds (the
     same on every rank: the sweep would hang otherwise), 1 round each of 1 call."""

@@ -115,12 +115,14 @@ def test_constructor_errors_are_clear():
         Compression.error_feedback(Compression.powersgd())
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_compressors_on_ranks(nprocs):
     out = run_mpi(nprocs, "compression_check.py", timeout=300)
     assert out.count("compression_check OK") == nprocs, out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 4])
 def test_torch_compression_and_localsgd(nprocs):
     pytest.importorskip("torch")

@@ -9,12 +9,14 @@ import pytest
 from mpirun import run_mpi
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_collectives_match_numpy(nprocs):
     out = run_mpi(nprocs, "coord_collectives.py", timeout=240)
     assert out.count("collectives OK") == nprocs
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("env", [{"COMMLIB_NUM_STREAMS": "3"}, {"COMMLIB_FUSION_THRESHOLD": "0"},
                                  {"COMMLIB_LOCAL_SIZE": "2", "COMMLIB_ALGORITHM": "hierarchical"},
                                  {"COMMLIB_CYCLE_TIME": "5", "COMMLIB_FUSION_THRESHOLD": "4K",
@@ -26,6 +28,7 @@ def test_collectives_under_settings(env):
     assert "collectives OK" in out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs,local_size", [(2, "1"), (3, "1"), (4, "2")])
 def test_eager_small_allreduces_across_nodes(nprocs, local_size):
     """Small allreduces whose data rides in the negotiation round: numpy's results, the same bits on every
@@ -34,6 +37,7 @@ def test_eager_small_allreduces_across_nodes(nprocs, local_size):
     assert out.count("eager OK") == nprocs
 
 
+@pytest.mark.mpi
 def test_idle_job_does_not_spin():
     out = run_mpi(2, "coord_idle.py", timeout=60)
     assert out.count("idle cpu") == 2
@@ -43,6 +47,7 @@ CASES = ["readonly", "shape", "dtype", "op", "root", "scale", "compression", "al
          "unsupported_dtype", "average_bool", "bad_algorithm", "reuse", "execution_failure", "persistent"]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_raises_on_every_rank(case):
     env = {"COMMLIB_TORUS_SHAPE": "3x1"} if case == "execution_failure" else None
@@ -50,11 +55,13 @@ def test_bad_input_raises_on_every_rank(case):
     assert out.count("raised as expected") == 2 and out.count(f"case {case} OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_bad_input_on_three_ranks():
     out = run_mpi(3, "coord_errors.py", "shape", timeout=60)
     assert out.count("raised as expected") == 3
 
 
+@pytest.mark.mpi
 def test_stall_becomes_an_error():
     env = {"COMMLIB_STALL_CHECK_TIME": "0.5", "COMMLIB_STALL_SHUTDOWN_TIME": "1"}
     out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60)
@@ -62,6 +69,7 @@ def test_stall_becomes_an_error():
     assert "commlib stall" in out and "waiting for rank(s) [0]" in out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case", ["shutdown_peer", "shutdown_root"])
 def test_peer_shutdown_fails_waiting_ranks(case):
     out = run_mpi(3, "coord_errors.py", case, timeout=60)
@@ -71,18 +79,21 @@ def test_peer_shutdown_fails_waiting_ranks(case):
 RELAY = {"COMMLIB_DIRECT_MAX_RANKS": "0"}  # negotiation messages through rank 0 even on a few ranks
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_collectives_through_the_relay(nprocs):
     out = run_mpi(nprocs, "coord_collectives.py", env=RELAY, timeout=240)
     assert out.count("collectives OK") == nprocs
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("case", ["shape", "reuse", "shutdown_peer", "shutdown_root"])
 def test_errors_through_the_relay(case):
     out = run_mpi(3, "coord_errors.py", case, env=RELAY, timeout=60)
     assert out.count("raised as expected") == (2 if case.startswith("shutdown") else 3), out
 
 
+@pytest.mark.mpi
 def test_stall_through_the_relay():
     env = {**RELAY, "COMMLIB_STALL_CHECK_TIME": "0.5", "COMMLIB_STALL_SHUTDOWN_TIME": "1"}
     out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60)
@@ -108,6 +119,7 @@ def _as_float(array, index):
     return array.astype(np.float64)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_results_do_not_depend_on_lanes(tmp_path, nprocs):
     """Lanes change only which thread runs a response. Fusion grouping (which depends on timing) can move
@@ -120,6 +132,7 @@ def test_results_do_not_depend_on_lanes(tmp_path, nprocs):
         assert np.allclose(_as_float(a, i), _as_float(b, i), rtol=0, atol=atol), i
 
 
+@pytest.mark.mpi
 def test_timeline_records_every_phase(tmp_path):
     import json
 
@@ -169,6 +182,7 @@ def test_fusion_groups_bound_the_packed_bytes_only():
     assert groups(small()[:2] + large(), 0, 1024) == [["s0"], ["s1"], ["L0"], ["L1"]]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_settings_that_must_agree_are_checked_at_init(nprocs):
     out = run_mpi(nprocs, "config_mismatch.py", timeout=60)
@@ -179,6 +193,7 @@ def _error_times(out: str) -> dict[int, float]:
     return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"rank (\d+): error after ([\d.]+) s", out)}
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_a_rank_that_exits_without_shutdown_fails_the_others(nprocs):
     out = run_mpi(nprocs, "coord_leave.py", "exit", timeout=60)
@@ -189,6 +204,7 @@ def test_a_rank_that_exits_without_shutdown_fails_the_others(nprocs):
     assert out.count("OK") == nprocs - 1
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
 def test_rank_0_leaving_fails_the_others(env):
     out = run_mpi(3, "coord_leave.py", "exit", "0", env=env, timeout=60)
@@ -197,6 +213,7 @@ def test_rank_0_leaving_fails_the_others(env):
     assert "rank 0 left" in out and out.count("leave case exit OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_a_rank_that_leaves_fails_the_others_join():
     out = run_mpi(3, "coord_leave.py", "join", timeout=60)
     times = _error_times(out)
@@ -204,6 +221,7 @@ def test_a_rank_that_leaves_fails_the_others_join():
     assert out.count("leave case join OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_a_rank_that_dies_of_an_exception_fails_the_others():
     out = run_mpi(3, "coord_leave.py", "raise", timeout=60, expect_fail=True)
     assert "rank leaves by an uncaught exception" in out
@@ -211,6 +229,7 @@ def test_a_rank_that_dies_of_an_exception_fails_the_others():
     assert all(t < 10 for t in _error_times(out).values()), out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
 def test_stall_shutdown_without_the_silent_rank(env):
     env = {**env, "COMMLIB_STALL_CHECK_TIME": "1", "COMMLIB_STALL_SHUTDOWN_TIME": "2"}

@@ -57,6 +57,7 @@ def test_queue_keeps_whole_what_cannot_be_split():
     assert [r for r, _ in queue.release()] == [adasum_like]
 
 
+@pytest.mark.mpi
 def test_order_results_and_agreement_on_two_ranks(tmp_path):
     out = run_mpi(2, "priority_order.py", str(tmp_path), timeout=120,
                   env={"COMMLIB_TIMELINE": str(tmp_path / "trace.json"), "COMMLIB_PRIORITY_PARTITION": "256K",
@@ -64,6 +65,7 @@ def test_order_results_and_agreement_on_two_ranks(tmp_path):
     assert out.count("priority_order OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_results_with_two_lanes(tmp_path):
     out = run_mpi(2, "priority_order.py", str(tmp_path), "--results-only", timeout=120,
                   env={"COMMLIB_NUM_STREAMS": "2", "COMMLIB_PRIORITY_PARTITION": "256K",
@@ -71,6 +73,7 @@ def test_results_with_two_lanes(tmp_path):
     assert out.count("priority_order OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_torch_priority_and_overlap_forward_give_the_plain_weights():
     pytest.importorskip("torch")
     out = run_mpi(2, "torch_priority.py", timeout=240,
@@ -79,6 +82,7 @@ def test_torch_priority_and_overlap_forward_give_the_plain_weights():
     assert out.count("torch_priority OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_torch_priority_through_summation_servers():
     """algorithm="ps": each partition the coordinator releases is one push_pull through the server."""
     pytest.importorskip("torch")

@@ -6,6 +6,8 @@ import pytest
 
 from mpirun import run_mpi
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("nprocs, local_size", [
     pytest.param(1, None, id="1rank"),

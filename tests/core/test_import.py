@@ -3,7 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
 from mpirun import REPO
+
+pytestmark = pytest.mark.mpi
 
 CHECK = """
 import sys

@@ -5,6 +5,8 @@ import pytest
 
 from mpirun import run_mpi
 
+pytestmark = pytest.mark.mpi
+
 
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_process_sets(nprocs):

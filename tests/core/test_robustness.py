@@ -63,11 +63,13 @@ def test_compressor_settings_are_checked():
             build()
 
 
+@pytest.mark.mpi
 def test_bad_arguments_fail_on_the_calling_rank_and_commlib_keeps_working():
     out = run_mpi(2, "bad_arguments.py", env=STALLS_FAIL, timeout=120)
     assert out.count("bad arguments OK") == 2, out
 
 
+@pytest.mark.mpi
 def test_fuzz_public_entry_points():
     examples = os.environ.get("FUZZ_EXAMPLES", "150")
     out = run_mpi(2, "fuzz_api.py", examples, env=STALLS_FAIL, timeout=max(240, 2 * int(examples)))

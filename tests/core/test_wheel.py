@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from mpirun import REPO
+from mpirun import REPO, require_marker
+
+pytestmark = pytest.mark.mpi
 
 IMPORT_ALL = """
 import importlib, importlib.util, pkgutil, sys
@@ -119,6 +121,7 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     assert imports.returncode == 0, imports.stdout + imports.stderr
     print(imports.stdout)
 
+    require_marker("mpi")
     mpiexec = env_dir / "bin" / "mpiexec"
     assert mpiexec.exists(), "the mpich extra did not install an mpiexec into the venv"
     job = _run([mpiexec, "-n", "2", python, "-c", ALLREDUCE], cwd=outside, timeout=120)

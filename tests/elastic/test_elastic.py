@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mpirun import REPO, worker_path
+from mpirun import REPO, require_marker, worker_path
 
 from commlib.elastic import HostsUpdatedInterrupt, ObjectState, control
 from commlib.run import elastic as driver
@@ -114,6 +114,7 @@ def _remove_shared_memory_left(logdir: Path) -> None:
 
 
 def _elastic_run(argv, env, timeout=400):
+    require_marker("cluster")
     return subprocess.run([sys.executable, "-m", "commlib.run", *argv], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, PYTHONPATH=str(REPO), **env), cwd=REPO)
 
@@ -179,11 +180,14 @@ def _check_training(logdir: Path, final_steps):
 def _needs_cluster(make_cluster):
     from commlib.testing import netns
 
+    require_marker("cluster")
+
     missing = netns.missing_prerequisites(shaped=False)
     if missing:
         pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
 
 
+@pytest.mark.cluster
 def test_worker_killed_mid_epoch_training_goes_on(make_cluster, tmp_path):
     """3 hosts x 1 rank; rank 1 kills itself with SIGKILL at step 10 of 24 in epoch 0. The other two fail
     their next collective within COMMLIB_TIMEOUT, report to the driver, and go on in process over
@@ -208,6 +212,7 @@ def test_worker_killed_mid_epoch_training_goes_on(make_cluster, tmp_path):
     (tmp_path.parent / "elastic_resume_seconds").write_text(f"{resumed:.2f}\n")
 
 
+@pytest.mark.cluster
 def test_host_link_down_the_others_go_on(make_cluster, tmp_path):
     """3 hosts x 1 rank; at step 8 the last host's link goes down (its rank is alive but cut off). Both
     sides time out and report; the driver keeps the side that suspects the other less (the two connected
@@ -245,6 +250,7 @@ def test_host_link_down_the_others_go_on(make_cluster, tmp_path):
     assert _check_training(tmp_path, final_steps)["size"] == 2
 
 
+@pytest.mark.cluster
 def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
     """Discovery lists 2 of 3 hosts; at step 5 the worker makes it list all 3: the driver flags it, every
     rank's next commit raises HostsUpdatedInterrupt, and the job restarts on 3 from that commit."""
@@ -271,6 +277,7 @@ def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
     _check_training(logdir, final_steps)
 
 
+@pytest.mark.cluster
 def test_numpy_worker_killed_the_others_go_on(make_cluster, tmp_path):
     """The numpy API (commlib.elastic.run, ObjectState, commlib.allreduce) on 3 hosts x 1 rank: rank 1 is
     killed at step 6; the other two go on in process from the last commit. The samples taken, step after
@@ -305,6 +312,7 @@ def test_numpy_worker_killed_the_others_go_on(make_cluster, tmp_path):
     assert final["size"] == 2 and np.allclose(final["weights"], w, atol=1e-9), (final, w)
 
 
+@pytest.mark.cluster
 def test_below_min_np_after_a_loss_waits_then_fails(make_cluster, tmp_path):
     """--min-np 3 on 3 hosts x 1 rank, one killed: 2 survivors are too few, so the driver has them exit
     for a restart, blacklists the lost host, waits for a third host up to --elastic-timeout and fails
@@ -342,6 +350,7 @@ def test_survivor_decision():
     assert decide([0, 2], {0: [], 2: []}, waited=0.0, settle=4, limit=13) == [0, 2]  # a failure, nobody lost
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [3])
 def test_torch_state_and_sampler_across_ranks(nprocs):
     """TorchState's sync/restore/commit of a model, an optimizer with momentum and attributes;

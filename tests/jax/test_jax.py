@@ -34,6 +34,7 @@ def test_import_commlib_does_not_import_jax_and_commlib_jax_says_what_to_install
     assert "pip install 'commlib[jax]'" in out.stdout, out.stdout
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
 def test_collectives_eager_jit_scan_vmap_gradients_order_and_errors(nprocs):
     out = run_mpi(nprocs, "jax_collectives.py", timeout=300, env=ENV)
@@ -43,12 +44,14 @@ def test_collectives_eager_jit_scan_vmap_gradients_order_and_errors(nprocs):
             assert f"[rank {rank}] mismatched shape -> error naming 'mismatched.shape'" in out, out[-4000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
 def test_distributed_optimizer_matches_one_process_on_the_combined_batch(nprocs):
     out = run_mpi(nprocs, "jax_optimizer.py", timeout=300, env=ENV)
     assert out.count("jax_optimizer OK") == nprocs, out[-4000:]
 
 
+@pytest.mark.cluster
 def test_across_two_emulated_hosts(make_cluster):
     """The collectives and the optax equivalence on 2 hosts x 1 rank (commlib.testing.cluster)."""
     cluster = make_cluster([1, 1])
@@ -59,6 +62,7 @@ def test_across_two_emulated_hosts(make_cluster):
     assert out.count("jax_all OK") == 2, out[-4000:]
 
 
+@pytest.mark.mpi
 def test_keras_fit_on_the_jax_backend_matches_one_process_on_the_combined_batch():
     """commlib.keras's DistributedOptimizer in model.fit with KERAS_BACKEND=jax (the gradients cross into
     commlib inside the train step Keras jits), as tests/tensorflow/test_tensorflow.py runs it on tensorflow and torch."""
@@ -67,6 +71,7 @@ def test_keras_fit_on_the_jax_backend_matches_one_process_on_the_combined_batch(
     assert out.count("keras_fit OK jax") == 2, out[-4000:]
 
 
+@pytest.mark.mpi
 def test_example_trains():
     # The example's own target (0.95) sits within a point of where this CPU's floating point lands, and
     # another CPU lands elsewhere (0.949 for the JAX example on an AMD EPYC): the test asks for a target

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mpirun import REPO, worker_path
+from mpirun import REPO, require_marker, worker_path
 
 from commlib.run import hosts as H
 from commlib.run import mpi
@@ -196,7 +196,11 @@ def test_missing_local_interface_is_named():
 
 # ---- real jobs ------------------------------------------------------------------------------------------
 
-def _commlib_run(*argv, env=None, timeout=120):
+def _commlib_run(*argv, env=None, timeout=120, launches=True):
+    """commlib-run with ``argv``; ``launches``: it starts a job (on emulated hosts with --emulate), which the
+    calling test's marker must say."""
+    if launches:
+        require_marker("cluster") if "--emulate" in argv else require_marker("mpi", "cluster")
     environ = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
     return subprocess.run([sys.executable, "-m", "commlib.run", *argv], capture_output=True, text=True,
                           timeout=timeout, env=environ, cwd=REPO)
@@ -210,6 +214,7 @@ def _reports(stdout):
                    if "RUNJOB " in line), key=lambda r: r["rank"])
 
 
+@pytest.mark.mpi
 def test_job_on_this_host_with_settings_and_timeline(tmp_path):
     timeline = tmp_path / "t.json"
     done = _commlib_run("-np", "2", "-H", "localhost:2", "--fusion-threshold-mb", "8", "--cycle-time-ms", "3",
@@ -230,11 +235,13 @@ def test_job_on_this_host_with_settings_and_timeline(tmp_path):
     assert (tmp_path / "t.rank1.json").exists()
 
 
+@pytest.mark.mpi
 def test_job_failure_is_the_exit_code():
     done = _commlib_run("-np", "2", sys.executable, "-c", "import sys; sys.exit(3)")
     assert done.returncode != 0
 
 
+@pytest.mark.mpi
 def test_job_with_servers_on_this_host():
     script = ("import numpy as np, commlib as cl; cl.init(); assert cl.num_servers() == 1 and cl.size() == 2; "
               "x = cl.push_pull(np.ones(5, np.float32), op=cl.Sum, name='a'); assert (x == 2).all(); "
@@ -257,6 +264,7 @@ def test_a_lost_server_is_named_from_hydras_report():
     assert mpi.lost_servers("no report", ["h0"], ["h2"]) == []
 
 
+@pytest.mark.mpi
 def test_job_with_a_server_killed_names_it():
     """Workers on localhost and a server on 127.0.0.1 (hydra's second host, still this machine): the server
     killed mid-job ends the job within seconds, and commlib-run names it from hydra's report."""
@@ -270,10 +278,11 @@ def test_job_with_a_server_killed_names_it():
 
 
 def test_usage_error_exit_code():
-    done = _commlib_run("-np", "2", "--gloo", "python", "x.py")
+    done = _commlib_run("-np", "2", "--gloo", "python", "x.py", launches=False)
     assert done.returncode == 2 and "commlib-run: error: commlib runs on MPI only" in done.stderr
 
 
+@pytest.mark.cluster
 def test_job_on_emulated_hosts(make_cluster):
     from commlib.testing import netns
     from commlib.testing.cluster import leftovers
@@ -320,6 +329,7 @@ def _servers_report(stdout):
     return json.JSONDecoder().raw_decode(line.split("RUNSERVERS ", 1)[1])[0]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("placement", ["own", "colocated"])
 def test_emulated_job_with_servers(placement):
     """--emulate 2x1 with 2 servers on emulated hosts of their own (links shaped), or 3 beside the workers:
@@ -341,6 +351,7 @@ def test_emulated_job_with_servers(placement):
     assert took < 60, took
 
 
+@pytest.mark.cluster
 def test_emulated_job_with_a_server_killed_names_it():
     """A server killed mid-job: mpiexec stops the whole job within seconds, and commlib-run's error names
     the server (its index, rank and host); nothing is left behind."""

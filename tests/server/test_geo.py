@@ -8,6 +8,8 @@ import pytest
 
 from mpirun import REPO, run_mpmd
 
+pytestmark = pytest.mark.mpi
+
 ENV = {"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "5",
        "PYTHONWARNINGS": "ignore::DeprecationWarning", "PYTHONPATH": str(REPO)}
 

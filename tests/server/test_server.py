@@ -12,6 +12,7 @@ SMALL = {"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "3"}
 EVERYTHING = "values,orders,wire,ps,sets,mismatch,lonely,reinit"
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("workers, servers, cases", [
     (1, 1, "values,orders,wire,ps"),
     (2, 2, EVERYTHING + ",lossy"),
@@ -27,6 +28,7 @@ def test_push_pull(workers, servers, cases):
     assert out.count("done") == workers
 
 
+@pytest.mark.mpi
 def test_push_pull_over_mpi():
     """COMMLIB_SERVER_TRANSPORT=mpi: partitions and answers through MPI point-to-point instead of TCP."""
     cases = "values,orders,wire,ps,sets,mismatch,reinit,lossy"
@@ -36,6 +38,7 @@ def test_push_pull_over_mpi():
     assert out.count("done") == 3
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("workers, servers, cases", [
     (4, 2, "host,values,wire,ps,sets"),  # hosts of 2 workers
     (3, 2, "host,orders,ps,lossy"),  # hosts of 2 workers and of 1
@@ -53,17 +56,20 @@ def test_push_pull_reduced_inside_hosts(workers, servers, cases):
     assert out.count("done") == workers
 
 
+@pytest.mark.mpi
 def test_no_servers_is_a_clear_error():
     out = run_mpi(2, "server_failure.py", "none", env=SMALL)
     assert out.count("none ok on rank") == 2, out
 
 
+@pytest.mark.mpi
 def test_a_stopped_server_fails_every_worker_naming_it():
     out = run_mpmd(3, 2, "server_failure.py", "stopped", env=SMALL, expect_fail=True, timeout=90)
     assert out.count("failed after") == 3, out[-3000:]
     assert "COMMLIB_SERVER_TIMEOUT=3" in out and "(rank " in out, out[-3000:]
 
 
+@pytest.mark.mpi
 def test_a_killed_server_ends_the_job_within_seconds():
     start = time.monotonic()
     out = run_mpmd(2, 2, "server_failure.py", "killed", env=SMALL, expect_fail=True, timeout=90)
@@ -72,6 +78,7 @@ def test_a_killed_server_ends_the_job_within_seconds():
     assert "signal 9" in out.lower() or "failed after" in out, out[-3000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("workers, servers", [(2, 2)])
 def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, servers):
     pytest.importorskip("torch")
@@ -82,6 +89,7 @@ def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, s
     assert out.count("torch_server OK") == workers, out[-3000:]
 
 
+@pytest.mark.cluster
 def test_push_pull_across_emulated_hosts(make_cluster):
     """Workers on two emulated hosts, a server on a third and one beside worker 0: partitions cross real
     (unshaped) links between network namespaces."""
@@ -100,6 +108,7 @@ def test_push_pull_across_emulated_hosts(make_cluster):
         assert out.count(f"{case} ok on worker") == 2, out[-3000:]
 
 
+@pytest.mark.cluster
 def test_push_pull_reduced_inside_emulated_hosts(make_cluster):
     """2 emulated hosts of 2 workers and 2 server hosts, COMMLIB_SERVER_HOST_REDUCE left at auto: the cost
     model reduces inside each host first (the host's link would carry both workers' pushes), and the
@@ -119,6 +128,7 @@ def test_push_pull_reduced_inside_emulated_hosts(make_cluster):
         assert out.count(f"{case} ok on worker") == 4, out[-3000:]
 
 
+@pytest.mark.mpi
 def test_calibrate_with_servers_measures_ps(tmp_path):
     """--calibrate in a job with servers: ps is timed and corrected like every algorithm, and the profile
     names where the servers were (its corrections hold for that placement only)."""
@@ -134,6 +144,7 @@ def test_calibrate_with_servers_measures_ps(tmp_path):
     assert model["server"]["beta_s_per_byte"] > 0, model
 
 
+@pytest.mark.mpi
 def test_a_server_that_never_starts_fails_every_worker_naming_it():
     """The last rank initialises MPI and hangs instead of serving: every worker's init() fails within the
     start deadline, naming its rank."""
@@ -170,6 +181,7 @@ def test_priority_orders_the_send_queue():
                                               "e0", "e1", "g0", "g1"]
 
 
+@pytest.mark.mpi
 def test_priority_sends_higher_priority_partitions_first():
     """2 workers + 1 server on this host: push_pull(priority=) posts a higher-priority tensor's partitions
     before the queued ones of lower priority (the client's trace), equal priorities in submission order,

@@ -15,6 +15,7 @@ ENV = {"PYTHONWARNINGS": "ignore::DeprecationWarning",
        "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_ops_eager_and_tf_function_gradients_tape_and_mismatches(nprocs):
     out = run_mpi(nprocs, "tf_collectives.py", timeout=400, env=ENV)
@@ -25,6 +26,7 @@ def test_ops_eager_and_tf_function_gradients_tape_and_mismatches(nprocs):
                 assert f"[rank {rank}] {mode} mismatched shapes -> FailedPreconditionError" in out, out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["tensorflow", "torch"])
 def test_keras_fit_matches_one_process_on_the_combined_batch(backend):
     if backend == "torch":
@@ -34,6 +36,7 @@ def test_keras_fit_matches_one_process_on_the_combined_batch(backend):
     assert out.count(f"keras_fit OK {backend}") == 2, out
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("keras_flavour", ["tf-keras", "keras3"])
 def test_keras_gradient_accumulation_local_variables_and_saving(keras_flavour):
     """backward_passes_per_step in fit against one process, the passes counter, local variables,

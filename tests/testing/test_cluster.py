@@ -22,6 +22,7 @@ def cluster(request, make_cluster):
     made.down()  # as soon as this shape's tests are done; make_cluster checks at the end that all is gone
 
 
+@pytest.mark.cluster
 def test_allreduce_algorithms(cluster):
     """native, ring, recursive_doubling, rabenseifner, hierarchical, torus2d and auto, with and without
     fp16 on the wire, against numpy; cma must refuse to run across hosts (workers/cluster_check.py)."""
@@ -29,6 +30,7 @@ def test_allreduce_algorithms(cluster):
     assert "cluster allreduce ok" in out and f"node sizes {cluster.ranks_per_host}" in out, out[-2000:]
 
 
+@pytest.mark.cluster
 def test_coordinator_collectives(cluster):
     """allreduce, allgather, broadcast, reducescatter, alltoall through the coordinator, tensors submitted
     in a different order on every rank (tests/coordinator/workers/coord_collectives.py)."""
@@ -36,12 +38,14 @@ def test_coordinator_collectives(cluster):
     assert out.count("collectives OK") == cluster.size, out[-2000:]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("case", ["shape"])
 def test_mismatch_errors_name_the_tensor(cluster, case):
     out = run_on_cluster(cluster, "coord_errors.py", case, timeout=120)
     assert out.count("raised as expected") == cluster.size and out.count(f"case {case} OK") == cluster.size, out
 
 
+@pytest.mark.cluster
 def test_init_after_shutdown_hears_nothing_of_the_previous_cycle(cluster):
     """Across hosts the last control messages of an init/shutdown cycle could still be in flight when its
     communicator is freed, and reach the next cycle (MPI reuses context ids): "rank 2 shut down" after a
@@ -51,6 +55,7 @@ def test_init_after_shutdown_hears_nothing_of_the_previous_cycle(cluster):
     assert out.count("cluster reinit OK") == cluster.size, out[-2000:]
 
 
+@pytest.mark.cluster
 def test_compressors_across_hosts(cluster):
     """top-k, random-k, one-bit, DGC and PowerSGD with their invariants (error feedback, every rank decoding
     the same bits, dense equivalence) across hosts (workers/compression_check.py)."""
@@ -58,11 +63,13 @@ def test_compressors_across_hosts(cluster):
     assert out.count("compression_check OK") == cluster.size, out[-2000:]
 
 
+@pytest.mark.cluster
 def test_torch_optimizer_matches_single_process(cluster):
     out = run_on_cluster(cluster, "cluster_check.py", "torch", timeout=300)
     assert out.count("cluster torch OK") == cluster.size, out[-2000:]
 
 
+@pytest.mark.cluster
 def test_shaped_link_limits_transfers(make_cluster):
     """64 MiB from host 0 to host 1 over 1 Gbit/s links: never faster than the link (the bytes crossed
     the shaped veths, not shared memory), and not far slower (the shaping is the bottleneck)."""
@@ -71,6 +78,7 @@ def test_shaped_link_limits_transfers(make_cluster):
     assert report["mbit_s"] > 600, report
 
 
+@pytest.mark.cluster
 def test_per_host_rates_shape_each_host_alone(make_cluster):
     """rate as a list: host 0's link at 250 Mbit/s, host 1's unshaped; 16 MiB from host 0 to host 1 moves
     at host 0's rate, not faster; a list of the wrong length is refused."""

@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 
 from mpirun import REPO, run_mpi  # noqa: E402
 
+pytestmark = pytest.mark.mpi
+
 WORKER_PATH = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
 

@@ -13,6 +13,7 @@ from commlib import adasum  # noqa: E402
 WORKER_PATH = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_grouped_adasum_sparse_sync_batch_norm_and_horovod_semantics(nprocs):
     out = run_mpi(nprocs, "torch_horovod.py", timeout=300, env=WORKER_PATH)

@@ -75,6 +75,7 @@ def _namespace_pids(host: str) -> list[str]:
     return subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout.split()
 
 
+@pytest.mark.mpi
 def test_transport_deadline_on_one_host():
     """A receive from a rank that never sends raises PeerLostError after the timeout, naming it; later
     waits raise at once (workers/deadline_check.py; no cluster needed)."""
@@ -82,6 +83,7 @@ def test_transport_deadline_on_one_host():
     assert "deadline_check OK" in out, out
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("mode, hosts, how, settings", CASES)
 def test_every_rank_raises_and_the_job_ends(make_cluster, tmp_path, mode, hosts, how, settings):
     cluster = make_cluster(hosts)

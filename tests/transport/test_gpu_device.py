@@ -58,18 +58,21 @@ def test_placement_of_real_device_arrays():
     assert int(view.data.ptr) != 0 and cupy.asnumpy(view).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_staged_pipeline_with_cuda_ops(nprocs):
     out = run_mpi(nprocs, "gpu_staged_check.py", "--ops", "cuda", timeout=600)
     assert "gpu_staged_check ok (cuda)" in out and f"on {nprocs} ranks" in out, out[-3000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_collectives_on_cupy_and_torch_cuda(nprocs):
     out = run_mpi(nprocs, "gpu_collectives.py", timeout=600)
     assert f"gpu_collectives ok on {nprocs} ranks" in out, out[-3000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2])
 def test_nccl_transport(nprocs):
     if not commlib.nccl_built():
@@ -80,6 +83,7 @@ def test_nccl_transport(nprocs):
     assert "gpu_nccl_check ok" in out and f"on {nprocs} ranks" in out, out[-3000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2])
 def test_torch_cuda_distributed_optimizer_trains_like_one_process(nprocs):
     out = run_mpi(nprocs, "gpu_torch_optimizer.py", timeout=600)
