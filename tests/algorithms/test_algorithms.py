@@ -1,5 +1,6 @@
 """Allreduce algorithms on real MPI jobs: every algorithm x op x dtype x size against numpy, plus codecs,
-explicit torus shapes and error cases. One launch per rank count / node shape (see workers/algo_check.py)."""
+explicit torus shapes and error cases. One launch per rank count / node shape (see workers/algo_check.py);
+run_mpi fails unless every rank passed every case the worker names."""
 
 import pytest
 
@@ -27,8 +28,7 @@ def test_allreduce_algorithms(nprocs, local_size):
         args = ["--round-robin", "2"]  # rank r on node r % 2
     else:
         args = ["--local-size", str(local_size)]
-    out = run_mpi(nprocs, "algo_check.py", *args, timeout=300)
-    assert "algo_check ok" in out and f"on {nprocs} ranks" in out, out[-2000:]
+    run_mpi(nprocs, "algo_check.py", *args, timeout=300)  # every case passed on every rank
 
 
 def test_partition_covers_every_size():
@@ -73,8 +73,7 @@ def test_scratch_pool_reuses_memory():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_cma_failure_on_one_rank_raises_on_every_rank(nprocs):
-    out = run_mpi(nprocs, "cma_failure.py", timeout=60)
-    assert out.count("cma failure checks OK") == nprocs, out[-2000:]
+    run_mpi(nprocs, "cma_failure.py", timeout=60)
 
 
 def test_bounded_cache_is_bounded():

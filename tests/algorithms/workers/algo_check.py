@@ -6,7 +6,7 @@
 cyclic placement by the launcher gives).
 
 Inputs are seeded by (rank, case), so every rank computes every rank's input and the reference. Checks
-also that all ranks end with bitwise identical results. Exits non-zero (MPI_Abort) on the first failure.
+also that all ranks end with bitwise identical results. Named cases on every rank (tests/spmd.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from spmd import expect_error, run
+import spmd
+from spmd import expect_error
 
 OPS = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 SUBNORMAL = {FLOAT16: 2.0 ** -24, BFLOAT16: 2.0 ** -133}  # smallest positive subnormal of the wire format
@@ -120,106 +121,134 @@ class Checker:
         self.checks += 1
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--local-size", type=int, default=None)
-    parser.add_argument("--round-robin", type=int, default=None)
-    args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    check = Checker(comm)
-    p = comm.size
-    if args.round_robin:
-        topology = Topology.from_node_ids(comm.rank, [r % args.round_robin for r in range(p)])
-    else:
-        topology = Topology.detect(comm, args.local_size)
-    contexts = []
+class Job:
+    """This job's topology, algorithm contexts and checker, shared by the cases."""
 
-    def context(**settings):
-        config = Config.load({}, local_size=args.local_size, **settings)
-        ctx = AlgorithmContext.create(MPITransport.duplicate(comm), topology, config)
-        contexts.append(ctx)
+    def __init__(self, local_size: int | None, round_robin: int | None):
+        self.comm = comm = MPI.COMM_WORLD
+        self.p = p = comm.size
+        self.local_size = local_size
+        self.check = Checker(comm)
+        if round_robin:
+            self.topology = Topology.from_node_ids(comm.rank, [r % round_robin for r in range(p)])
+        else:
+            self.topology = Topology.detect(comm, local_size)
+        self.contexts = []
+        self.sizes = sorted({0, 1, max(p - 1, 0), p + 1, 7, 13, 1031})
+        self.case = 0  # seeds the inputs: every check gets its own
+        # several segments already at 1K
+        self.small = self.context(ring_segment_bytes=1024, small_message_bytes=256, cma_segment_bytes=64)
+        self.large = self.context(ring_segment_bytes=256 << 10)
+        self.algorithms = ["auto"] + [a for a in ALGORITHMS if a != "ps"]  # ps needs servers: tests/server
+        if not self.topology.uniform:
+            self.algorithms.remove("torus2d")  # default grid needs equal nodes: checked as an error below
+        if self.small.peer_memory is None:
+            self.algorithms.remove("cma")  # several (emulated) nodes: checked as an error below
+
+    def context(self, **settings):
+        config = Config.load({}, local_size=self.local_size, **settings)
+        ctx = AlgorithmContext.create(MPITransport.duplicate(self.comm), self.topology, config)
+        self.contexts.append(ctx)
         return ctx
 
-    small = context(ring_segment_bytes=1024, small_message_bytes=256, cma_segment_bytes=64)  # several segments already at 1K
-    large = context(ring_segment_bytes=256 << 10)
-    algorithms = ["auto"] + [a for a in ALGORITHMS if a != "ps"]  # ps needs servers: tests/server/test_server.py
-    if not topology.uniform:
-        algorithms.remove("torus2d")  # default grid needs equal nodes: checked as an error below
-    cma_usable = small.peer_memory is not None
-    if topology.cross_size == 1 and p > 1:  # the probe agrees with the kernel (tests/mpirun.py finds out)
-        assert cma_usable == (os.environ["CMA_EXPECTED"] == "1"), small.peer_memory_reason
-    if not cma_usable:
-        algorithms.remove("cma")  # several (emulated) nodes: checked as an error below
-    elif topology.cross_size == 1 and p > 1:
-        assert large.peer_memory is not None, "cross-memory attach probed differently for two contexts"
-    sizes = sorted({0, 1, max(p - 1, 0), p + 1, 7, 13, 1031})
+    def allreduce(self, ctx, algorithm, dtype, op, n, codec=None):
+        self.case += 1
+        self.check.allreduce(ctx, algorithm, dtype, op, n, self.case, codec)
 
-    # Every algorithm x op x dtype x size.
-    case = 0
-    for algorithm in algorithms:
+
+job: Job  # made in __main__ (another worker may import this one for its Checker)
+
+
+@spmd.case
+def cma_probe_agrees_with_the_kernel():
+    if job.topology.cross_size == 1 and job.p > 1:  # one node: tests/mpirun.py finds out what the kernel allows
+        assert (job.small.peer_memory is not None) == (os.environ["CMA_EXPECTED"] == "1"), job.small.peer_memory_reason
+        if job.small.peer_memory is not None:
+            assert job.large.peer_memory is not None, "cross-memory attach probed differently for two contexts"
+
+
+@spmd.case
+def every_algorithm_op_dtype_size():
+    for algorithm in job.algorithms:
         for dtype in REDUCIBLE:
             for op in OPS:
-                for n in sizes:
-                    case += 1
-                    check.allreduce(small, algorithm, dtype, op, n, case)
-    # Codecs on float32, every algorithm that supports them.
-    for algorithm in [a for a in algorithms if a != "native"]:
+                for n in job.sizes:
+                    job.allreduce(job.small, algorithm, dtype, op, n)
+
+
+@spmd.case
+def codecs_on_float32():
+    """Every algorithm that supports a codec."""
+    for algorithm in [a for a in job.algorithms if a != "native"]:
         for codec in (Compression.fp16, Compression.bf16):
             for op in OPS:
-                for n in (0, 1, p + 1, 1031):
-                    case += 1
-                    check.allreduce(small, algorithm, np.dtype(np.float32), op, n, case, codec)
-    # A few MiB: many pipeline segments per ring step.
+                for n in (0, 1, job.p + 1, 1031):
+                    job.allreduce(job.small, algorithm, np.dtype(np.float32), op, n, codec)
+
+
+@spmd.case
+def many_pipeline_segments():
+    """A few MiB: many pipeline segments per ring step."""
     big = 3 * (1 << 18) + 13  # 3 MiB of float32 plus a remainder
-    for algorithm in algorithms:
-        case += 1
-        check.allreduce(large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, case)
+    for algorithm in job.algorithms:
+        job.allreduce(job.large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big)
         if algorithm != "native":
-            case += 1
-            check.allreduce(large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, case, Compression.bf16)
-    check.allreduce(large, "ring", BFLOAT16, ReduceOp.SUM, big, case + 1)
+            job.allreduce(job.large, algorithm, np.dtype(np.float32), ReduceOp.SUM, big, Compression.bf16)
+    job.allreduce(job.large, "ring", BFLOAT16, ReduceOp.SUM, big)
 
-    # torus2d on explicit grid shapes.
+
+@spmd.case
+def torus2d_on_explicit_grids():
+    p = job.p
     for nx in [d for d in range(1, p + 1) if p % d == 0]:
-        ctx = context(torus_shape=(nx, p // nx), ring_segment_bytes=1024)
+        ctx = job.context(torus_shape=(nx, p // nx), ring_segment_bytes=1024)
         for dtype in (np.dtype(np.float32), np.dtype(np.int32), FLOAT16):
-            for n in sizes:
-                case += 1
-                check.allreduce(ctx, "torus2d", dtype, ReduceOp.SUM, n, case)
-        check.allreduce(ctx, "torus2d", np.dtype(np.float32), ReduceOp.SUM, 1031, case + 1, Compression.fp16)
+            for n in job.sizes:
+                job.allreduce(ctx, "torus2d", dtype, ReduceOp.SUM, n)
+        job.allreduce(ctx, "torus2d", np.dtype(np.float32), ReduceOp.SUM, 1031, Compression.fp16)
 
-    # Errors, raised on every rank alike.
-    f32 = np.ones(8, np.float32)
+
+@spmd.case
+def errors_on_every_rank_alike():
+    small, p, f32 = job.small, job.p, np.ones(8, np.float32)
     expect_error(ConfigError, "unknown algorithm", lambda: run_allreduce(small, f32, ReduceOp.SUM, "bogus"),
                  "bad algorithm name")
-    bad_grid = context(torus_shape=(p + 1, 1))
+    bad_grid = job.context(torus_shape=(p + 1, 1))
     expect_error(ConfigError, "COMMLIB_TORUS_SHAPE", lambda: run_allreduce(bad_grid, f32, ReduceOp.SUM, "torus2d"),
                  "bad torus shape")
-    if not topology.uniform:
+    if not job.topology.uniform:
         expect_error(ConfigError, "COMMLIB_TORUS_SHAPE", lambda: run_allreduce(small, f32, ReduceOp.SUM, "torus2d"),
                      "default torus on uneven nodes")
     expect_error(ConfigError, "native", lambda: run_allreduce(small, f32, ReduceOp.SUM, "native", Compression.fp16),
                  "native with a codec")
-    expect_error(CommlibError, "contiguous", lambda: run_allreduce(small, np.ones(8, np.float32)[::2], ReduceOp.SUM, "ring"),
-                 "non-contiguous buffer")
+    expect_error(CommlibError, "contiguous",
+                 lambda: run_allreduce(small, np.ones(8, np.float32)[::2], ReduceOp.SUM, "ring"), "non-contiguous buffer")
     expect_error(TypeError, "float32", lambda: run_allreduce(small, np.ones(8), ReduceOp.SUM, "ring", Compression.bf16),
                  "codec on float64")
-    if p > 1 and topology.cross_size > 1:
-        expect_error(CommlibError, "nodes", lambda: run_allreduce(small, f32, ReduceOp.SUM, "cma"),
-                     "cma across nodes")
-    off = context(cma=False)
-    expect_error(CommlibError, "COMMLIB_CMA=0", lambda: run_allreduce(off, f32.copy(), ReduceOp.SUM, "cma"),
-                 "cma switched off") if p > 1 else None
+    if p > 1 and job.topology.cross_size > 1:
+        expect_error(CommlibError, "nodes", lambda: run_allreduce(small, f32, ReduceOp.SUM, "cma"), "cma across nodes")
     if p > 1:
-        assert AlgorithmContext.create(off.transport, topology, off.config).peer_memory is None
+        off = job.context(cma=False)
+        expect_error(CommlibError, "COMMLIB_CMA=0", lambda: run_allreduce(off, f32.copy(), ReduceOp.SUM, "cma"),
+                     "cma switched off")
+        assert AlgorithmContext.create(off.transport, job.topology, off.config).peer_memory is None
 
-    for ctx in contexts:
+
+@spmd.case
+def close_every_context():
+    for ctx in job.contexts:
         ctx.close()
         ctx.transport.free()
-    total = comm.allreduce(check.checks)
-    if comm.rank == 0:
-        print(f"algo_check ok: {check.checks} allreduce checks per rank ({total} total) on {p} ranks, {topology}")
+    total = job.comm.allreduce(job.check.checks)
+    if job.comm.rank == 0:
+        print(f"{job.check.checks} allreduce checks per rank ({total} in all) on {job.p} ranks, {job.topology}",
+              flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local-size", type=int, default=None)
+    parser.add_argument("--round-robin", type=int, default=None)
+    args = parser.parse_args()
+    job = Job(args.local_size, args.round_robin)
+    spmd.main()

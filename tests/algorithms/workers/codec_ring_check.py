@@ -11,7 +11,8 @@ segmenting or message matching shows as a bit difference. Checked through ``ring
 (prescale/postscale given directly) and through ``Engine.allreduce_`` (fp16 pre-divide and multiply-back),
 with a small segment size so that chunks span many segments, including chunks whose segment counts
 differ. For every algorithm, the Engine's scaling (folded into the codec passes by ring, recursive
-doubling and rabenseifner) is also compared with separate scaling passes around ``run_allreduce``. Exits non-zero (MPI_Abort) on the first failure.
+doubling and rabenseifner) is also compared with separate scaling passes around ``run_allreduce``.
+Named cases on every rank (tests/spmd.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from commlib.engine import Engine
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from spmd import run
+import spmd
 
 F32 = np.float32
 SEGMENT_BYTES = 4096  # a codec segment is SEGMENT_BYTES / 16 = 256 elements
@@ -62,27 +63,40 @@ def same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
                              f"got {got[i]!r}, expected {want[i]!r}")
 
 
-def main() -> None:
-    comm = MPI.COMM_WORLD
-    p, rank = comm.size, comm.rank
-    config = Config.load(ring_segment_bytes=SEGMENT_BYTES)
-    transport = MPITransport.duplicate(comm)
-    ctx = AlgorithmContext.create(transport, Topology.detect(comm, config.local_size), config)
-    engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm, config.local_size), config)
-    # sizes: tiny, one segment, chunks of 257 and 256 elements (different segment counts), many segments
-    sizes = (1, 7, 256 * p, 257 * p - (p - 1), 256 * p + 1, 5000, 40_000)
-    checks = 0
-    for codec in (Compression.fp16, Compression.bf16):
-        for n in sizes:
-            inputs = [(np.random.default_rng([k, n]).standard_normal(n) * 100).astype(F32) for k in range(p)]
+comm = MPI.COMM_WORLD
+p, rank = comm.size, comm.rank
+config = Config.load(ring_segment_bytes=SEGMENT_BYTES)
+transport = MPITransport.duplicate(comm)
+ctx = AlgorithmContext.create(transport, Topology.detect(comm, config.local_size), config)
+engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm, config.local_size), config)
+# sizes: tiny, one segment, chunks of 257 and 256 elements (different segment counts), many segments
+SIZES = (1, 7, 256 * p, 257 * p - (p - 1), 256 * p + 1, 5000, 40_000)
+CODECS = (Compression.fp16, Compression.bf16)
+
+
+def inputs(n: int) -> list[np.ndarray]:
+    return [(np.random.default_rng([k, n]).standard_normal(n) * 100).astype(F32) for k in range(p)]
+
+
+@spmd.case
+def ring_with_prescale_and_postscale():
+    for codec in CODECS:
+        for n in SIZES:
+            every = inputs(n)
             for op in (ReduceOp.SUM, ReduceOp.MAX):
                 for pre, post in ((1.0, 1.0), (1 / p, float(p)), (0.5, 3.0)):
-                    buf = inputs[rank].copy()
+                    buf = every[rank].copy()
                     ring.allreduce(ctx, buf, op, codec, prescale=pre, postscale=post)
-                    same_bits(buf, simulate(inputs, codec.wire_dtype, op, pre, post),
+                    same_bits(buf, simulate(every, codec.wire_dtype, op, pre, post),
                               f"ring {codec} n={n} {op.name} prescale={pre} postscale={post}")
-                    checks += 1
-            # the Engine: fp16 Sum/Average divide by p before encoding; Sum multiplies back
+
+
+@spmd.case
+def engine_ring_predivides_for_fp16():
+    """The Engine: fp16 Sum/Average divide by p before encoding; Sum multiplies back."""
+    for codec in CODECS:
+        for n in SIZES:
+            every = inputs(n)
             for op, user_pre, user_post in ((ReduceOp.SUM, 1.0, 1.0), (ReduceOp.AVERAGE, 1.0, 1.0),
                                             (ReduceOp.SUM, 2.0, 0.25)):
                 predivide = codec is Compression.fp16 and p > 1
@@ -90,14 +104,16 @@ def main() -> None:
                 post = user_post * (p if predivide and op is ReduceOp.SUM else 1)
                 if op is ReduceOp.AVERAGE and not predivide and p > 1:
                     post /= p
-                buf = inputs[rank].copy()
+                buf = every[rank].copy()
                 engine.allreduce_(buf, op, algorithm="ring", prescale=user_pre, postscale=user_post, codec=codec)
-                same_bits(buf, simulate(inputs, codec.wire_dtype, ReduceOp.SUM, pre, post),
+                same_bits(buf, simulate(every, codec.wire_dtype, ReduceOp.SUM, pre, post),
                           f"engine ring {codec} n={n} {op.name} prescale={user_pre} postscale={user_post}")
-                checks += 1
-    # every algorithm: the Engine's scaling (folded into the codec passes where the algorithm can, and
-    # into the ring's last reduce-scatter step without a codec) is bit for bit that of separate passes
-    # around run_allreduce
+
+
+@spmd.case
+def every_algorithm_scales_as_separate_passes():
+    """The Engine's scaling (folded into the codec passes where the algorithm can, and into the ring's last
+    reduce-scatter step without a codec) is bit for bit that of separate passes around run_allreduce."""
     for name in ALGORITHMS:
         if name in ("native", "ps") or (name == "cma" and engine.context.peer_memory is None):
             continue  # cma: only where the kernel allows it (algo_check checks the probe's verdict); ps: servers
@@ -119,8 +135,11 @@ def main() -> None:
                     engine.allreduce_(got, op, algorithm=name, prescale=user_pre, postscale=user_post, codec=codec)
                     same_bits(got, want, f"engine {name} {codec} n={n} {op.name} prescale={user_pre} "
                                          f"postscale={user_post} vs separate scaling passes")
-                    checks += 1
-    # overflow: only the rank whose value overflowed float16 after the pre-divide is warned
+
+
+@spmd.case
+def overflow_warns_only_the_rank_that_overflowed():
+    """Only the rank whose value overflowed float16 after the pre-divide is warned."""
     big = np.full(3000, 1.0, F32)
     if rank == 0:
         big[5] = 65504.0 * p * 4
@@ -132,13 +151,15 @@ def main() -> None:
         raise AssertionError(f"rank {rank}: expected an overflow warning only on rank 0, got {len(warned)}")
     if p > 1 and not np.isinf(big[5]):
         raise AssertionError(f"the overflowed value should be inf on every rank, got {big[5]}")
+
+
+@spmd.case
+def close():
     engine.close()
     ctx.close()
     transport.free()
     comm.Barrier()
-    if rank == 0:
-        print(f"codec_ring_check ok: {checks} bitwise checks on {p} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()
