@@ -125,9 +125,9 @@ class Report:
         left = [c for c in self.plans[rank] if results.get(c, {}).get("result") not in ("ok", "skipped")]
         return f"in case {left[0]!r}" if left else "after its last case"
 
-    def problems(self, ranks, cases=()) -> list[str]:
-        """Why the job does not pass: a failed case, a rank without a plan or that stopped early, a case
-        of ``cases`` that did not pass on every rank of ``ranks``."""
+    def problems(self, ranks, cases=(), size: int | None = None) -> list[str]:
+        """Why the job does not pass: a failed case, a rank of ``ranks`` without a plan or that stopped
+        early, a case of ``cases`` that did not pass on one of them, a report from a rank beyond ``size``."""
         found = self.failures()
         for rank in ranks:
             if rank not in self.done:
@@ -136,9 +136,9 @@ class Report:
                 if rank in self.plans and self.results.get(rank, {}).get(name, {}).get("result") != "ok":
                     state = self.results.get(rank, {}).get(name, {}).get("result", "not run")
                     found.append(f"case {name!r} did not pass on rank {rank} ({state})")
-        extra = sorted(set(self.plans) - set(ranks))
+        extra = sorted(r for r in self.plans if size is not None and not 0 <= r < size)
         if extra:
-            found.append(f"ranks {extra} reported cases but the job has ranks {list(ranks)} only")
+            found.append(f"ranks {extra} reported cases but the job's script runs on ranks 0-{size - 1} only")
         return found
 
 
@@ -164,6 +164,12 @@ def read_report(out: str) -> Report:
     return report
 
 
+def check_report(out: str, ranks, cases=(), what: str = "the job") -> None:
+    """Raise MPIJobFailed unless every rank of ``ranks`` ran its whole plan (``cases`` passed among it),
+    for a job a test launched itself (an MPMD job on an emulated cluster)."""
+    _checked(out, what, None, None, ranks, cases, True)
+
+
 def uses_spmd(script: str | Path) -> bool:
     """Whether a worker reports named cases (it imports tests/spmd.py)."""
     try:
@@ -173,11 +179,11 @@ def uses_spmd(script: str | Path) -> bool:
     return re.search(r"^\s*(import spmd|from spmd import)", text, re.M) is not None
 
 
-def _checked(out: str, command: str, failed: str | None, ranks, cases, report: bool) -> None:
+def _checked(out: str, command: str, failed: str | None, size: int | None, ranks, cases, report: bool) -> None:
     """Raise MPIJobFailed when the job failed (``failed``: how) or, with ``report``, when its ranks did not
     all pass their cases; the message leads with the failing case and rank."""
     got = read_report(out)
-    problems = got.problems(ranks, cases) if report else got.failures()
+    problems = got.problems(ranks, cases, size) if report else got.failures()
     if failed is None and not problems:
         return
     if failed and failed.startswith("timed out") and report:
@@ -257,13 +263,13 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         _remove_new_mpich_shm(shm_before)
-        _checked(out, command, f"timed out after {timeout}s", ranks, cases, report)
+        _checked(out, command, f"timed out after {timeout}s", nprocs, ranks, cases, report)
     if proc.returncode != 0:
         _remove_new_mpich_shm(shm_before)
     if expect_fail and proc.returncode == 0:
-        _checked(out, command, "expected the job to fail, but it succeeded", ranks, cases, report)
+        _checked(out, command, "expected the job to fail, but it succeeded", nprocs, ranks, cases, report)
     failed = None if expect_fail or proc.returncode == 0 else f"exit code {proc.returncode}"
-    _checked(out, command, failed, ranks, cases, report)
+    _checked(out, command, failed, nprocs, ranks, cases, report)
     return out
 
 
@@ -295,7 +301,8 @@ def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120
     except JobFailed as exc:
         _remove_new_mpich_shm(shm_before)
         failed = str(exc).split(":", 1)[0] + f" on cluster {cluster.name}"  # "timed out after 300s", "exit code 1"
-        _checked(exc.completed.stdout or "", " ".join(command), failed, range(cluster.size), cases, report)
-    _checked(out, " ".join(command), None, range(cluster.size), ("node_layout", *cases) if report else cases,
-             report)
+        _checked(exc.completed.stdout or "", " ".join(command), failed, cluster.size, range(cluster.size), cases,
+                 report)
+    _checked(out, " ".join(command), None, cluster.size, range(cluster.size),
+             ("node_layout", *cases) if report else cases, report)
     return out

@@ -52,6 +52,17 @@ def first_case(func: Callable[[], None]) -> Callable[[], None]:
     return func
 
 
+def rank_cases(rank_and_size: Callable[[], tuple[int, int]], *checks: Callable[[int, int], None]) -> None:
+    """Register each ``check(rank, size)`` as a case named after it (less a ``check_`` prefix), called with
+    ``rank_and_size()`` when it runs (after the worker's own init case, e.g. ``lambda: (hvd.rank(),
+    hvd.size())``)."""
+    for check in checks:
+        def run_check(check=check):
+            check(*rank_and_size())
+        run_check.__name__ = check.__name__.removeprefix("check_")
+        case(run_check)
+
+
 class Skip(Exception):
     """Raised by :func:`skip`: the case does not apply to this job (reported, not failed)."""
 
@@ -83,6 +94,11 @@ def report(**fields) -> None:
         fields["error"] = fields["error"][:len(fields["error"]) // 2] + " ..."
         line = MARK + json.dumps({"rank": rank, "size": size, **fields}) + "\n"
     os.write(1, line.encode())
+
+
+def names() -> list[str]:
+    """The registered cases' names, in the order they run."""
+    return list(_CASES)
 
 
 def main(select: Iterable[str] | None = None) -> None:
@@ -140,15 +156,13 @@ def import_worker(name: str):
         (path,) = Path(__file__).resolve().parent.glob(f"*/workers/{name}.py")
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
-        registered = dict(_CASES)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
+        registered, first = dict(_CASES), list(_FIRST)
         _CASES.clear()
-        _CASES.update(registered)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            _CASES.clear()
+            _CASES.update(registered)
+            _FIRST[:] = first
     return sys.modules[name]
-
-
-def run(main) -> None:
-    """Run ``main()`` as the single case ``main`` (the form of the workers not yet split into cases)."""
-    case(main)
-    globals()["main"]()

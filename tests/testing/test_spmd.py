@@ -30,8 +30,8 @@ def test_the_report_is_read_where_each_line_starts():
     assert report.passed("a") == {0, 1} and report.passed("b") == set()
     assert report.unfinished(1) == "in case 'b'" and report.unfinished(0) == "after its last case"
     assert report.problems([0, 1]) == ["rank 1 did not finish its cases: in case 'b'"]
-    assert report.problems([0], cases=["b"]) == ["case 'b' did not pass on rank 0 (skipped)",
-                                                 "ranks [1] reported cases but the job has ranks [0] only"]
+    assert report.problems([0], cases=["b"], size=1) == [
+        "case 'b' did not pass on rank 0 (skipped)", "ranks [1] reported cases but the job's script runs on ranks 0-0 only"]
     failed = read_report(_line(rank=1, size=2, case="b", result="failed", error="AssertionError: x"))
     assert failed.failures() == ["case 'b' failed on rank 1: AssertionError: x"]
     assert read_report("").problems([0]) == [
