@@ -1,7 +1,5 @@
 """The background coordinator on 1-4 real MPI ranks: results, ordering, fusion, lanes, join, errors."""
 
-import re
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -12,8 +10,7 @@ from mpirun import run_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
 def test_collectives_match_numpy(nprocs):
-    out = run_mpi(nprocs, "coord_collectives.py", timeout=240)
-    assert out.count("collectives OK") == nprocs
+    run_mpi(nprocs, "coord_collectives.py", timeout=240)  # every case passed on every rank
 
 
 @pytest.mark.mpi
@@ -24,8 +21,7 @@ def test_collectives_match_numpy(nprocs):
                                  {"COMMLIB_LOCAL_SIZE": "1"}],
                          ids=["lanes3", "nofusion", "hierarchical2x2", "tinyfusion", "eager4nodes"])
 def test_collectives_under_settings(env):
-    out = run_mpi(4 if "COMMLIB_LOCAL_SIZE" in env else 2, "coord_collectives.py", env=env, timeout=240)
-    assert "collectives OK" in out
+    run_mpi(4 if "COMMLIB_LOCAL_SIZE" in env else 2, "coord_collectives.py", env=env, timeout=240)
 
 
 @pytest.mark.mpi
@@ -33,14 +29,12 @@ def test_collectives_under_settings(env):
 def test_eager_small_allreduces_across_nodes(nprocs, local_size):
     """Small allreduces whose data rides in the negotiation round: numpy's results, the same bits on every
     rank, in any submission order, with process sets and join; larger ones take the collective."""
-    out = run_mpi(nprocs, "coord_eager.py", env={"COMMLIB_LOCAL_SIZE": local_size}, timeout=180)
-    assert out.count("eager OK") == nprocs
+    run_mpi(nprocs, "coord_eager.py", env={"COMMLIB_LOCAL_SIZE": local_size}, timeout=180)
 
 
 @pytest.mark.mpi
 def test_idle_job_does_not_spin():
-    out = run_mpi(2, "coord_idle.py", timeout=60)
-    assert out.count("idle cpu") == 2
+    run_mpi(2, "coord_idle.py", timeout=60, cases=["an_idle_job_uses_little_cpu"])
 
 
 CASES = ["readonly", "shape", "dtype", "op", "root", "scale", "compression", "allgather_shape", "noncontiguous",
@@ -51,29 +45,25 @@ CASES = ["readonly", "shape", "dtype", "op", "root", "scale", "compression", "al
 @pytest.mark.parametrize("case", CASES)
 def test_bad_input_raises_on_every_rank(case):
     env = {"COMMLIB_TORUS_SHAPE": "3x1"} if case == "execution_failure" else None
-    out = run_mpi(2, "coord_errors.py", case, env=env, timeout=60)
-    assert out.count("raised as expected") == 2 and out.count(f"case {case} OK") == 2, out
+    run_mpi(2, "coord_errors.py", case, env=env, timeout=60, cases=[case, "still_usable"])
 
 
 @pytest.mark.mpi
 def test_bad_input_on_three_ranks():
-    out = run_mpi(3, "coord_errors.py", "shape", timeout=60)
-    assert out.count("raised as expected") == 3
+    run_mpi(3, "coord_errors.py", "shape", timeout=60, cases=["shape", "still_usable"])
 
 
 @pytest.mark.mpi
 def test_stall_becomes_an_error():
     env = {"COMMLIB_STALL_CHECK_TIME": "0.5", "COMMLIB_STALL_SHUTDOWN_TIME": "1"}
-    out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60)
-    assert out.count("raised as expected") == 2
-    assert "commlib stall" in out and "waiting for rank(s) [0]" in out
+    out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60, cases=["stall", "still_usable"])
+    assert "commlib stall" in out and "waiting for rank(s) [0]" in out  # the stall warning came first
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", ["shutdown_peer", "shutdown_root"])
 def test_peer_shutdown_fails_waiting_ranks(case):
-    out = run_mpi(3, "coord_errors.py", case, timeout=60)
-    assert out.count("raised as expected") == 2
+    run_mpi(3, "coord_errors.py", case, timeout=60, cases=[case])
 
 
 RELAY = {"COMMLIB_DIRECT_MAX_RANKS": "0"}  # negotiation messages through rank 0 even on a few ranks
@@ -82,22 +72,20 @@ RELAY = {"COMMLIB_DIRECT_MAX_RANKS": "0"}  # negotiation messages through rank 0
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_collectives_through_the_relay(nprocs):
-    out = run_mpi(nprocs, "coord_collectives.py", env=RELAY, timeout=240)
-    assert out.count("collectives OK") == nprocs
+    run_mpi(nprocs, "coord_collectives.py", env=RELAY, timeout=240)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("case", ["shape", "reuse", "shutdown_peer", "shutdown_root"])
 def test_errors_through_the_relay(case):
-    out = run_mpi(3, "coord_errors.py", case, env=RELAY, timeout=60)
-    assert out.count("raised as expected") == (2 if case.startswith("shutdown") else 3), out
+    run_mpi(3, "coord_errors.py", case, env=RELAY, timeout=60, cases=[case])
 
 
 @pytest.mark.mpi
 def test_stall_through_the_relay():
     env = {**RELAY, "COMMLIB_STALL_CHECK_TIME": "0.5", "COMMLIB_STALL_SHUTDOWN_TIME": "1"}
-    out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60)
-    assert out.count("raised as expected") == 2 and "waiting for rank(s) [0]" in out
+    out = run_mpi(3, "coord_errors.py", "stall", env=env, timeout=60, cases=["stall", "still_usable"])
+    assert "waiting for rank(s) [0]" in out
 
 
 def _results(tmp_path, nprocs, env):
@@ -185,57 +173,46 @@ def test_fusion_groups_bound_the_packed_bytes_only():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_settings_that_must_agree_are_checked_at_init(nprocs):
-    out = run_mpi(nprocs, "config_mismatch.py", timeout=60)
-    assert out.count("mismatch raised, then init worked") == nprocs, out
+    run_mpi(nprocs, "config_mismatch.py", timeout=60)
 
 
-def _error_times(out: str) -> dict[int, float]:
-    return {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"rank (\d+): error after ([\d.]+) s", out)}
+# The leave tests need no clock: the others' errors say how they learned of the rank (it left, exited without
+# shutdown(), sent no coordinator message); had they waited for a timeout instead (COMMLIB_TIMEOUT is 10
+# minutes by default), the job would have run past run_mpi's timeout and failed.
+FAILS_NAMING_IT = ["a_call_fails_naming_the_rank_that_left", "the_next_call_fails_too"]
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_a_rank_that_exits_without_shutdown_fails_the_others(nprocs):
-    out = run_mpi(nprocs, "coord_leave.py", "exit", timeout=60)
-    times = _error_times(out)
-    assert sorted(times) == list(range(nprocs - 1)), out
-    assert all(t < 10 for t in times.values()), times
+    out = run_mpi(nprocs, "coord_leave.py", "exit", timeout=60, ranks=range(nprocs - 1), cases=FAILS_NAMING_IT)
     assert out.count("left: its process exited without calling commlib.shutdown()") >= nprocs - 1, out
-    assert out.count("OK") == nprocs - 1
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
 def test_rank_0_leaving_fails_the_others(env):
-    out = run_mpi(3, "coord_leave.py", "exit", "0", env=env, timeout=60)
-    times = _error_times(out)
-    assert sorted(times) == [1, 2] and all(t < 10 for t in times.values()), out
-    assert "rank 0 left" in out and out.count("leave case exit OK") == 2, out
+    out = run_mpi(3, "coord_leave.py", "exit", "0", env=env, timeout=60, ranks=[1, 2], cases=FAILS_NAMING_IT)
+    assert "rank 0 left" in out, out
 
 
 @pytest.mark.mpi
 def test_a_rank_that_leaves_fails_the_others_join():
-    out = run_mpi(3, "coord_leave.py", "join", timeout=60)
-    times = _error_times(out)
-    assert sorted(times) == [0, 1] and all(t < 10 for t in times.values()), out
-    assert out.count("leave case join OK") == 2, out
+    run_mpi(3, "coord_leave.py", "join", timeout=60, ranks=[0, 1], cases=["join_fails_naming_the_rank_that_left"])
 
 
 @pytest.mark.mpi
 def test_a_rank_that_dies_of_an_exception_fails_the_others():
-    out = run_mpi(3, "coord_leave.py", "raise", timeout=60, expect_fail=True)
+    # mpiexec ends the job on the non-zero exit; a rank that reported before that passed (ranks=[]: none must)
+    out = run_mpi(3, "coord_leave.py", "raise", timeout=60, expect_fail=True, ranks=[])
     assert "rank leaves by an uncaught exception" in out
-    # mpiexec ends the job on the non-zero exit; whoever printed first was told by the exit hook
-    assert all(t < 10 for t in _error_times(out).values()), out
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
 def test_stall_shutdown_without_the_silent_rank(env):
     env = {**env, "COMMLIB_STALL_CHECK_TIME": "1", "COMMLIB_STALL_SHUTDOWN_TIME": "2"}
-    # a lost peer ends the job (MPI_Abort at exit, docs/failures.md): the job fails, after every rank reported
-    out = run_mpi(3, "coord_leave.py", "hold", env=env, timeout=90, expect_fail=True)
-    times = _error_times(out)
-    assert sorted(times) == [0, 1, 2], out
-    assert times[0] < 10 and times[1] < 10, times
-    assert "sent no coordinator message" in out and out.count("leave case hold OK") == 3, out
+    # a lost peer ends the job (MPI_Abort at exit, docs/failures.md): the job fails, after every rank (the silent
+    # one too, once it woke) passed its cases
+    out = run_mpi(3, "coord_leave.py", "hold", env=env, timeout=90, expect_fail=True, cases=FAILS_NAMING_IT)
+    assert "sent no coordinator message" in out, out

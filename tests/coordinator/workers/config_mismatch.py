@@ -6,18 +6,24 @@ import os
 
 from mpi4py import MPI
 
-from spmd import expect_error, run
+import commlib as cl
+import spmd
+from spmd import expect_error
+
+rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+last = size - 1
 
 
-def main():
-    rank = MPI.COMM_WORLD.Get_rank()
-    import commlib as cl
-
+@spmd.case
+def differing_fusion_thresholds_fail_init_on_every_rank():
     os.environ["COMMLIB_FUSION_THRESHOLD"] = "64M" if rank == 0 else "1M"
     expect_error(cl.ConfigError, "COMMLIB_FUSION_THRESHOLD must be the same on every rank (rank 0: 67108864, "
                  "rank 1: 1048576", cl.init, "mismatched fusion threshold")
     del os.environ["COMMLIB_FUSION_THRESHOLD"]
-    last = MPI.COMM_WORLD.Get_size() - 1
+
+
+@spmd.case
+def a_setting_invalid_on_one_rank_fails_init_on_every_rank():
     if rank == last:
         os.environ["COMMLIB_ALGORITHM"] = "fastest"
         expect_error(cl.ConfigError, "unknown algorithm 'fastest'", cl.init, "invalid setting here")
@@ -25,11 +31,14 @@ def main():
     else:
         expect_error(cl.ConfigError, f"failed on another rank (rank {last}: COMMLIB_ALGORITHM='fastest' is invalid",
                      cl.init, "invalid setting on another rank")
-    cl.init()  # agreeing settings: fine
-    size = MPI.COMM_WORLD.Get_size()
+
+
+@spmd.case
+def then_agreeing_settings_init():
+    cl.init()
     assert cl.allreduce(rank * 1.0 + 1.0, op=cl.Sum, name="ok") == size * (size + 1) / 2
     cl.shutdown()
-    print(f"rank {rank}: mismatch raised, then init worked", flush=True)
 
 
-run(main)
+if __name__ == "__main__":
+    spmd.main()

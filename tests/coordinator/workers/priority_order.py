@@ -15,18 +15,28 @@ from pathlib import Path
 import numpy as np
 
 import commlib as cl
-from spmd import run
+import spmd
 
 SMALL = 30_000      # floats: above the eager limit (64K bytes), below one partition (256K bytes)
 LARGE = 2_000_000   # floats: 8 MB, 31 partitions of 256K bytes... and a remainder
 PRIORITIES = [3, 6, 2, 5, 4]  # submission order differs from priority order
 
 
-def main():
+r = n = 0
+data: dict = {}
+
+
+@spmd.case
+def init():
+    global r, n
     cl.init()
     r, n = cl.rank(), cl.size()
+
+
+@spmd.case
+def results_equal_numpy():
     rng = np.random.default_rng(r)
-    data = {f"small{p}": rng.standard_normal(SMALL).astype(np.float32) for p in PRIORITIES}
+    data.update({f"small{p}": rng.standard_normal(SMALL).astype(np.float32) for p in PRIORITIES})
     data["large"] = rng.standard_normal(LARGE).astype(np.float32)
     handles = {"large": cl.allreduce_async(data["large"], name="large", op=cl.Sum, priority=1)}
     for p in PRIORITIES:
@@ -40,10 +50,10 @@ def main():
             assert np.array_equal(result, expected), k
     cl.stop_timeline()
     cl.barrier()
-    if "--results-only" in sys.argv:  # several lanes: releases run side by side, their starts may swap
-        print(f"priority_order OK rank {r}", flush=True)
-        cl.shutdown()
-        return
+
+
+@spmd.case
+def the_most_urgent_runs_first_in_the_same_order_everywhere():
     trace_dir = Path(sys.argv[1])
     order = [_order(trace_dir / ("trace.json" if q == 0 else f"trace.rank{q}.json")) for q in range(n)]
     assert all(o == order[0] for o in order), f"ranks ran different orders: {order}"
@@ -63,14 +73,21 @@ def main():
                 assert start[a] < start[b], f"{a} (priority {priority[a]}) waited behind {b}: {names}"
     # and the small urgent ones did go between the partitions of the large one
     assert any(start[f"small{p}"] < start[parts[-1]] for p in PRIORITIES), names
-    # ranks that disagree on a priority get an error naming it, not different orders
+
+
+@spmd.case
+def ranks_that_disagree_on_a_priority_get_an_error():
+    """An error naming it, not different orders."""
     try:
         cl.synchronize(cl.allreduce_async(np.ones(4, np.float32), name="disagree", priority=1 + r))
     except cl.CollectiveError as exc:
         assert "mismatched priority" in str(exc), exc
     else:
         raise AssertionError("different priorities on different ranks were accepted")
-    print(f"priority_order OK rank {r}", flush=True)
+
+
+@spmd.case
+def shutdown():
     cl.shutdown()
 
 
@@ -102,4 +119,7 @@ def _events(path: Path):
 
 
 if __name__ == "__main__":
-    run(main)
+    if "--results-only" in sys.argv:  # several lanes: releases run side by side, their starts may swap
+        spmd.main(["init", "results_equal_numpy", "shutdown"])
+    else:
+        spmd.main()

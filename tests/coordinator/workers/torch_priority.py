@@ -14,7 +14,7 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, expect_error
-from spmd import run
+import spmd
 
 STEPS = 4
 BATCH = 8
@@ -59,37 +59,58 @@ def train(r, n, opt_name, **kwargs):
     return model, optimizer
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    for opt_name in sys.argv[1:] or OPTIMIZERS:  # optimizer names to run (default: all)
-        plain, _ = train(r, n, opt_name)
-        variants = {
-            "priority by registration": dict(priority="forward"),
-            "priority by recorded forward": dict(priority="forward", with_model=True),
-            "overlap_forward": dict(overlap_forward=True, with_model=True),
-            "priority + overlap_forward": dict(priority="forward", overlap_forward=True, with_model=True),
-        }
-        for what, kwargs in variants.items():
-            model, optimizer = train(r, n, opt_name, **kwargs)
-            for (name, a), b in zip(plain.named_parameters(), model.parameters()):
-                assert torch.equal(a, b), f"{opt_name}, {what}: {name} differs from the plain optimizer " \
-                                          f"(max {float((a - b).abs().max())})"
-            assert_same_on_all_ranks(hvd, list(model.parameters()), f"{opt_name}, {what}")
-            if kwargs.get("priority") and kwargs.get("with_model"):
-                # recorded forward order (stem, middle, head) beats registration order (head, middle, stem)
-                prio = {optimizer._names[u[0]]: p for u, p in optimizer._priority.items()}
-                assert prio["stem.weight"] > prio["stem.bias"] > prio["middle.weight"] > prio["head.weight"], prio
-            elif kwargs.get("priority"):
-                prio = {optimizer._names[u[0]]: p for u, p in optimizer._priority.items()}
-                assert prio["head.weight"] > prio["middle.weight"] > prio["stem.weight"], prio
 
+
+def variants_give_the_plain_weights(opt_name):
+    r, n = hvd.rank(), hvd.size()
+    plain, _ = train(r, n, opt_name)
+    variants = {
+        "priority by registration": dict(priority="forward"),
+        "priority by recorded forward": dict(priority="forward", with_model=True),
+        "overlap_forward": dict(overlap_forward=True, with_model=True),
+        "priority + overlap_forward": dict(priority="forward", overlap_forward=True, with_model=True),
+    }
+    for what, kwargs in variants.items():
+        model, optimizer = train(r, n, opt_name, **kwargs)
+        for (name, a), b in zip(plain.named_parameters(), model.parameters()):
+            assert torch.equal(a, b), f"{opt_name}, {what}: {name} differs from the plain optimizer " \
+                                      f"(max {float((a - b).abs().max())})"
+        assert_same_on_all_ranks(hvd, list(model.parameters()), f"{opt_name}, {what}")
+        if kwargs.get("priority") and kwargs.get("with_model"):
+            # recorded forward order (stem, middle, head) beats registration order (head, middle, stem)
+            prio = {optimizer._names[u[0]]: p for u, p in optimizer._priority.items()}
+            assert prio["stem.weight"] > prio["stem.bias"] > prio["middle.weight"] > prio["head.weight"], prio
+        elif kwargs.get("priority"):
+            prio = {optimizer._names[u[0]]: p for u, p in optimizer._priority.items()}
+            assert prio["head.weight"] > prio["middle.weight"] > prio["stem.weight"], prio
+
+
+def case_for(opt_name):
+    """The case ``<optimizer>_gives_the_plain_weights``: priority and overlap_forward against the plain one."""
+    def run_variants():
+        variants_give_the_plain_weights(opt_name)
+    run_variants.__name__ = f"{opt_name}_gives_the_plain_weights"
+    return spmd.case(run_variants)
+
+
+for _name in OPTIMIZERS:
+    case_for(_name)
+
+
+@spmd.case
+def misuse_is_a_clear_error():
     model = Reversed()
     expect_error(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                               overlap_forward=True), "needs model=")
     expect_error(ValueError, lambda: hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                                               priority="backward"), "priority must be")
 
+
+@spmd.case
+def a_weight_read_before_its_update_is_an_error():
     class Sneaky(torch.nn.Module):  # reads a child's weight without calling the child
         def __init__(self):
             super().__init__()
@@ -107,8 +128,9 @@ def main():
     optimizer.zero_grad()
     expect_error(RuntimeError, lambda: sneaky(torch.ones(1, 4)).sum().backward(), "before its previous update")
     optimizer.synchronize()
-    print(f"torch_priority OK rank {r}", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    names = sys.argv[1:] or OPTIMIZERS  # optimizer names to run (default: all)
+    spmd.main(["init", *(f"{name}_gives_the_plain_weights" for name in names), "misuse_is_a_clear_error",
+               "a_weight_read_before_its_update_is_an_error"])
