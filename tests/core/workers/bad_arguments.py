@@ -7,13 +7,23 @@ import torch
 
 import commlib as cl
 import commlib.torch as hvd
-from spmd import expect_error, run
+import spmd
+from spmd import expect_error
 
 
-def main():
+x = np.ones(4, np.float32)
+rank = size = 0
+
+
+@spmd.case
+def init():
+    global rank, size
     cl.init()
     rank, size = cl.rank(), cl.size()
-    x = np.ones(4, np.float32)
+
+
+@spmd.case
+def each_fails_on_the_calling_rank_and_commlib_keeps_working():
     cases = [
         (TypeError, "name must be a string", lambda: cl.allreduce(x, name=3.5), "allreduce name=3.5"),
         (TypeError, "float 3.5", lambda: cl.allreduce_async_(x, name=3.5), "allreduce_async_ name=3.5"),
@@ -50,15 +60,22 @@ def main():
         expect_error(kind, fragment, call, what)
         total = cl.allreduce(np.full(3, rank + 1.0), op=cl.Sum, name="after")
         assert np.array_equal(total, np.full(3, size * (size + 1) / 2)), (what, total)
-    # A failure on one rank only uses up no automatic name: the next unnamed call still matches the others'.
+
+
+@spmd.case
+def a_failure_on_one_rank_uses_up_no_automatic_name():
+    """The next unnamed call still matches the others'."""
     if rank == 0:
         expect_error(ValueError, "finite", lambda: cl.allreduce(x, prescale_factor=float("nan")), "rank 0 only")
         expect_error(TypeError, "root_rank", lambda: cl.broadcast(x, "0"), "rank 0 only")
     assert np.array_equal(cl.allreduce(x, op=cl.Sum), x * size)
     assert np.array_equal(cl.broadcast(np.full(2, float(rank)), 0), np.zeros(2))
+
+
+@spmd.case
+def shutdown():
     cl.shutdown()
-    print(f"[rank {rank}] bad arguments OK", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

@@ -21,7 +21,8 @@ from commlib.errors import CommlibError, ConfigError
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from spmd import expect_error, run
+import spmd
+from spmd import expect_error
 
 REL = {FLOAT16: 2.0 ** -9, BFLOAT16: 2.0 ** -6, np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12}
 MOVABLE = list(REDUCIBLE) + [np.dtype(np.complex128)]
@@ -66,17 +67,18 @@ def close(got, want, dtype, what, p, rel_dtype=None):
         raise AssertionError(f"{what}: got {got.dtype}{got.shape} {got.ravel()[:6]}, want {np.ravel(want)[:6]}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--local-size", type=int, default=None)
-    args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    p, rank = comm.size, comm.rank
-    config = Config.load({}, local_size=args.local_size, small_message_bytes=512, ring_segment_bytes=4096)
-    engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm, args.local_size), config)
-    checks = 0
-    shapes = [(0,), (1,), (3, 4), (2, 0, 3), (5, 3, 7)]
+parser = argparse.ArgumentParser()
+parser.add_argument("--local-size", type=int, default=None)
+args = parser.parse_args()
+comm = MPI.COMM_WORLD
+p, rank = comm.size, comm.rank
+config = Config.load({}, local_size=args.local_size, small_message_bytes=512, ring_segment_bytes=4096)
+engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm, args.local_size), config)
+shapes = [(0,), (1,), (3, 4), (2, 0, 3), (5, 3, 7)]
 
+
+@spmd.case
+def allreduce_every_dtype_op_shape_algorithm():
     # allreduce_: every dtype and op, several shapes and algorithms.
     ops = [ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
     for algorithm in (None, "ring", "rabenseifner", "hierarchical", "native"):
@@ -91,7 +93,10 @@ def main() -> None:
                     assert out is buf
                     want = expected(inputs, op, dtype, p)
                     close(buf, want, dtype, f"allreduce_ {algorithm} {dtype} {op.name} {shape}", p)
-                    checks += 1
+
+
+@spmd.case
+def prescale_postscale_average_and_codecs():
     # prescale / postscale, with Average and codecs.
     for dtype in (np.float32, np.float64, FLOAT16, BFLOAT16):
         for op in (ReduceOp.SUM, ReduceOp.AVERAGE):
@@ -103,7 +108,10 @@ def main() -> None:
                 engine.allreduce_(buf, op, prescale=0.5, postscale=3.0, codec=codec)
                 want = np.stack(inputs).astype(np.float64).sum(0) * 1.5 / (p if op is ReduceOp.AVERAGE else 1)
                 close(buf, want, dtype, f"scaled {dtype} {op.name} {codec}", p, codec and codec.wire_dtype)
-                checks += 1
+
+
+@spmd.case
+def integers_scaled_as_horovod():
     # integers with scale factors and Average, as Horovod on the CPU: each product in float64, truncated
     # toward zero (prescale on every rank's input, postscale and Average's 1/p in one pass on the result).
     for algorithm in (None, "ring", "native"):
@@ -120,7 +128,10 @@ def main() -> None:
                 rows = partition.offsets(7, p)
                 close(got, expected(pre, op, dtype, p, postscale=1.9)[rows[rank]:rows[rank + 1]], dtype,
                       f"scaled reducescatter {dtype} {op.name}", p)
-                checks += 2
+
+
+@spmd.case
+def fp16_codec_overflow():
     # fp16 codec: values up to 65504 * p stay finite (divided by p on the wire); beyond that, inf + warning.
     big = np.full(5, 60000.0, np.float32)
     with warnings.catch_warnings():
@@ -139,8 +150,10 @@ def main() -> None:
         assert comm.allreduce(len(messages)) >= 1, "no rank was warned of the overflow"
     else:
         assert np.all(huge == 70000.0), huge  # one rank: nothing travels
-    checks += 2
 
+
+@spmd.case
+def allgather():
     # allgather: first dimension differs per rank (rank 0 may contribute nothing).
     for dtype in MOVABLE:
         for tail in ((), (3,), (2, 0)):
@@ -148,10 +161,12 @@ def main() -> None:
             got = engine.allgather(parts[rank])
             want = np.concatenate(parts)
             assert got.dtype == np.dtype(dtype) and np.array_equal(got, want), f"allgather {dtype} {tail}"
-            checks += 1
     got = engine.allgather(np.arange(12.0).reshape(3, 4)[:, ::2])  # non-contiguous input is copied
     assert np.array_equal(got, np.tile(np.arange(12.0).reshape(3, 4)[:, ::2], (p, 1)))
 
+
+@spmd.case
+def broadcast_from_every_root():
     # broadcast_: every root, dtypes, empty and multi-dimensional.
     for root in range(p):
         for dtype in MOVABLE:
@@ -159,8 +174,10 @@ def main() -> None:
                 buf = data(rank, shape, dtype, 13)
                 assert engine.broadcast_(buf, root) is buf
                 assert np.array_equal(buf, data(root, shape, dtype, 13)), f"broadcast {root} {dtype} {shape}"
-                checks += 1
 
+
+@spmd.case
+def reducescatter():
     # reducescatter: earlier ranks take the extra rows; Average divides by the size.
     for dtype in REDUCIBLE:
         for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX):
@@ -172,8 +189,10 @@ def main() -> None:
                 full = expected(inputs, op, dtype, p)
                 rows = partition.offsets(shape[0], p)
                 close(got, full[rows[rank]:rows[rank + 1]], dtype, f"reducescatter {dtype} {op.name} {shape}", p)
-                checks += 1
 
+
+@spmd.case
+def alltoall():
     # alltoall: equal split, custom splits (some zero), multi-dimensional.
     for dtype in (np.float32, np.int64, BFLOAT16, np.complex128):
         send = data(rank, (2 * p, 3), dtype, 19)
@@ -189,10 +208,12 @@ def main() -> None:
             pieces.append(sends[r][start:start + splits_of(r)[rank]])
         assert np.array_equal(got, np.concatenate(pieces)), f"alltoall splits {dtype}"
         assert received.tolist() == [splits_of(r)[rank] for r in range(p)], received
-        checks += 2
     empty, received = engine.alltoall(np.zeros((0, 4), np.float32))
     assert empty.shape == (0, 4) and received.tolist() == [0] * p
 
+
+@spmd.case
+def errors_alike_on_every_rank():
     # Errors, raised alike on every rank.
     f32 = np.ones(8, np.float32)
     expect_error(CommlibError, "not contiguous", lambda: engine.allreduce_(np.ones((4, 4), np.float32)[:, 1], "sum", name="w"),
@@ -209,13 +230,13 @@ def main() -> None:
     expect_error(CommlibError, "splits", lambda: engine.alltoall(np.ones(p), [2] * p), "alltoall bad splits")
     assert np.all(f32 == 1)  # no failed call touched the buffer
 
+
+@spmd.case
+def barrier_and_close():
     engine.barrier()
     engine.close()
     engine.close()  # idempotent
-    total = comm.allreduce(checks)
-    if rank == 0:
-        print(f"engine_check ok: {checks} checks per rank ({total} total) on {p} ranks")
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

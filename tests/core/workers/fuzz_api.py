@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 import commlib as cl
 import commlib.torch as hvd
-from spmd import run
+import spmd
 
 ARGS = [a for a in sys.argv[1:] if a != "-v"]
 EXAMPLES = int(ARGS[0]) if ARGS else 150
@@ -217,8 +217,13 @@ def calls(draw):
     return draw(st.sampled_from([numpy_calls, torch_calls]))(draw)
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
+
+
+@spmd.case
+def random_calls_work_or_fail_clearly_and_commlib_keeps_working():
     rank, size = cl.rank(), cl.size()
     seen = {}
     check = [0]
@@ -251,9 +256,12 @@ def main():
         for (kind, outcome), count in sorted(seen.items()):
             print(f"  {kind:28s} {outcome:22s} {count}")
     assert sum(seen.values()) >= min(EXAMPLES, 50), seen
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
-    print(f"[rank {rank}] fuzz OK: {sum(seen.values())} calls", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()
