@@ -1,12 +1,12 @@
 """Lossy compressors on N ranks against numpy references: every check runs on every rank and asserts;
-a failure aborts the job. Prints "compression_check OK" per rank."""
+a failure aborts the job. Named cases on every rank (tests/spmd.py)."""
 
 import numpy as np
 
 import commlib as cl
 from commlib import CollectiveError
 from commlib.compression import DGC, OneBit, PowerSGD, RandomK, TopK
-from spmd import run
+import spmd
 
 C = cl.Compression
 rank = size = 0
@@ -35,21 +35,28 @@ class HalfCompressor:
         return tensor.astype(ctx)
 
 
-def main():
+@spmd.case
+def init():
     global rank, size
     # learning auto may run the two calls compared bit for bit below with different algorithms (different
     # summation orders): the model's choice alone keeps them on the same one
     cl.init(auto_learn=False)
     rank, size = cl.rank(), cl.size()
 
-    # 1. topk(1.0) is the dense allreduce, bit for bit (k * ranks >= n: the pairs would move more bytes).
+
+@spmd.case
+def topk_1_is_the_dense_allreduce():
+    # topk(1.0) is the dense allreduce, bit for bit (k * ranks >= n: the pairs would move more bytes).
     for n in (0, 1, 3, 1000, 5000):
         x = grad(1, n)
         got = cl.allreduce(x, op=cl.Sum, name=f"full.{n}", compression=C.topk(1.0, min_elements=0))
         ref = cl.allreduce(x, op=cl.Sum, name=f"full.ref.{n}")
         assert np.array_equal(got, ref), (n, got, ref)
 
-    # 2. sparse exchange: the sum of every rank's top-k, scattered in rank order, and the same on every rank.
+
+@spmd.case
+def sparse_exchange_sums_every_ranks_topk():
+    # sparse exchange: the sum of every rank's top-k, scattered in rank order, and the same on every rank.
     n = 20000
     for ratio in (0.001, 0.01, 0.1):
         x = grad(2, n)
@@ -70,7 +77,10 @@ def main():
         avg = cl.allreduce(x, op=cl.Average, name=f"topk.avg.{ratio}", compression=TopK(ratio, min_elements=0))
         assert np.allclose(avg * size, got, rtol=1e-6, atol=0), ratio
 
-    # 3. error feedback: everything sent (summed over steps) plus every rank's residual is the sum of all
+
+@spmd.case
+def error_feedback_keeps_what_was_not_sent():
+    # error feedback: everything sent (summed over steps) plus every rank's residual is the sum of all
     #    gradients fed in; for topk, randomk and onebit.
     for label, comp in (("topk", C.topk(0.02, min_elements=0)), ("randomk", C.randomk(0.02, seed=7, min_elements=0)),
                         ("onebit", C.onebit(min_elements=0))):
@@ -87,7 +97,10 @@ def main():
         residual_all = cl.allreduce(residual, op=cl.Sum, name=f"ef.{label}.residual")
         assert np.allclose(sent + residual_all, fed_all, rtol=1e-5, atol=1e-4), label
 
-    # 4. random-k: the same positions on every rank (only values travel); one-bit: signs times mean magnitude.
+
+@spmd.case
+def randomk_positions_and_onebit_signs():
+    # random-k: the same positions on every rank (only values travel); one-bit: signs times mean magnitude.
     x = grad(4, 3000)
     got = cl.allreduce(x, op=cl.Sum, name="rk", compression=RandomK(0.05, seed=3, min_elements=0))
     positions = np.flatnonzero(got)
@@ -102,7 +115,10 @@ def main():
     assert np.allclose(got, ref, rtol=1e-6, atol=1e-6)
     same_on_every_rank(got, "ob.same")
 
-    # 5. tensors below min_elements go dense (exactly the allreduce); state is per name.
+
+@spmd.case
+def small_tensors_go_dense_and_state_is_per_name():
+    # tensors below min_elements go dense (exactly the allreduce); state is per name.
     x = grad(5, 100)
     assert np.array_equal(cl.allreduce(x, op=cl.Sum, name="small", compression=C.topk(0.01)),
                           cl.allreduce(x, op=cl.Sum, name="small.ref"))
@@ -111,7 +127,10 @@ def main():
     cl.allreduce(grad(6, 500), name="b", compression=comp)
     assert comp.state["a"]["residual"].size == 2000 and comp.state["b"]["residual"].size == 500
 
-    # 6. PowerSGD: dense before start_step and for 1-D tensors (bit for bit); at full rank the dense sum.
+
+@spmd.case
+def powersgd():
+    # PowerSGD: dense before start_step and for 1-D tensors (bit for bit); at full rank the dense sum.
     m = grad(7, 24 * 10).reshape(24, 10)
     ps = PowerSGD(rank=2, start_step=1)
     assert np.array_equal(cl.allreduce(m, op=cl.Sum, name="ps", compression=ps),
@@ -138,7 +157,10 @@ def main():
     err = cl.allreduce(low.state["pslow"]["error"].astype(np.float64), op=cl.Sum, name="pslow.err")
     assert np.allclose(sent + err, cl.allreduce(fed, op=cl.Sum, name="pslow.fed"), rtol=1e-4, atol=1e-3)
 
-    # 7. DGC: the warm-up follows its schedule (dense first, then k = n * (1 - sparsity) per rank).
+
+@spmd.case
+def dgc_follows_its_warmup_schedule():
+    # DGC: the warm-up follows its schedule (dense first, then k = n * (1 - sparsity) per rank).
     sched = DGC(momentum=0.0, rampup_begin_step=2, rampup_step=5, min_elements=0)
     expected = [None, None, 0.75, 0.9375, 0.984375, 0.996, 0.999, 0.999]
     assert [sched.sparsity_at(s) for s in range(8)] == expected
@@ -154,7 +176,10 @@ def main():
             nonzero = np.count_nonzero(out)
             assert (nonzero == k) if size == 1 else (k <= nonzero <= size * k or k * size >= n), (step, nonzero, k)
 
-    # 8. async: several compressed tensors in flight at once, in place.
+
+@spmd.case
+def async_compressed_tensors_in_place():
+    # async: several compressed tensors in flight at once, in place.
     tensors = [grad(50 + i, 3000 + i) for i in range(5)]
     refs = [cl.allreduce(t, op=cl.Sum, name=f"async.ref.{i}") for i, t in enumerate(tensors)]
     comps = [TopK(1.0, min_elements=0), PowerSGD(1, 10), C.onebit(), C.topk(0.5), DGC(rampup_begin_step=5)]
@@ -166,7 +191,10 @@ def main():
         assert np.array_equal(tensors[i], refs[i]), i
     assert np.array_equal(tensors[4], refs[4])  # DGC before warm-up: the dense sum (momentum from zero)
 
-    # 9. Horovod's Compressor interface: built-in objects, and a user-written class with static methods.
+
+@spmd.case
+def horovods_compressor_interface():
+    # Horovod's Compressor interface: built-in objects, and a user-written class with static methods.
     x = grad(9, 300)
     half, ctx = C.fp16.compress(x)
     assert half.dtype == np.float16 and C.fp16.decompress(half, ctx).dtype == np.float32
@@ -179,7 +207,10 @@ def main():
     cl.allreduce_(y, op=cl.Sum, name="user.inplace", compression=HalfCompressor)
     assert np.array_equal(y, ref)
 
-    # 10. errors: on every rank, naming the tensor.
+
+@spmd.case
+def errors_name_the_tensor_on_every_rank():
+    # errors: on every rank, naming the tensor.
     try:
         cl.allreduce(np.ones(5000), name="bad.dtype", compression=C.topk(0.1))
         raise AssertionError("float64 with topk was accepted")
@@ -198,8 +229,11 @@ def main():
     except CollectiveError as exc:
         assert "Sum or Average" in str(exc), exc
 
+
+@spmd.case
+def shutdown():
     cl.shutdown()
-    print(f"[rank {rank}] compression_check OK", flush=True)
 
 
-run(main)
+if __name__ == "__main__":
+    spmd.main()

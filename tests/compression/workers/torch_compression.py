@@ -1,6 +1,6 @@
 """commlib.torch with compressors and LocalSGD on N ranks: Horovod's compressor interface, lossy
 compressors in DistributedOptimizer (state per name, surviving a new optimizer), LocalSGD with period 1
-equal to synchronous training, and the hierarchical averager's groups. Prints "torch_compression OK"."""
+equal to synchronous training, and the hierarchical averager's groups. Named cases on every rank."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import commlib as cl
 import commlib.torch as hvd
 from torch_common import close
-from spmd import run
+import spmd
 
 
 class TorchHalf:
@@ -47,18 +47,29 @@ def flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def main():
+C = hvd.Compression
+rank = size = 0
+
+
+@spmd.case
+def init():
+    global rank, size
     # the bit-for-bit comparisons below need both calls on one algorithm: no exploring auto
     hvd.init(auto_learn=False)
     rank, size = hvd.rank(), hvd.size()
-    C = hvd.Compression
 
+
+@spmd.case
+def horovods_interface_on_the_builtin_objects():
     # Horovod's interface on the built-in objects, with torch tensors.
     t = torch.randn(10)
     half, ctx = C.fp16.compress(t)
     assert half.dtype is torch.float16 and C.fp16.decompress(half, ctx).dtype is torch.float32
     assert C.none.compress(t)[0] is t and C.bf16.compress(t)[0].dtype is torch.bfloat16
 
+
+@spmd.case
+def a_user_written_compressor():
     # A user-written compressor on allreduce (async, in place, grouped) and in DistributedOptimizer.
     x = torch.randn(100, generator=torch.Generator().manual_seed(rank))
     expected = hvd.allreduce(x.to(torch.float16), op=hvd.Sum, name="user.ref").to(torch.float32)
@@ -79,6 +90,9 @@ def main():
     train(reference, ref_opt, 3, rank)
     close(flat(model), flat(reference), "user compressor vs fp16 in DistributedOptimizer", rtol=1e-2, atol=1e-3)
 
+
+@spmd.case
+def lossy_state_is_per_name_and_survives_a_new_optimizer():
     # A lossy compressor's state is per parameter name and survives a new DistributedOptimizer: training
     # 2 + 2 steps with a re-created optimizer equals 4 steps with one (same compressor object).
     results = []
@@ -99,6 +113,9 @@ def main():
     every = hvd.allgather(results[1].reshape(1, -1), name="topk.same")
     assert all(torch.equal(every[0], row) for row in every), "ranks diverged under topk"
 
+
+@spmd.case
+def every_lossy_compressor_trains_alike_on_every_rank():
     # Every lossy compressor trains in DistributedOptimizer, identically on every rank.
     for label, comp in (("dgc", C.dgc(rampup_begin_step=1, rampup_step=3, min_elements=0)),
                         ("powersgd", C.powersgd(rank=2, start_step=1)), ("onebit", C.onebit()),
@@ -111,6 +128,9 @@ def main():
         assert all(torch.equal(every[0], row) for row in every), f"ranks diverged under {label}"
         assert torch.isfinite(every).all(), label
 
+
+@spmd.case
+def localsgd_period_1_is_synchronous_training():
     # LocalSGD with period 1 is synchronous training (plain SGD, equal start).
     model, reference = make_model(), make_model()
     local = hvd.LocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -121,6 +141,9 @@ def main():
     train(reference, sync, 4, rank)
     close(flat(model), flat(reference), "LocalSGD period 1 vs synchronous", rtol=1e-5, atol=1e-6)
 
+
+@spmd.case
+def localsgd_warmup_then_period_3():
     # Warm-up then period 3: identical on every rank right after an averaging step, and the step count.
     model = make_model()
     averager = hvd.PeriodicModelAverager(period=3, warmup_steps=2)
@@ -130,22 +153,29 @@ def main():
     close(every[0], every[-1], "LocalSGD after an averaging step", rtol=1e-6, atol=1e-7)
     assert averager.step == 6 and local.state_dict()["step"] == 6
 
+
+@spmd.case
+def hierarchical_averager_groups():
     # Hierarchical: with {1: groups of half the ranks, 2: all}, odd steps average within halves.
-    if size % 2 == 0:
-        half_size = size // 2
-        averager = hvd.HierarchicalModelAverager({1: half_size, 2: size})
-        params = [torch.full((3,), float(rank))]
-        averager.step = 1
-        averager.average_parameters(params)
-        group = rank // half_size
-        mean = np.mean(range(group * half_size, (group + 1) * half_size))
-        assert torch.allclose(params[0], torch.full((3,), mean, dtype=torch.float32)), (params, mean)
-        averager.average_parameters(params)  # step 2: all ranks
-        assert torch.allclose(params[0], torch.full((3,), (size - 1) / 2, dtype=torch.float32))
-        averager.close()
+    if size % 2:
+        spmd.skip("needs an even number of ranks")
+    half_size = size // 2
+    averager = hvd.HierarchicalModelAverager({1: half_size, 2: size})
+    params = [torch.full((3,), float(rank))]
+    averager.step = 1
+    averager.average_parameters(params)
+    group = rank // half_size
+    mean = np.mean(range(group * half_size, (group + 1) * half_size))
+    assert torch.allclose(params[0], torch.full((3,), mean, dtype=torch.float32)), (params, mean)
+    averager.average_parameters(params)  # step 2: all ranks
+    assert torch.allclose(params[0], torch.full((3,), (size - 1) / 2, dtype=torch.float32))
+    averager.close()
 
+
+@spmd.case
+def shutdown():
     cl.shutdown()
-    print(f"[rank {rank}] torch_compression OK", flush=True)
 
 
-run(main)
+if __name__ == "__main__":
+    spmd.main()
