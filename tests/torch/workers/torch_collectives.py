@@ -11,7 +11,7 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close, expect_error
-from spmd import run
+import spmd
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64]
@@ -31,7 +31,7 @@ def reference(shape, dtype, op, n):
     return result
 
 
-def check_queries():
+def check_queries(r, n):
     assert hvd.mpi_built() is True and hvd.mpi_enabled() is True
     assert hvd.nccl_built() == 0 and type(hvd.nccl_built()) is int
     for query in (hvd.gloo_built, hvd.gloo_enabled, hvd.ddl_built, hvd.ccl_built, hvd.rocm_built):
@@ -255,7 +255,8 @@ def check_misuse(r, n):
         # the same name with different shapes on different ranks: every rank gets HorovodInternalError
         exc = expect_error(hvd.HorovodInternalError,
                            lambda: hvd.allreduce(torch.zeros(3 + r), name="mismatched.shape"), "mismatched.shape")
-        print(f"[rank {r}] mismatched shapes -> {type(exc).__name__}: {exc}", flush=True)
+        assert type(exc).__name__ == "CollectiveError" and str(exc).startswith("tensor 'mismatched.shape'"), \
+            f"[rank {r}] mismatched shapes -> {type(exc).__name__}: {exc}"
         handle = hvd.allreduce_async_(torch.zeros(2, dtype=torch.float32 if r else torch.float64), name="mismatched.dtype")
         expect_error(hvd.HorovodInternalError, lambda: hvd.synchronize(handle), "mismatched.dtype")
         expect_error(hvd.HorovodInternalError, lambda: hvd.synchronize(handle), "mismatched.dtype")  # again
@@ -329,18 +330,19 @@ def check_broadcast_state(r, n):
     assert_same_on_all_ranks(hvd, list(model.parameters()) + state_tensors(optimizer)[0], "distributed optimizer state")
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    check_queries()
-    check_allreduce(r, n)
-    check_gather_broadcast(r, n)
-    check_autograd(r, n)
-    check_misuse(r, n)
-    check_broadcast_state(r, n)
+
+
+spmd.rank_cases(lambda: (hvd.rank(), hvd.size()), check_queries, check_allreduce, check_gather_broadcast,
+                check_autograd, check_misuse, check_broadcast_state)
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
-    print(f"[rank {r}] torch_collectives OK on {n} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

@@ -15,7 +15,7 @@ import torch
 import commlib.torch as hvd
 from commlib import adasum
 from torch_common import close, expect_error
-from spmd import run
+import spmd
 
 
 def rows_of(r):
@@ -266,23 +266,21 @@ def check_join(r, n):
     expect_error(TypeError, lambda: hvd.join("cpu"), "device")
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    check_grouped_allgather(r, n)
-    check_grouped_reducescatter(r, n)
-    check_reducescatter_scaling(r, n)
-    check_adasum(r, n)
-    check_sparse(r, n)
-    check_sync_batch_norm(r, n)
-    check_optimizer_and_state(r, n)
-    check_user_compressor(r, n)
-    check_process_sets(r, n)
-    check_alltoall_arguments(r, n)
-    check_join(r, n)
+
+
+spmd.rank_cases(lambda: (hvd.rank(), hvd.size()), check_grouped_allgather, check_grouped_reducescatter,
+                check_reducescatter_scaling, check_adasum, check_sparse, check_sync_batch_norm,
+                check_optimizer_and_state, check_user_compressor, check_process_sets, check_alltoall_arguments,
+                check_join)
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
-    print(f"[rank {r}] torch_horovod OK on {n} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

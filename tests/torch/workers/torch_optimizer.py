@@ -11,7 +11,7 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close, expect_error
-from spmd import run
+import spmd
 
 BATCH = 12  # per micro-batch, over all ranks; divisible by 1, 2, 3, 4 ranks
 STEPS = 5
@@ -239,17 +239,19 @@ def check_misuse(r, n):
     assert_same_on_all_ranks(hvd, list(model.parameters()), "after recovering from misuse")
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
-    check_equivalence(r, n)
-    check_unused_parameters(r, n)
-    check_sparse(r, n)
-    check_wrapper(r, n)
-    check_misuse(r, n)
+
+
+spmd.rank_cases(lambda: (hvd.rank(), hvd.size()), check_equivalence, check_unused_parameters, check_sparse,
+                check_wrapper, check_misuse)
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
-    print(f"[rank {r}] torch_optimizer OK on {n} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()
