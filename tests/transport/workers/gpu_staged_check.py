@@ -21,7 +21,8 @@ from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
 from commlib.transport.staged import CudaOps, HostOps, StagedAllreduce, segments
-from spmd import expect_error, run
+import spmd
+from spmd import expect_error
 
 SIZES = [0, 1, 2, 3, 5, 17, 300]
 REDUCE = {ReduceOp.SUM: np.sum, ReduceOp.AVERAGE: np.mean, ReduceOp.MIN: np.min, ReduceOp.MAX: np.max}
@@ -34,21 +35,23 @@ def data(rank, count, dtype, salt):
     return rng.uniform(0.5, 1.5, count).astype(dtype)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ops", choices=("host", "cuda"), default="host")
-    args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm), Config.load())
-    if args.ops == "cuda":
-        import cupy
-        ops = CudaOps(cupy)
-        to_device, to_host = cupy.asarray, cupy.asnumpy
-    else:
-        ops = HostOps()
-        to_device = to_host = lambda a: a
-    checked = 0
+parser = argparse.ArgumentParser()
+parser.add_argument("--ops", choices=("host", "cuda"), default="host")
+args = parser.parse_args()
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm), Config.load())
+if args.ops == "cuda":
+    import cupy
+    ops = CudaOps(cupy)
+    to_device, to_host = cupy.asarray, cupy.asnumpy
+else:
+    ops = HostOps()
+    to_device = to_host = lambda a: a  # noqa: E731
+
+
+@spmd.case
+def every_dtype_wire_op_and_size():
     for segment_bytes in (24, 1 << 20):
         staged = StagedAllreduce(ops, engine.allreduce_, size, segment_bytes)
         for dtype, wire, rel in [(np.float32, None, 1e-6), (np.float64, None, 1e-12), (np.float16, None, 2e-3),
@@ -70,7 +73,10 @@ def main() -> None:
                             np.testing.assert_allclose(got.astype(np.float64), want, rtol=rel, atol=rel, err_msg=what)
                         else:
                             np.testing.assert_array_equal(got, want.astype(dtype), err_msg=what)
-                        checked += 1
+
+
+@spmd.case
+def errors_and_segments():
     staged = StagedAllreduce(ops, engine.allreduce_, size)
     zeros = lambda dtype: to_device(np.zeros(2, dtype))  # noqa: E731
     expect_error(CommlibError, "share a dtype", lambda: staged.allreduce_([zeros(np.float32), zeros(np.float64)]),
@@ -80,10 +86,12 @@ def main() -> None:
     expect_error(CommlibError, "floating dtype", lambda: staged.allreduce_([zeros(np.int32)]), "int average")
     assert segments(0, 4, 8) == [] and segments(5, 4, 8) == [(0, 2), (2, 4), (4, 5)]
     assert segments(3, 8, 1) == [(0, 1), (1, 2), (2, 3)]
+
+
+@spmd.case
+def close():
     engine.close()
-    if rank == 0:
-        print(f"gpu_staged_check ok ({args.ops}): {checked} results on {size} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

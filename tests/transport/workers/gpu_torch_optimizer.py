@@ -10,7 +10,8 @@ import torch
 
 import commlib.torch as hvd
 from torch_common import assert_same_on_all_ranks, close
-from spmd import import_worker, run
+import spmd
+from spmd import import_worker
 
 _cpu = import_worker("torch_optimizer")  # the CPU worker's model, data and optimizers
 OPTIMIZERS, STEPS, batches, loss_fn, make_model, shard = (_cpu.OPTIMIZERS, _cpu.STEPS, _cpu.batches, _cpu.loss_fn,
@@ -36,11 +37,16 @@ def train_pair(r, n, opt_name, passes=1, **dist_kwargs):
     return model, reference
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
     assert hvd.cuda_built()
     torch.backends.cuda.matmul.allow_tf32 = False   # the comparison needs float32 matmuls on both sides
+
+
+@spmd.case
+def trains_like_one_process_on_cuda():
+    r, n = hvd.rank(), hvd.size()
     for opt_name, kwargs, rtol, atol in [("sgd", {}, 1e-5, 2e-6), ("sgd", dict(passes=2), 1e-5, 2e-6),
                                          ("adam", {}, 1e-5, 2e-6),
                                          ("adam", dict(compression=hvd.Compression.fp16), 3e-2, 3e-3)]:
@@ -50,9 +56,12 @@ def main():
             assert p.is_cuda, f"{label}: {name} left the GPU"
             close(p.cpu(), q.cpu(), f"{label}: {name}", rtol=rtol, atol=atol)
         assert_same_on_all_ranks(hvd, list(model.parameters()), label)
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
-    print(f"[rank {r}] gpu_torch_optimizer OK on {n} ranks", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()
