@@ -35,13 +35,46 @@ def _cpu_share_of_a_wait(seconds: float, patient: bool) -> float:
         timer.join()
 
 
-def test_a_patient_wait_leaves_the_core():
-    """Waiting 0.4 s patiently costs a small share of a core (it sleeps between polls); an ordinary wait
-    of the same request polls and yields, and costs far more wherever the core is free."""
+def _how_a_wait_waited(seconds: float, patient: bool, monkeypatch) -> tuple[list, int]:
+    """Wait ``seconds`` for a request as :func:`_cpu_share_of_a_wait` does, recording each sleep of the
+    wait (how long into the wait it came, how long it asked for) and counting its yields."""
+    from commlib.transport import deadline as module
+
+    sleeps, yields, start = [], [0], []
+
+    class Clock:  # the module's time, recording sleeps
+        @staticmethod
+        def sleep(s):
+            sleeps.append((module._monotonic() - start[0], s))
+            time.sleep(s)
+
+    def counted_yield():
+        yields[0] += 1
+        real_yield()
+
+    real_yield = module._yield_core
+    monkeypatch.setattr(module, "time", Clock)
+    monkeypatch.setattr(module, "_yield_core", counted_yield)
+    start.append(module._monotonic())
+    _cpu_share_of_a_wait(seconds, patient)
+    monkeypatch.undo()
+    return sleeps, yields[0]
+
+
+def test_a_patient_wait_leaves_the_core(monkeypatch):
+    """Waiting 0.4 s patiently costs a small share of a core: after PATIENT_YIELD_S it sleeps between polls,
+    at most PATIENT_SLEEP_S each time; an ordinary wait of the same request polls and yields instead, and
+    sleeps only after YIELD_S. (What each wait does, counted, not how long it took: a loaded machine only
+    lowers the patient wait's share of a core, and lengthens the waits.)"""
+    from commlib.transport.deadline import PATIENT_SLEEP_S, PATIENT_YIELD_S, YIELD_S
+
     patient = _cpu_share_of_a_wait(0.4, patient=True)
     assert patient < 0.25, f"a patient wait used {patient:.0%} of a core"
-    ordinary = _cpu_share_of_a_wait(0.4, patient=False)
-    assert ordinary > patient, (ordinary, patient)
+    sleeps, _ = _how_a_wait_waited(0.4, True, monkeypatch)
+    early = [(at, s) for at, s in sleeps if at < YIELD_S]
+    assert early and all(at >= PATIENT_YIELD_S and s <= PATIENT_SLEEP_S for at, s in early), sleeps[:10]
+    sleeps, yields = _how_a_wait_waited(0.4, False, monkeypatch)
+    assert yields > 0 and all(at >= YIELD_S for at, _ in sleeps), (yields, sleeps[:10])
 
 
 def test_patiently_is_per_thread_and_restored():
@@ -88,12 +121,30 @@ def test_whole_bursts_are_gathered_on_one_node_without_spare_cores(monkeypatch):
     assert gather_limit_s(Topology.blocks(rank=0, size=2, local_size=2)) == 0.0      # cores to spare
 
 
-class _Submissions:
-    """What Progress reads of a coordinator that never has work, with a count of submissions that a
-    thread raises every 0.2 ms for ``seconds``."""
+class _VirtualTime:
+    """progress.py's clock and sleep, on a virtual clock that only sleeping advances: what the gathering
+    does is then a function of the arrivals alone, whatever the machine's load."""
 
     def __init__(self):
-        self.submitted = 0
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Submissions:
+    """What Progress reads of a coordinator that never has work, with a count of submissions that arrive
+    every 0.2 ms on ``clock`` for ``stream_s``."""
+
+    def __init__(self, clock: _VirtualTime, stream_s: float):
+        self._clock, self._stream_s = clock, stream_s
+
+    @property
+    def submitted(self) -> int:
+        return int(min(self._clock.now, self._stream_s) / 2e-4)
 
     def has_work(self) -> bool:
         return False
@@ -101,33 +152,21 @@ class _Submissions:
     def cycle(self) -> bool:
         return False
 
-    def stream(self, seconds: float) -> threading.Thread:
-        def run():
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
-                self.submitted += 1
-                time.sleep(2e-4)
-        thread = threading.Thread(target=run)
-        thread.start()
-        return thread
 
-
-@pytest.mark.parametrize("gather_s, stream_s, at_least, at_most", [
-    (0.0, 0.3, 0.0, 0.15),   # one cycle, however long the burst
-    (1.0, 0.0, 0.0, 0.15),   # nothing more arrives: one cycle
-    (1.0, 0.3, 0.3, 0.95),   # the whole burst
-    (0.1, 2.0, 0.1, 0.6),    # no longer than gather_s
+@pytest.mark.parametrize("gather_s, stream_s, gathered_s", [
+    (0.0, 0.3, 0.005),    # one cycle, however long the burst
+    (1.0, 0.0, 0.005),    # nothing more arrives: one cycle
+    (1.0, 0.3, 0.305),    # the whole burst, and the cycle that saw nothing more arrive
+    (0.1, 2.0, 0.105),    # a cycle, then no longer than gather_s
 ])
-def test_gathering_lasts_while_submissions_arrive(gather_s, stream_s, at_least, at_most):
-    """A cycle time of 5 ms: the submitting thread's 0.2 ms sleeps overrun it only on a stalled machine."""
-    coordinator = _Submissions()
-    waiting = Progress(coordinator, cycle_s=5e-3, gather_s=gather_s)
+def test_gathering_lasts_while_submissions_arrive(monkeypatch, gather_s, stream_s, gathered_s):
+    """A cycle time of 5 ms; submissions every 0.2 ms for ``stream_s`` (on a virtual clock)."""
+    clock = _VirtualTime()
+    waiting = Progress(_Submissions(clock, stream_s), cycle_s=5e-3, gather_s=gather_s)
     try:
-        submitter = coordinator.stream(stream_s)
-        start = time.perf_counter()
+        monkeypatch.setattr(progress, "time", clock)  # the background thread, idle, reads no clock
         waiting._gather()
-        took = time.perf_counter() - start
-        submitter.join()
     finally:
+        monkeypatch.undo()
         waiting.stop()
-    assert at_least <= took <= at_most, f"gathered for {took:.3f} s"
+    assert clock.now == pytest.approx(gathered_s), f"gathered for {clock.now:.3f} s"
