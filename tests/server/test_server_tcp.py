@@ -124,7 +124,8 @@ def test_local_addresses_put_loopback_last():
 def test_a_server_that_stops_reading_is_given_up_naming_it():
     """A server that keeps its connection but takes nothing (stopped, hung): the worker's sending thread
     blocks once the connection's buffers are full; after the timeout the tensor fails naming the server,
-    the connection is given up (freeing the sending thread) and a later push to it fails at once."""
+    the connection is given up (freeing the sending thread) and a later push to it fails at once (its error
+    says the server cannot be reached: it did not wait for an answer again)."""
     import time
 
     from mpi4py import MPI
@@ -152,12 +153,14 @@ def test_a_server_that_stops_reading_is_given_up_naming_it():
         client.wait(handle)
         with pytest.raises(ServerError, match=r"server 0 \(rank 1 of the job, on there\) has not (answered|taken its push)"):
             handle.result()
-        assert time.monotonic() - start < 5
+        took = time.monotonic() - start
+        # the timeout fired because its deadline passed; the upper bound is the feature (given up, not waited
+        # for forever), sixty times the timeout so that no load reaches it
+        assert 1.0 <= took < 60, took
         again = client.push_pull_async(np.ones(4, np.float32), "small")
         client.wait(again)
         with pytest.raises(ServerError, match=r"server 0 \(rank 1 of the job, on there\) cannot be reached"):
             again.result()
-        assert time.monotonic() - start < 6
     finally:
         client._stop = True
         listener.close()
