@@ -2,8 +2,6 @@
 
 A small partition (4 KiB) spreads modest tables over several partitions and every server."""
 
-import time
-
 import pytest
 
 from mpirun import REPO, run_mpmd
@@ -21,16 +19,11 @@ ENV = {"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "5",
 def test_geo_sgd(workers, servers, cases):
     if "torch" in cases:
         pytest.importorskip("torch")
-    out = run_mpmd(workers, servers, "geo_check.py", cases, env=ENV, timeout=240)
-    for case in cases.split(","):
-        assert out.count(f"{case} ok on worker") == workers, out[-3000:]
-    assert out.count("done") == workers, out[-3000:]
+    run_mpmd(workers, servers, "geo_check.py", cases, env=ENV, timeout=240, cases=cases.split(","))
 
 
 def test_a_stopped_server_fails_every_geo_worker_naming_it():
-    start = time.monotonic()
+    # every worker's next exchange fails, naming the server; then the job ends (within run_mpmd's timeout)
     out = run_mpmd(2, 2, "geo_check.py", "stopped", env=dict(ENV, COMMLIB_SERVER_TIMEOUT="3"), expect_fail=True,
-                   timeout=90)
-    assert out.count("failed after") == 2, out[-3000:]
+                   timeout=90, cases=["stopped"])
     assert "COMMLIB_SERVER_TIMEOUT=3" in out and "(rank " in out, out[-3000:]
-    assert time.monotonic() - start < 60

@@ -2,14 +2,18 @@
 
 A small partition (4 KiB) makes modest tensors span several partitions and servers."""
 
-import time
-
 import pytest
 
-from mpirun import run_mpi, run_mpmd
+from mpirun import check_report, run_mpi, run_mpmd
 
 SMALL = {"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "3"}
 EVERYTHING = "values,orders,wire,ps,sets,mismatch,lonely,reinit"
+
+
+def applicable(cases: str, workers: int) -> list[str]:
+    """The cases of workers/server_check.py that run with this many workers (the others skip)."""
+    return [c for c in cases.split(",") if not (c == "sets" and workers < 3 or c in ("mismatch", "lonely")
+                                                and workers < 2)]
 
 
 @pytest.mark.mpi
@@ -20,22 +24,15 @@ EVERYTHING = "values,orders,wire,ps,sets,mismatch,lonely,reinit"
     (4, 2, "orders,wire,ps,sets,mismatch,lossy,reinit"),
 ])
 def test_push_pull(workers, servers, cases):
-    out = run_mpmd(workers, servers, "server_check.py", cases, env=SMALL, timeout=240)
-    for case in cases.split(","):
-        if case in ("sets",) and workers < 3 or case in ("mismatch", "lonely") and workers < 2:
-            continue
-        assert out.count(f"{case} ok on worker") == workers, out[-3000:]
-    assert out.count("done") == workers
+    run_mpmd(workers, servers, "server_check.py", cases, env=SMALL, timeout=240, cases=applicable(cases, workers))
 
 
 @pytest.mark.mpi
 def test_push_pull_over_mpi():
     """COMMLIB_SERVER_TRANSPORT=mpi: partitions and answers through MPI point-to-point instead of TCP."""
     cases = "values,orders,wire,ps,sets,mismatch,reinit,lossy"
-    out = run_mpmd(3, 2, "server_check.py", cases, env=dict(SMALL, COMMLIB_SERVER_TRANSPORT="mpi"), timeout=240)
-    for case in cases.split(","):
-        assert out.count(f"{case} ok on worker") == 3, out[-3000:]
-    assert out.count("done") == 3
+    run_mpmd(3, 2, "server_check.py", cases, env=dict(SMALL, COMMLIB_SERVER_TRANSPORT="mpi"), timeout=240,
+             cases=cases.split(","))
 
 
 @pytest.mark.mpi
@@ -48,33 +45,27 @@ def test_push_pull_reduced_inside_hosts(workers, servers, cases):
     reduce first and the servers count one push per host; results against numpy, the same bits on every
     worker, the elements pushed (the tensor once per host) and a contributor count declared differently."""
     env = dict(SMALL, COMMLIB_LOCAL_SIZE="2", COMMLIB_SERVER_HOST_REDUCE="on")
-    out = run_mpmd(workers, servers, "server_check.py", cases, env=env, timeout=240)
-    for case in cases.split(","):
-        if case == "sets" and workers < 3:
-            continue
-        assert out.count(f"{case} ok on worker") == workers, out[-3000:]
-    assert out.count("done") == workers
+    run_mpmd(workers, servers, "server_check.py", cases, env=env, timeout=240, cases=applicable(cases, workers))
 
 
 @pytest.mark.mpi
 def test_no_servers_is_a_clear_error():
-    out = run_mpi(2, "server_failure.py", "none", env=SMALL)
-    assert out.count("none ok on rank") == 2, out
+    run_mpi(2, "server_failure.py", "none", env=SMALL, cases=["ps_without_servers_is_refused_and_commlib_keeps_working"])
 
 
 @pytest.mark.mpi
 def test_a_stopped_server_fails_every_worker_naming_it():
-    out = run_mpmd(3, 2, "server_failure.py", "stopped", env=SMALL, expect_fail=True, timeout=90)
-    assert out.count("failed after") == 3, out[-3000:]
+    out = run_mpmd(3, 2, "server_failure.py", "stopped", env=SMALL, expect_fail=True, timeout=90,
+                   cases=["every_worker_fails_naming_the_server"])
     assert "COMMLIB_SERVER_TIMEOUT=3" in out and "(rank " in out, out[-3000:]
 
 
 @pytest.mark.mpi
-def test_a_killed_server_ends_the_job_within_seconds():
-    start = time.monotonic()
-    out = run_mpmd(2, 2, "server_failure.py", "killed", env=SMALL, expect_fail=True, timeout=90)
-    assert time.monotonic() - start < 60
-    # mpiexec's clean-up ends every process of the job (MPICH's hydra reports the signal)
+def test_a_killed_server_ends_the_job():
+    # the job ends within run_mpmd's timeout: mpiexec's clean-up ends every process of the job (MPICH's hydra
+    # reports the signal), possibly before a worker reported its failure (ranks=[]: no worker must finish,
+    # none may fail otherwise)
+    out = run_mpmd(2, 2, "server_failure.py", "killed", env=SMALL, expect_fail=True, timeout=90, ranks=[])
     assert "signal 9" in out.lower() or "failed after" in out, out[-3000:]
 
 
@@ -85,8 +76,7 @@ def test_torch_byteps_names_and_distributed_optimizer_through_servers(workers, s
     from mpirun import REPO
 
     env = dict(SMALL, COMMLIB_ALGORITHM="ps", PYTHONWARNINGS="ignore::DeprecationWarning")
-    out = run_mpmd(workers, servers, "torch_server.py", env=env, timeout=240)
-    assert out.count("torch_server OK") == workers, out[-3000:]
+    run_mpmd(workers, servers, "torch_server.py", env=env, timeout=240)
 
 
 @pytest.mark.cluster
@@ -104,8 +94,7 @@ def test_push_pull_across_emulated_hosts(make_cluster):
         out = cluster.mpiexec_mpmd(programs, timeout=300, env=job_env(SMALL)).stdout
     finally:
         cluster.down()
-    for case in ("values", "orders", "wire", "ps"):
-        assert out.count(f"{case} ok on worker") == 2, out[-3000:]
+    check_report(out, range(2), ["values", "orders", "wire", "ps"])
 
 
 @pytest.mark.cluster
@@ -124,8 +113,7 @@ def test_push_pull_reduced_inside_emulated_hosts(make_cluster):
         out = cluster.mpiexec_mpmd(programs, timeout=300, env=job_env(SMALL)).stdout
     finally:
         cluster.down()
-    for case in ("host", "values", "lossy"):
-        assert out.count(f"{case} ok on worker") == 4, out[-3000:]
+    check_report(out, range(4), ["host", "values", "lossy"])
 
 
 @pytest.mark.mpi
@@ -152,12 +140,10 @@ def test_a_server_that_never_starts_fails_every_worker_naming_it():
 
     from mpirun import run_mpi
 
-    start = time.monotonic()
     hang = "from mpi4py import MPI; import time; time.sleep(120)"
     out = run_mpi(2, "server_start.py", env=dict(SMALL, COMMLIB_START_TIMEOUT="3"), expect_fail=True,
                   timeout=90, extra=[":", "-n", "1", sys.executable, "-c", hang])
-    assert time.monotonic() - start < 60
-    assert out.count("start failed after") == 2 and "rank 2 of the MPI job did not start" in out, out[-3000:]
+    assert "rank 2 of the MPI job did not start" in out, out[-3000:]
 
 
 def test_priority_orders_the_send_queue():
@@ -186,6 +172,5 @@ def test_priority_sends_higher_priority_partitions_first():
     """2 workers + 1 server on this host: push_pull(priority=) posts a higher-priority tensor's partitions
     before the queued ones of lower priority (the client's trace), equal priorities in submission order,
     the results numpy's with the same bits on every worker (workers/server_priority.py)."""
-    out = run_mpmd(2, 1, "server_priority.py", env={"COMMLIB_SERVER_PARTITION": "262144",
-                                                    "COMMLIB_SERVER_TIMEOUT": "20"}, timeout=120)
-    assert out.count("priority ok on worker") == 2, out[-3000:]
+    run_mpmd(2, 1, "server_priority.py", env={"COMMLIB_SERVER_PARTITION": "262144", "COMMLIB_SERVER_TIMEOUT": "20"},
+             timeout=120, cases=["higher_priorities_are_posted_first"])

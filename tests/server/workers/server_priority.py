@@ -19,11 +19,11 @@ import time
 import numpy as np
 
 import commlib as cl
+import spmd
 from commlib.server import protocol
 
-cl.init()
-rank, size = cl.rank(), cl.size()
-client = cl.api._rt().servers
+rank, size = spmd.rank_and_size()[0], 0  # the job's workers, once commlib runs
+client = None
 partition = int(os.environ["COMMLIB_SERVER_PARTITION"])
 rng = np.random.default_rng(7 + rank)
 # name -> (elements, priority), in submission order
@@ -81,30 +81,53 @@ def check_priorities(order, submitted):
     return names
 
 
-names = check_priorities(*run("prio", True))
-plain, _ = run("plain", False)
-plain_names = [name for _, name in plain]
-grouped = [name for i, name in enumerate(plain_names) if i == 0 or plain_names[i - 1] != name]
-assert grouped == ["low", "mid.a", "mid.b", "high"], f"without priorities, not submission order: {grouped}"
-# low first, then the urgent ones in one run, then the rest of low: the runs of the posting order
-runs = [name for i, name in enumerate(names) if i == 0 or names[i - 1] != name]
-print(f"priority order on worker {rank}: {' '.join(runs)}", flush=True)
+@spmd.case
+def init():
+    global client, size
+    cl.init()
+    client, size = cl.api._rt().servers, cl.size()
 
-try:
-    cl.push_pull(np.ones(3, np.float32), name="bad", priority=1.5)
-except TypeError as exc:
-    assert "bad" in str(exc) and "priority must be an int" in str(exc), str(exc)
-else:
-    raise AssertionError("a float priority was accepted")
-try:
-    import torch
 
-    import commlib.torch as bps
+@spmd.case
+def higher_priorities_are_posted_first():
+    names = check_priorities(*run("prio", True))
+    plain, _ = run("plain", False)
+    plain_names = [name for _, name in plain]
+    grouped = [name for i, name in enumerate(plain_names) if i == 0 or plain_names[i - 1] != name]
+    assert grouped == ["low", "mid.a", "mid.b", "high"], f"without priorities, not submission order: {grouped}"
+    # low first, then the urgent ones in one run, then the rest of low: the runs of the posting order
+    runs = [name for i, name in enumerate(names) if i == 0 or names[i - 1] != name]
+    print(f"priority order on worker {rank}: {' '.join(runs)}", flush=True)
 
-    t = torch.full((5,), float(rank + 1))
-    h = bps.push_pull_async_inplace(t, average=False, name="torch.prio", version=0, priority=3)
-    assert bps.synchronize(h) is t and torch.equal(t, torch.full((5,), size * (size + 1) / 2)), t
-except ImportError:
-    pass
-cl.shutdown()
-print(f"priority ok on worker {rank}", flush=True)
+
+@spmd.case
+def a_float_priority_is_refused():
+    try:
+        cl.push_pull(np.ones(3, np.float32), name="bad", priority=1.5)
+    except TypeError as exc:
+        assert "bad" in str(exc) and "priority must be an int" in str(exc), str(exc)
+    else:
+        raise AssertionError("a float priority was accepted")
+
+
+@spmd.case
+def the_torch_plugins_priority():
+    try:
+        import torch
+
+        import commlib.torch as bps
+
+        t = torch.full((5,), float(rank + 1))
+        h = bps.push_pull_async_inplace(t, average=False, name="torch.prio", version=0, priority=3)
+        assert bps.synchronize(h) is t and torch.equal(t, torch.full((5,), size * (size + 1) / 2)), t
+    except ImportError:
+        spmd.skip("torch is not installed")
+
+
+@spmd.case
+def shutdown():
+    cl.shutdown()
+
+
+if __name__ == "__main__":
+    spmd.main()

@@ -7,7 +7,8 @@ import torch
 
 import commlib.torch as bps
 from torch_common import assert_same_on_all_ranks, close
-from spmd import import_worker, run
+import spmd
+from spmd import import_worker
 
 train_pair = import_worker("torch_optimizer").train_pair
 
@@ -68,14 +69,18 @@ def check_optimizer(r, n):
     assert_same_on_all_ranks(bps, list(model.parameters()), "ps topk")
 
 
-def main():
+@spmd.case
+def init():
     bps.init()
-    r, n = bps.rank(), bps.size()
-    check_byteps_names(r, n)
-    check_optimizer(r, n)
+
+
+spmd.rank_cases(lambda: (bps.rank(), bps.size()), check_byteps_names, check_optimizer)
+
+
+@spmd.case
+def shutdown():
     bps.shutdown()
-    print(f"[rank {r}] torch_server OK on {n} workers", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()
