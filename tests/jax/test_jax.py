@@ -37,18 +37,15 @@ def test_import_commlib_does_not_import_jax_and_commlib_jax_says_what_to_install
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
 def test_collectives_eager_jit_scan_vmap_gradients_order_and_errors(nprocs):
-    out = run_mpi(nprocs, "jax_collectives.py", timeout=300, env=ENV)
-    assert out.count("jax_collectives OK") == nprocs, out[-4000:]
-    if nprocs > 1:  # a shape differing between ranks under jit failed on every rank, naming the tensor
-        for rank in range(nprocs):
-            assert f"[rank {rank}] mismatched shape -> error naming 'mismatched.shape'" in out, out[-4000:]
+    # order_and_errors: on more than one rank, a shape differing between ranks under jit fails on every rank,
+    # naming the tensor
+    run_mpi(nprocs, "jax_collectives.py", timeout=300, env=ENV, cases=["order_and_errors"])
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
 def test_distributed_optimizer_matches_one_process_on_the_combined_batch(nprocs):
-    out = run_mpi(nprocs, "jax_optimizer.py", timeout=300, env=ENV)
-    assert out.count("jax_optimizer OK") == nprocs, out[-4000:]
+    run_mpi(nprocs, "jax_optimizer.py", timeout=300, env=ENV)
 
 
 @pytest.mark.cluster
@@ -56,10 +53,9 @@ def test_across_two_emulated_hosts(make_cluster):
     """The collectives and the optax equivalence on 2 hosts x 1 rank (commlib.testing.cluster)."""
     cluster = make_cluster([1, 1])
     try:
-        out = run_on_cluster(cluster, "jax_all.py", timeout=400, env=ENV)
+        run_on_cluster(cluster, "jax_all.py", timeout=400, env=ENV)
     finally:
         cluster.down()
-    assert out.count("jax_all OK") == 2, out[-4000:]
 
 
 @pytest.mark.mpi
@@ -67,8 +63,7 @@ def test_keras_fit_on_the_jax_backend_matches_one_process_on_the_combined_batch(
     """commlib.keras's DistributedOptimizer in model.fit with KERAS_BACKEND=jax (the gradients cross into
     commlib inside the train step Keras jits), as tests/tensorflow/test_tensorflow.py runs it on tensorflow and torch."""
     pytest.importorskip("keras")
-    out = run_mpi(2, "keras_fit.py", timeout=400, env={**ENV, "KERAS_BACKEND": "jax"})
-    assert out.count("keras_fit OK jax") == 2, out[-4000:]
+    run_mpi(2, "keras_fit.py", timeout=400, env={**ENV, "KERAS_BACKEND": "jax"}, cases=["runs_on_the_backend_asked_for"])
 
 
 @pytest.mark.mpi

@@ -10,7 +10,7 @@ import numpy as np
 
 import keras
 import commlib.keras as hvd
-from spmd import run
+import spmd
 
 STEPS, BATCH, FEATURES = 4, 6, 5
 
@@ -52,8 +52,19 @@ def check_accumulation(me, n, x, y):
     assert int(np.asarray(opt.iterations)) == STEPS // 2, f"{STEPS} passes made {opt.iterations} updates"
 
 
-def main():
+@spmd.case
+def init():
     hvd.init()
+
+
+@spmd.case
+def runs_on_the_backend_asked_for():
+    assert keras.backend.backend() == os.environ["KERAS_BACKEND"], (keras.backend.backend(),
+                                                                   os.environ["KERAS_BACKEND"])
+
+
+@spmd.case
+def fit_matches_one_process_and_the_callbacks_work():
     me, n = hvd.rank(), hvd.size()
     backend = keras.backend.backend()
     # every rank starts from different weights: the callback must give them rank 0's
@@ -89,9 +100,12 @@ def main():
     lr = float(np.asarray(model.optimizer.learning_rate))
     assert abs(lr - 0.1) < 1e-6, f"after warm-up the learning rate is {lr}"
     check_accumulation(me, n, x, y)
-    print(f"keras_fit OK {backend} {os.environ.get('KERAS_BACKEND')}", flush=True)
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

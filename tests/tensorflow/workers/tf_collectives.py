@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 import commlib.tensorflow as hvd
-from spmd import run
+import spmd
 
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int8, tf.uint8, tf.int16, tf.int32, tf.int64]
 
@@ -32,11 +32,23 @@ def both(fn):
     return [("eager", fn), ("tf.function", tf.function(fn))]
 
 
-def main():
+me = n = 0
+
+
+def everyone(shape, dt=tf.float64):
+    """Every rank's input, stacked."""
+    return np.stack([np.asarray(data(r, shape, dt)) for r in range(n)])
+
+
+@spmd.case
+def init():
+    global me, n
     hvd.init()
     me, n = hvd.rank(), hvd.size()
-    everyone = lambda shape, dt=tf.float64: np.stack([np.asarray(data(r, shape, dt)) for r in range(n)])  # noqa: E731
 
+
+@spmd.case
+def allreduce_every_op_dtype_and_shape():
     for shape in [(), (1,), (n - 1 if n > 1 else 1,), (3, 5), (0, 2)]:
         for dtype in DTYPES:
             x = data(me, shape, dtype)
@@ -49,6 +61,10 @@ def main():
                 check(mx, all_x.max(0), f"{mode} allreduce Max {dtype.name} {shape}")
                 check(mn, all_x.min(0), f"{mode} allreduce Min {dtype.name} {shape}")
                 assert s.dtype == dtype and s.shape == shape
+
+
+@spmd.case
+def average_scaling_and_product():
     x = data(me, (4, 3))
     for mode, fn in both(lambda t: [hvd.allreduce(t), hvd.allreduce(t, op=hvd.Sum, prescale_factor=2.0,
                                                                      postscale_factor=0.5),
@@ -58,6 +74,9 @@ def main():
         check(scaled, everyone((4, 3)).sum(0), f"{mode} prescale/postscale")
         check(prod, everyone((4, 3)).prod(0), f"{mode} Product")
 
+
+@spmd.case
+def grouped_compressed_and_the_other_collectives():
     # grouped allreduce of mixed dtypes, fp16 compression, allgather of uneven rows, broadcast, alltoall,
     # reducescatter, grouped forms
     for mode, fn in both(lambda a, b: hvd.grouped_allreduce([a, b], op=hvd.Sum, compression=hvd.Compression.fp16)):
@@ -93,6 +112,9 @@ def main():
         start = sum(counts[:me])
         check(out, full[start:start + counts[me]], f"{mode} reducescatter")
 
+
+@spmd.case
+def gradients():
     # gradients: d/dx sum(allreduce(x) * w) etc., eagerly and in tf.function
     w = tf.constant(np.arange(6, dtype=np.float32).reshape(2, 3) + 1)
     for mode, fn in both(lambda v: _grads(v, w, n)):
@@ -102,6 +124,9 @@ def main():
         check(g_gather, np.asarray(w), f"{mode} allgather gradient")
         check(g_bcast, np.asarray(w) if me == 0 else np.zeros((2, 3)), f"{mode} broadcast gradient")
 
+
+@spmd.case
+def indexed_slices():
     # IndexedSlices: values and indices allgathered; Average divides the values
     slices = tf.IndexedSlices(tf.fill([2, 3], float(me + 1)), tf.constant([me, me + 1], tf.int64),
                               dense_shape=tf.constant([n + 1, 3], tf.int64))
@@ -113,6 +138,9 @@ def main():
             dense[[r, r + 1]] += (r + 1) / n
         check(tf.convert_to_tensor(out), dense, f"{mode} IndexedSlices Average")
 
+
+@spmd.case
+def distributed_gradient_tape():
     # DistributedGradientTape: the averaged gradient of every rank's loss
     v = tf.Variable(tf.ones([3]))
     with tf.GradientTape() as tape:
@@ -127,6 +155,9 @@ def main():
         return hvd.DistributedGradientTape(tape, op=hvd.Sum).gradient(loss, v)
     check(step(), np.full(3, np.sum(np.arange(1, n + 1)) + 2.0 * n), "DistributedGradientTape in tf.function")
 
+
+@spmd.case
+def broadcast_variables_and_objects():
     # broadcast_variables / broadcast_ / objects
     var = tf.Variable(tf.fill([4], float(me)))
     hvd.broadcast_variables([var], root_rank=n - 1)
@@ -137,6 +168,9 @@ def main():
     assert hvd.broadcast_object({"a": me}, root_rank=n - 1) == {"a": n - 1}
     assert hvd.allgather_object(me) == list(range(n))
 
+
+@spmd.case
+def a_process_set():
     # a process set of the even ranks
     if n > 1:  # (on one rank the evens are the world, which is registered already)
         evens = hvd.add_process_set(list(range(0, n, 2)))
@@ -145,6 +179,9 @@ def main():
                 check(fn(tf.constant([float(me)])), [float(sum(range(0, n, 2)))], f"{mode} allreduce on a process set")
         hvd.remove_process_set(evens)
 
+
+@spmd.case
+def mismatches_fail_on_every_rank():
     # mismatches: the same name with different shapes fails on every rank, eagerly and in tf.function,
     # with FailedPreconditionError naming the tensor; commlib keeps working afterwards
     if n > 1:
@@ -153,11 +190,13 @@ def main():
                 fn(tf.zeros([me + 1]))
             except tf.errors.FailedPreconditionError as exc:
                 assert "mismatch" in str(exc), str(exc)
-                print(f"[rank {me}] {mode} mismatched shapes -> FailedPreconditionError", flush=True)
             else:
                 raise AssertionError(f"{mode}: mismatched shapes were not an error")
         check(hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n), "allreduce after a mismatch")
 
+
+@spmd.case
+def xla_compilation_is_an_error():
     # XLA cannot compile the op: an error, not a hang
     try:
         tf.function(lambda t: hvd.allreduce(t), jit_compile=True)(tf.ones([2]))
@@ -165,9 +204,12 @@ def main():
         assert "PyFunc" in str(exc) or "XLA" in str(exc), str(exc)[:200]
     else:
         raise AssertionError("jit_compile=True with a collective was not an error")
+
+
+@spmd.case
+def shutdown():
     hvd.barrier()
     hvd.shutdown()
-    print("tf_collectives OK", flush=True)
 
 
 def _grads(x, w, n):
@@ -181,4 +223,4 @@ def _grads(x, w, n):
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

@@ -12,7 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 import commlib.tensorflow.keras as hvd
-from spmd import expect_error, run
+import spmd
+from spmd import expect_error
 
 keras = tf.keras
 LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
@@ -139,23 +140,41 @@ def check_elastic_state(me, n):
         assert np.array_equal(a, b), "restore did not bring back the committed weights"
 
 
-def main():
+def check_fit_accumulation_averaged(me, n):
+    check_fit_accumulation(me, n, True)
+
+
+def check_fit_accumulation_summed(me, n):
+    check_fit_accumulation(me, n, False)
+
+
+def check_fit_accumulation_optimizer_v2(me, n):
+    check_fit_accumulation(me, n, True, keras.optimizers.legacy.SGD(0.1))
+
+
+def check_partial_refused_on_keras3(me, n):
+    expect_error(NotImplementedError, "tf-keras", lambda: hvd.PartialDistributedOptimizer(
+        keras.optimizers.SGD(0.1)), "PartialDistributedOptimizer on Keras 3")
+
+
+@spmd.case
+def init():
     hvd.init()
-    me, n = hvd.rank(), hvd.size()
-    for average in (True, False):
-        check_fit_accumulation(me, n, average)
-    if LEGACY:
-        check_fit_accumulation(me, n, True, keras.optimizers.legacy.SGD(0.1))  # optimizer v2
-        check_counter_and_local_vars(me, n)
-        check_partial(me, n)
-    else:
-        expect_error(NotImplementedError, "tf-keras", lambda: hvd.PartialDistributedOptimizer(
-            keras.optimizers.SGD(0.1)), "PartialDistributedOptimizer on Keras 3")
-    check_save_and_load(me, n)
-    check_elastic_state(me, n)
-    print(f"tf_keras_optimizer OK legacy={LEGACY}", flush=True)
+
+
+spmd.rank_cases(lambda: (hvd.rank(), hvd.size()), check_fit_accumulation_averaged, check_fit_accumulation_summed,
+                check_fit_accumulation_optimizer_v2, check_counter_and_local_vars, check_partial,
+                check_partial_refused_on_keras3, check_save_and_load, check_elastic_state)
+
+
+@spmd.case
+def shutdown():
     hvd.shutdown()
 
 
+#: the cases of tf-keras alone, and of Keras 3 alone
+LEGACY_ONLY = ["fit_accumulation_optimizer_v2", "counter_and_local_vars", "partial"]
+KERAS3_ONLY = ["partial_refused_on_keras3"]
+
 if __name__ == "__main__":
-    run(main)
+    spmd.main([c for c in spmd.names() if c not in (KERAS3_ONLY if LEGACY else LEGACY_ONLY)])
