@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import commlib.jax as cj
-import jax_collectives
-import jax_optimizer
-from spmd import run
+import spmd
+from spmd import import_worker
+
+collectives, optimizer = import_worker("jax_collectives"), import_worker("jax_optimizer")
 
 
-def main():
+@spmd.case
+def init():
     cj.init()
-    r, n = cj.rank(), cj.size()
-    for check in jax_collectives.CHECKS:
-        check(r, n)
-    xs, ys = jax_optimizer.make_data(n)
-    jax_optimizer.check_equivalence(r, n, xs, ys)
-    jax_optimizer.check_compression(r, n, xs, ys)
+    optimizer.DATA[:] = optimizer.make_data(cj.size())
+
+
+spmd.rank_cases(lambda: (cj.rank(), cj.size()), *collectives.CHECKS,
+                *map(optimizer.with_data, (optimizer.check_equivalence, optimizer.check_compression)))
+
+
+@spmd.case
+def shutdown():
     cj.shutdown()
-    print(f"[rank {r}] jax_all OK", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

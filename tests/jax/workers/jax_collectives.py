@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 import commlib.jax as cj
-from spmd import expect_error, run
+import spmd
+from spmd import expect_error
 
 DTYPES = [jnp.float32, jnp.float16, jnp.bfloat16, jnp.int32, jnp.uint8]
 SIZES = [0, 1, 2, 7, 1000]  # empty, one element, fewer than the ranks, not divisible, larger
@@ -208,7 +209,6 @@ def check_order_and_errors(r, n):
         bad = jax.jit(lambda x: cj.allreduce(x, name="mismatched.shape"))
         expect_error(Exception, "mismatched.shape", lambda: bad(jnp.ones(3 + r)).block_until_ready(),
                      "mismatched shape under jit")
-        print(f"[rank {r}] mismatched shape -> error naming 'mismatched.shape'", flush=True)
         expect_error(Exception, "same first dimension",
                      lambda: jax.jit(lambda x: cj.allgather(x, name="uneven.jit"))(jnp.ones((1 + r, 2)))
                      .block_until_ready(), "uneven allgather under jit")
@@ -244,15 +244,19 @@ CHECKS = (check_allreduce, check_grouped, check_other_collectives, check_control
           check_order_and_errors, check_helpers)
 
 
-def main():
+@spmd.case
+def init():
     cj.init()
-    r, n = cj.rank(), cj.size()
     assert 0 <= cj.local_rank() < cj.local_size()
-    for check in CHECKS:
-        check(r, n)
+
+
+spmd.rank_cases(lambda: (cj.rank(), cj.size()), *CHECKS)
+
+
+@spmd.case
+def shutdown():
     cj.shutdown()
-    print(f"[rank {r}] jax_collectives OK", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 import commlib.jax as cj
-from spmd import run
+import spmd
 
 LOCAL_BATCH, FEATURES, HIDDEN, CLASSES, STEPS = 8, 12, 16, 4, 6
 
@@ -132,16 +132,31 @@ def check_local_sgd(r, n, xs, ys):
     assert_close(mine, sims[r], "LocalSGD vs a simulation of every rank", 2e-5)
 
 
-def main():
+DATA: list = []  # the combined batch, made once the job's size is known
+
+
+@spmd.case
+def init():
     cj.init()
-    r, n = cj.rank(), cj.size()
-    xs, ys = make_data(n)
-    check_equivalence(r, n, xs, ys)
-    check_compression(r, n, xs, ys)
-    check_local_sgd(r, n, xs, ys)
+    DATA[:] = make_data(cj.size())
+
+
+def with_data(check):
+    """``check(r, n, xs, ys)`` as a check of (r, n), on the combined batch."""
+    def checked(r, n):
+        check(r, n, *DATA)
+    checked.__name__ = check.__name__
+    return checked
+
+
+spmd.rank_cases(lambda: (cj.rank(), cj.size()), *map(with_data, (check_equivalence, check_compression,
+                                                                 check_local_sgd)))
+
+
+@spmd.case
+def shutdown():
     cj.shutdown()
-    print(f"[rank {r}] jax_optimizer OK", flush=True)
 
 
 if __name__ == "__main__":
-    run(main)
+    spmd.main()
