@@ -437,5 +437,5 @@ def test_default_model_prefers_mpi_across_two_hosts_of_one_rank():
     pytest.param(2, ["--off"], id="2ranks-off"),
 ])
 def test_learning_on_a_real_job(nprocs, args):
-    out = run_mpi(nprocs, "auto_learn.py", *args, timeout=240)
-    assert f"on {nprocs} ranks" in out and " ok " in out, out[-3000:]
+    run_mpi(nprocs, "auto_learn.py", *args, timeout=240,
+            cases=["off_auto_is_the_models_choice"] if "--off" in args else ["auto_runs_what_it_learned"])

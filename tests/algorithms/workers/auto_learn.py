@@ -22,40 +22,48 @@ from commlib.engine import Engine
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
-from spmd import run
+import spmd
 
 SIZES = (1 << 10, 48 << 10, 1 << 20, 3 << 20)  # bytes; 48 KiB and 1 MiB classes differ from 3 MiB's
 CALLS = 24
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--local-size", type=int)
-    parser.add_argument("--skew", action="store_true")
-    parser.add_argument("--off", action="store_true", help="COMMLIB_AUTO_LEARN=0")
-    args = parser.parse_args()
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+parser = argparse.ArgumentParser()
+parser.add_argument("--local-size", type=int)
+parser.add_argument("--skew", action="store_true")
+parser.add_argument("--off", action="store_true", help="COMMLIB_AUTO_LEARN=0")
+args = parser.parse_args()
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+engine = ctx = learning = None
+picks: list = []
+
+
+@spmd.case
+def init():
+    global engine, ctx, learning
     config = Config.load(local_size=args.local_size, auto_learn=not args.off)
     engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm, args.local_size), config)
     ctx = engine.context
     learning = select.learner(ctx)
     if args.off:
         assert learning is None, "COMMLIB_AUTO_LEARN=0 must not make a learner"
-    else:
-        picks: list = []
-        original = learning.pick
+        return
+    original = learning.pick
 
-        def logged(bucket):
-            name = original(bucket)
-            picks.append((bucket.key, name or bucket.settled))
-            return name
-        learning.pick = logged
-        if args.skew and rank == size - 1:
-            rng = random.Random(rank)
-            real = learning.clock
-            learning.clock = lambda: real() * 50 + rng.random()
+    def logged(bucket):
+        name = original(bucket)
+        picks.append((bucket.key, name or bucket.settled))
+        return name
+    learning.pick = logged
+    if args.skew and rank == size - 1:
+        rng = random.Random(rank)
+        real = learning.clock
+        learning.clock = lambda: real() * 50 + rng.random()
 
+
+@spmd.case
+def every_call_gives_mpis_sum():
     rng = np.random.default_rng(rank)
     for call in range(CALLS):
         for nbytes in SIZES:
@@ -73,20 +81,24 @@ def main() -> None:
         for b, w in zip(bufs, wants):
             assert np.array_equal(b, w), f"call {call}: wrong fused sum"
 
-    if args.off:
-        assert "select.learner" not in ctx.tuning
-        for nbytes in SIZES:
-            assert select.current(ctx, nbytes) == select.choose(ctx, nbytes)
-        if rank == 0:
-            print(f"auto_learn off ok on {size} ranks", flush=True)
-        engine.close()
-        return
 
-    # every rank ran the same algorithm on every call, and learned the same
+@spmd.case
+def off_auto_is_the_models_choice():
+    assert "select.learner" not in ctx.tuning
+    for nbytes in SIZES:
+        assert select.current(ctx, nbytes) == select.choose(ctx, nbytes)
+
+
+@spmd.case
+def every_rank_ran_and_learned_alike():
     every = comm.allgather(picks)
     assert all(p == every[0] for p in every), f"ranks picked differently: {[p[:40] for p in every]}"
     summaries = comm.allgather(learning.summary())
     assert all(s == summaries[0] for s in summaries), summaries
+
+
+@spmd.case
+def every_size_class_settled_within_its_budget():
     for key, bucket in learning.buckets.items():
         if key[0] <= 3:
             continue  # none here; a 1-element call would be its own class
@@ -100,15 +112,24 @@ def main() -> None:
     assert learning.explored <= len(learning.buckets) * 20 + checks * 3 * 2 * learn.CHECK_ROUNDS
     assert learning.agreements <= ((learn.ROUNDS + 1 + learn.EXTRA_ROUNDS) * len(learning.buckets)
                                    + learn.CHECK_ROUNDS * checks + learning.watches)
-    # what auto runs now is what it learned
+
+
+@spmd.case
+def auto_runs_what_it_learned():
     for nbytes in SIZES:
         assert select.current(ctx, nbytes).algorithm == learning.settled(select.bucket_key(nbytes))
     if rank == 0:
         print("\n".join(learning.summary()))
-        print(f"auto_learn ok on {size} ranks ({len(learning.buckets)} classes, {learning.explored} exploring "
-              f"calls of {learning.calls})", flush=True)
+        print(f"{len(learning.buckets)} classes, {learning.explored} exploring calls of {learning.calls}", flush=True)
+
+
+@spmd.case
+def close():
     engine.close()
 
 
 if __name__ == "__main__":
-    run(main)
+    learned = ["every_rank_ran_and_learned_alike", "every_size_class_settled_within_its_budget",
+               "auto_runs_what_it_learned"]
+    spmd.main(["init", "every_call_gives_mpis_sum", *(["off_auto_is_the_models_choice"] if args.off else learned),
+               "close"])
