@@ -306,22 +306,19 @@ def test_job_on_emulated_hosts(make_cluster):
 
 def _emulate_servers(*argv, case="values"):
     """commlib-run --emulate ... with servers running tests/run/workers/run_servers.py ``case``; skips where the
-    emulated cluster cannot run. Returns (completed process, seconds it took, the cluster's name)."""
-    import time
-
+    emulated cluster cannot run. Returns (completed process, the cluster's name). The job must end by itself
+    within the 120 s timeout (its normal run takes seconds); how fast is not asserted."""
     from commlib.testing import netns
     from commlib.testing.cluster import leftovers
 
     missing = netns.missing_prerequisites(shaped="--link-rate" in argv)
     if missing:
         pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))
-    start = time.monotonic()
     done = _commlib_run(*argv, sys.executable, str(worker_path("run_servers.py")), case,
                         env={"COMMLIB_SERVER_PARTITION": "4096", "COMMLIB_SERVER_TIMEOUT": "5"}, timeout=120)
-    took = time.monotonic() - start
     name = done.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
     assert not leftovers([name]), leftovers([name])
-    return done, took, name
+    return done, name
 
 
 def _servers_report(stdout):
@@ -336,9 +333,9 @@ def test_emulated_job_with_servers(placement):
     every worker's init() finds them, push_pull agrees with numpy with the same bits on every worker, and
     the job ends by itself (the servers exit when the workers do) with nothing left behind."""
     if placement == "own":
-        done, took, name = _emulate_servers("--emulate", "2x1", "--link-rate", "1gbit", "--num-servers", "2")
+        done, name = _emulate_servers("--emulate", "2x1", "--link-rate", "1gbit", "--num-servers", "2")
     else:
-        done, took, name = _emulate_servers("--emulate", "2x1", "--num-servers", "3", "--colocate-servers")
+        done, name = _emulate_servers("--emulate", "2x1", "--num-servers", "3", "--colocate-servers")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert done.stdout.count("values ok on worker") == 2, done.stdout[-3000:]
     report = _servers_report(done.stdout)
@@ -348,17 +345,16 @@ def test_emulated_job_with_servers(placement):
         assert report["num_servers"] == 2 and len(set(servers)) == 2 and not set(servers) & set(workers), report
     else:
         assert report["num_servers"] == 3 and servers == [workers[0], workers[1], workers[0]], report
-    assert took < 60, took
 
 
 @pytest.mark.cluster
 def test_emulated_job_with_a_server_killed_names_it():
-    """A server killed mid-job: mpiexec stops the whole job within seconds, and commlib-run's error names
-    the server (its index, rank and host); nothing is left behind."""
-    done, took, name = _emulate_servers("--emulate", "2x1", "--num-servers", "2", case="killed")
+    """A server killed mid-job: mpiexec stops the whole job (within _emulate_servers' timeout), and
+    commlib-run's error names the server (its index, rank and host); nothing is left behind."""
+    done, name = _emulate_servers("--emulate", "2x1", "--num-servers", "2", case="killed")
     assert done.returncode != 0, done.stdout[-3000:]
     assert "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
     host = done.stdout.split("worker 0 killed server 0 (pid ", 1)[1].split("on ", 1)[1].split(")", 1)[0]
     assert f"commlib-run: error: summation server 0 (rank 2 of the job) on {host} ended" in done.stderr, \
         done.stderr[-3000:]
-    assert "never failed" not in done.stdout and took < 60, took
+    assert "never failed" not in done.stdout

@@ -8,7 +8,8 @@ so that three cluster shapes stay within a few minutes.
     python cluster_check.py torch        DistributedOptimizer equals one process on the combined batch
     python cluster_check.py reinit [N]   N init/allreduce/shutdown cycles in a row
 
-The node layout comes from MPI (Topology.detect without COMMLIB_LOCAL_SIZE).
+The node layout comes from MPI (Topology.detect without COMMLIB_LOCAL_SIZE). Each is one case
+(tests/spmd.py; CASES below), after on_cluster.py's node_layout.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from spmd import expect_error, import_worker, run
+import spmd
+from spmd import expect_error, import_worker
+
+#: argv[1] -> the case it runs
+CASES = {"allreduce": "every_algorithm_across_hosts", "torch": "torch_optimizer_matches_one_process",
+         "reinit": "init_after_shutdown_cycles"}
 
 
 def check_bulk(comm, topology) -> None:
@@ -44,7 +50,8 @@ def check_bulk(comm, topology) -> None:
     engine.close()
 
 
-def check_allreduce() -> None:
+@spmd.case
+def every_algorithm_across_hosts() -> None:
     Checker = import_worker("algo_check").Checker
 
     from commlib.algorithms import ALGORITHMS, AlgorithmContext, run_allreduce
@@ -100,11 +107,11 @@ def check_allreduce() -> None:
         ctx.close()
         ctx.transport.free()
     if comm.rank == 0:
-        print(f"cluster allreduce ok: {check.checks} checks per rank of {algorithms} on {p} ranks, {topology}",
-              flush=True)
+        print(f"{check.checks} checks per rank of {algorithms} on {p} ranks, {topology}", flush=True)
 
 
-def check_torch() -> None:
+@spmd.case
+def torch_optimizer_matches_one_process() -> None:
     import commlib.torch as hvd
     check_equivalence = import_worker("torch_optimizer").check_equivalence
 
@@ -112,10 +119,10 @@ def check_torch() -> None:
     assert hvd.cross_size() > 1, f"expected several hosts, commlib sees {hvd.cross_size()}"
     check_equivalence(hvd.rank(), hvd.size())
     hvd.shutdown()
-    print(f"[rank {MPI.COMM_WORLD.rank}] cluster torch OK", flush=True)
 
 
-def check_reinit() -> None:
+@spmd.case
+def init_after_shutdown_cycles() -> None:
     """init/shutdown cycles back to back: a message of one cycle must never reach the next (MPI
     recycles a freed communicator's context id, so a message still in flight when it is freed would)."""
     import commlib as cl
@@ -126,8 +133,7 @@ def check_reinit() -> None:
         want = sum(r + cycle for r in range(cl.size()))
         assert np.all(got == want), (cycle, got, want)
         cl.shutdown()
-    print(f"[rank {MPI.COMM_WORLD.rank}] cluster reinit OK", flush=True)
 
 
 if __name__ == "__main__":
-    run({"allreduce": check_allreduce, "torch": check_torch, "reinit": check_reinit}[sys.argv[1]])
+    spmd.main([CASES[sys.argv[1]]])
