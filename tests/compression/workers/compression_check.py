@@ -9,7 +9,7 @@ from commlib.compression import DGC, OneBit, PowerSGD, RandomK, TopK
 import spmd
 
 C = cl.Compression
-rank = size = 0
+rank, size = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 def gather_rows(x: np.ndarray, name: str) -> np.ndarray:
@@ -37,11 +37,9 @@ class HalfCompressor:
 
 @spmd.case
 def init():
-    global rank, size
     # learning auto may run the two calls compared bit for bit below with different algorithms (different
     # summation orders): the model's choice alone keeps them on the same one
     cl.init(auto_learn=False)
-    rank, size = cl.rank(), cl.size()
 
 
 @spmd.case

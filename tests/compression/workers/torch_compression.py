@@ -48,15 +48,13 @@ def flat(model):
 
 
 C = hvd.Compression
-rank = size = 0
+rank, size = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 @spmd.case
 def init():
-    global rank, size
     # the bit-for-bit comparisons below need both calls on one algorithm: no exploring auto
     hvd.init(auto_learn=False)
-    rank, size = hvd.rank(), hvd.size()
 
 
 @spmd.case

@@ -12,7 +12,7 @@ import numpy as np
 import commlib as cl
 import spmd
 
-rank = size = 0
+rank, size = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 def expect_error(fn, *needles):
@@ -29,9 +29,7 @@ def expect_error(fn, *needles):
 
 @spmd.case
 def init():
-    global rank, size
     cl.init()
-    rank, size = cl.rank(), cl.size()
 
 
 @spmd.case

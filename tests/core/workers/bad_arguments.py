@@ -12,14 +12,12 @@ from spmd import expect_error
 
 
 x = np.ones(4, np.float32)
-rank = size = 0
+rank, size = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 @spmd.case
 def init():
-    global rank, size
     cl.init()
-    rank, size = cl.rank(), cl.size()
 
 
 @spmd.case

@@ -8,14 +8,12 @@ import commlib.torch as hvd
 import spmd
 from commlib.elastic import ObjectState
 
-r = n = 0
+r, n = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 @spmd.case
 def init():
-    global r, n
     hvd.init()
-    r, n = hvd.rank(), hvd.size()
 
 
 @spmd.case

@@ -32,7 +32,7 @@ def both(fn):
     return [("eager", fn), ("tf.function", tf.function(fn))]
 
 
-me = n = 0
+me, n = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 def everyone(shape, dt=tf.float64):
@@ -42,9 +42,7 @@ def everyone(shape, dt=tf.float64):
 
 @spmd.case
 def init():
-    global me, n
     hvd.init()
-    me, n = hvd.rank(), hvd.size()
 
 
 @spmd.case

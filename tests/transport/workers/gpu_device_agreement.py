@@ -19,7 +19,7 @@ import spmd
 from commlib import api
 from commlib.coordinator.requests import Kind, Meta
 
-rank = size = 0
+rank, size = spmd.rank_and_size()  # the job's, which commlib's are once init() ran
 
 
 class DeclaredCudaArray:
@@ -42,9 +42,7 @@ def expect_error(fn, *needles):
 
 @spmd.case
 def init():
-    global rank, size
     cl.init()
-    rank, size = cl.rank(), cl.size()
 
 
 @spmd.case
