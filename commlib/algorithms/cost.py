@@ -238,6 +238,13 @@ def _ring(model, shape, groups, nbytes, codec, seg) -> float:
             + _ring_half(model, shape, groups, nbytes, codec, seg, False))
 
 
+def rings(model: CostModel, shape: Shape, groups: Sequence[Sequence[int]], nbytes: float, codec=None,
+          seg: int = 1 << 20) -> float:
+    """A ring allreduce of ``nbytes`` around each ring of ``groups`` at once, without a call's fixed cost
+    (what another schedule runs inside the nodes: ps's reduction in the hosts)."""
+    return _ring(model, shape, groups, nbytes, codec, seg)
+
+
 def _fold_pairs(p: int) -> tuple[int, int, list[tuple[int, int]]]:
     pof2 = 1 << (p.bit_length() - 1)
     rem = p - pof2
