@@ -267,13 +267,14 @@ def test_a_lost_server_is_named_from_hydras_report():
 @pytest.mark.mpi
 def test_job_with_a_server_killed_names_it():
     """Workers on localhost and a server on 127.0.0.1 (hydra's second host, still this machine): the server
-    killed mid-job ends the job within seconds, and commlib-run names it from hydra's report."""
+    killed mid-job (SIGKILL: exit code 9) ends the job, and commlib-run names it from hydra's report. (The
+    worker's own line saying it killed the server may be lost when mpiexec ends the job: not asserted.)"""
     done = _commlib_run("-np", "2", "-H", "localhost:2", "--num-servers", "1", "--server-hosts", "127.0.0.1:1",
                         sys.executable, str(worker_path("run_servers.py")), "killed",
                         env={"COMMLIB_SERVER_TIMEOUT": "5"}, timeout=60)
-    assert done.returncode != 0 and "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
-    assert "commlib-run: error: summation server 0 (rank 2 of the job) on 127.0.0.1 ended" in done.stderr, \
-        done.stderr[-3000:]
+    assert done.returncode != 0, (done.stdout + done.stderr)[-3000:]
+    assert "commlib-run: error: summation server 0 (rank 2 of the job) on 127.0.0.1 ended" in done.stderr \
+        and "exit code 9" in done.stderr, done.stderr[-3000:]
     assert "never failed" not in done.stdout
 
 
@@ -349,12 +350,12 @@ def test_emulated_job_with_servers(placement):
 
 @pytest.mark.cluster
 def test_emulated_job_with_a_server_killed_names_it():
-    """A server killed mid-job: mpiexec stops the whole job (within _emulate_servers' timeout), and
-    commlib-run's error names the server (its index, rank and host); nothing is left behind."""
+    """A server killed mid-job (SIGKILL: exit code 9): mpiexec stops the whole job (within _emulate_servers'
+    timeout), and commlib-run's error names the server (its index, rank and host: the first of the servers'
+    own hosts, after the 2 workers'); nothing is left behind. The worker's own line saying it killed the
+    server may be lost when mpiexec ends the job: not asserted."""
     done, name = _emulate_servers("--emulate", "2x1", "--num-servers", "2", case="killed")
     assert done.returncode != 0, done.stdout[-3000:]
-    assert "worker 0 killed server 0" in done.stdout, (done.stdout + done.stderr)[-3000:]
-    host = done.stdout.split("worker 0 killed server 0 (pid ", 1)[1].split("on ", 1)[1].split(")", 1)[0]
-    assert f"commlib-run: error: summation server 0 (rank 2 of the job) on {host} ended" in done.stderr, \
-        done.stderr[-3000:]
+    assert f"commlib-run: error: summation server 0 (rank 2 of the job) on {name}-h2 ended" in done.stderr \
+        and "exit code 9" in done.stderr, (done.stdout + done.stderr)[-3000:]
     assert "never failed" not in done.stdout

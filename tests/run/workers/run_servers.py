@@ -95,8 +95,8 @@ elif case == "killed":
         assert sorted(processes.values()) == list(range(size + len(servers))), processes
         unlink_shared_memory(processes)
         victim = next(pid for pid, r in processes.items() if r == runtime_job.servers[0])
+        print(f"worker 0 kills server 0 (pid {victim}, on {servers[0]})", flush=True)  # the job may end first
         os.kill(victim, signal.SIGKILL)
-        print(f"worker 0 killed server 0 (pid {victim}, on {servers[0]})", flush=True)
     start = time.monotonic()
     try:
         while time.monotonic() - start < 60:
