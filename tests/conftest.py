@@ -27,7 +27,7 @@ import mpirun  # noqa: E402 - found through the path above
 MARKERS = {
     "mpi": "launches real MPI jobs (mpiexec, or a process that initialises MPI) on one host",
     "cluster": "runs across emulated hosts (network namespaces; root) or real daemons on them (Slurm, Ray)",
-    "slow": "takes more than about 30 seconds",
+    "slow": "takes 15 s or more alone on a 2-core machine (30 s and more under the usual load)",
 }
 
 

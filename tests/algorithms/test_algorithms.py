@@ -8,14 +8,14 @@ from mpirun import run_mpi
 
 SHAPES = [
     pytest.param(1, None, id="1rank"),
-    pytest.param(4, "rr2", id="round-robin-2nodes"),
+    pytest.param(4, "rr2", id="round-robin-2nodes", marks=pytest.mark.slow),
     pytest.param(2, None, id="2ranks"),
     pytest.param(3, None, id="3ranks"),
-    pytest.param(4, None, id="4ranks"),
-    pytest.param(4, 2, id="2x2nodes"),
+    pytest.param(4, None, id="4ranks", marks=pytest.mark.slow),
+    pytest.param(4, 2, id="2x2nodes", marks=pytest.mark.slow),
     pytest.param(2, 1, id="2x1nodes"),
     pytest.param(3, 2, id="uneven-2+1"),
-    pytest.param(4, 3, id="uneven-3+1"),
+    pytest.param(4, 3, id="uneven-3+1", marks=pytest.mark.slow),
 ]
 
 

@@ -10,7 +10,8 @@ from mpirun import run_mpi
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("nprocs,local_size", [(1, None), (2, None), (3, None), (4, None), (4, 2)])
+@pytest.mark.parametrize("nprocs,local_size", [(1, None), (2, None), (3, None),
+                                               pytest.param(4, None, marks=pytest.mark.slow), (4, 2)])
 def test_codec_ring_matches_the_rule_bit_for_bit(nprocs, local_size):
     env = {"COMMLIB_LOCAL_SIZE": str(local_size)} if local_size else None
     run_mpi(nprocs, "codec_ring_check.py", timeout=300, env=env)

@@ -212,6 +212,7 @@ def test_worker_killed_mid_epoch_training_goes_on(make_cluster, tmp_path):
     (tmp_path.parent / "elastic_resume_seconds").write_text(f"{resumed:.2f}\n")
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_host_link_down_the_others_go_on(make_cluster, tmp_path):
     """3 hosts x 1 rank; at step 8 the last host's link goes down (its rank is alive but cut off). Both
@@ -250,6 +251,7 @@ def test_host_link_down_the_others_go_on(make_cluster, tmp_path):
     assert _check_training(tmp_path, final_steps)["size"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.cluster
 def test_host_added_by_discovery_size_returns(make_cluster, tmp_path):
     """Discovery lists 2 of 3 hosts; at step 5 the worker makes it list all 3: the driver flags it, every

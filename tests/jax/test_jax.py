@@ -66,6 +66,7 @@ def test_keras_fit_on_the_jax_backend_matches_one_process_on_the_combined_batch(
     run_mpi(2, "keras_fit.py", timeout=400, env={**ENV, "KERAS_BACKEND": "jax"}, cases=["runs_on_the_backend_asked_for"])
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_example_trains():
     # The example's own target (0.95) sits within a point of where this CPU's floating point lands, and

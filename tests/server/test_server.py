@@ -116,6 +116,7 @@ def test_push_pull_reduced_inside_emulated_hosts(make_cluster):
     check_report(out, range(4), ["host", "values", "lossy"])
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_calibrate_with_servers_measures_ps(tmp_path):
     """--calibrate in a job with servers: ps is timed and corrected like every algorithm, and the profile

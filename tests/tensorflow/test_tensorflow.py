@@ -16,7 +16,7 @@ ENV = {"PYTHONWARNINGS": "ignore::DeprecationWarning",
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
+@pytest.mark.parametrize("nprocs", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
 def test_ops_eager_and_tf_function_gradients_tape_and_mismatches(nprocs):
     # mismatches_fail_on_every_rank: on more than one rank the same name with different shapes fails on every
     # rank, eagerly and in tf.function, with FailedPreconditionError naming the tensor
@@ -34,7 +34,7 @@ def test_keras_fit_matches_one_process_on_the_combined_batch(backend):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("keras_flavour", ["tf-keras", "keras3"])
+@pytest.mark.parametrize("keras_flavour", [pytest.param("tf-keras", marks=pytest.mark.slow), "keras3"])
 def test_keras_gradient_accumulation_local_variables_and_saving(keras_flavour):
     """backward_passes_per_step in fit against one process, the passes counter, local variables,
     PartialDistributedOptimizer, and a trained model saved and loaded (tests/tensorflow/workers/tf_keras_optimizer.py)."""

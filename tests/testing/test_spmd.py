@@ -74,6 +74,7 @@ def test_a_case_asked_for_must_pass_on_every_rank():
         run_mpi(2, DEMO, "passes", cases=["mpi_barrier"], timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_timeout_says_where_each_rank_was():
     with pytest.raises(MPIJobFailed) as failed:
