@@ -84,8 +84,8 @@ def host_cost(model, nbytes: float, shape, codec=None, seg: int = 0) -> float:
         return 0.0
     nodes = shape.node_groups()
     seg = seg or (1 << 20)
-    inside = (_cost._ring_half(model, shape, nodes, nbytes, None, seg, True)
-              + _cost._ring_half(model, shape, nodes, nbytes, None, seg, False))
+    inside = (_cost.ring_pass(model, shape, nodes, nbytes, None, seg, True)
+              + _cost.ring_pass(model, shape, nodes, nbytes, None, seg, False))
     per_node = dataclasses.replace(shape, node_of_rank=tuple(sorted(set(shape.node_of_rank))))
     return inside + cost(model, nbytes, per_node, codec, seg)
 
