@@ -61,6 +61,16 @@ class Engine:
         self.topology = topology
         self.config = config
         self.context = AlgorithmContext.create(transport, topology, config)
+        #: ``auto``'s plan per request while it learns (:meth:`plan_allreduce`): a small call's latency is
+        #: mostly decisions like these, and each plan follows the learner
+        self._learning_plans = BoundedCache(256)
+
+    def use_model(self, model) -> None:
+        """Decide from the cost model ``model`` from now on (``commlib-bench --calibrate`` fits one during
+        the job; equal on every rank): what was decided from the old one is forgotten."""
+        self.context.cost_model = model
+        select.forget_model(self.context)
+        self._learning_plans = BoundedCache(256)
 
     @property
     def fusion_inplace_bytes(self) -> int:
@@ -116,11 +126,8 @@ class Engine:
         pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
-            # remembered: a small call's latency is mostly decisions like these (the plan follows the learner)
             key = (dtype, count, kernel_op, pre, post, codec.name if codec is not None else None, name)
-            plans = ctx.tuning.get("engine.learning_plans")
-            if plans is None:
-                plans = ctx.tuning["engine.learning_plans"] = BoundedCache(256)
+            plans = self._learning_plans
             known = plans.get(key)
             if known is not None:
                 return known

@@ -123,7 +123,9 @@ def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, codec=None, pr
     every = ctx.scratch.get("cma.addresses", n * p, _U64)
     transport.allgatherv(mine, every, [n] * p)
     peer_addresses = np.delete(every.reshape(p, n), r, axis=0)
-    split = ctx.tuning.setdefault("cma.shares", ShareSplit())
+    split = ctx.cma_shares
+    if split is None:
+        split = ctx.cma_shares = ShareSplit()
     layout = (dtype.str, codec.name if codec is not None else "", tuple(buf.size for buf in bufs))
     offs = split.offsets(layout, total, p)
     item = dtype.itemsize
