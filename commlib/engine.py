@@ -164,8 +164,7 @@ class Engine:
         """Whether an allreduce of ``nbytes`` is a bulk transfer across hosts: the waits of commlib's own
         algorithms then sleep between polls, leaving the core to the framework
         (:func:`.transport.deadline.patiently`). Never MPI's own allreduce: MPI progresses its schedule
-        only inside a poll, and sleeping between polls made its 80 MiB call on 2 hosts at 1 Gbit/s take
-        720 or 1000 ms instead of 720."""
+        only inside a poll, so sleeping between polls slows its calls (docs/results/design_choices.md)."""
         return nbytes >= PATIENT_BYTES and self.topology.cross_size > 1
 
     def _waiting_as_needed(self, run: Callable, algorithm: str, nbytes: int) -> Callable:

@@ -21,8 +21,8 @@ through the ring's codec, but it gains nothing, because on one node there is no 
 (docs/coordinator.md, "Compression").
 
 Balanced shares: equal byte shares do not take equal time when the memory differs - a share of many
-separately allocated tensors is slower than one of a few large ones (ResNet-50's gradients on 2 ranks:
-17.4 ms against 14.3 ms for the two halves). For a layout seen before (same dtype, codec and buffer sizes) the
+separately allocated tensors is slower than one of a few large ones (docs/results/design_choices.md).
+For a layout seen before (same dtype, codec and buffer sizes) the
 shares are moved towards equal time, from the times every rank reported for the last call
 (:class:`ShareSplit`). Every rank computes the same split from the same gathered numbers. Which rank
 owns a byte does not change its value: two values combine the same either way round, and with more than

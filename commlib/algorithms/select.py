@@ -26,9 +26,8 @@ from . import cost, learn, spec
 from .cost import INF, Shape
 
 #: Pipeline segments ``auto`` considers for segmented algorithms (bytes of data), besides the configured one.
-#: Nothing smaller than 1 MiB: on 2 hosts x 2 ranks at 1 Gbit/s, hierarchical_pipelined with 256 KiB
-#: segments (2 MiB blocks) took 1.27 s at 64 MiB against 0.68 s with 1 MiB, where the model, which does
-#: not see the cost of a step when ranks outnumber cores, predicted them equal.
+#: Nothing smaller than 1 MiB: smaller segments cost a step each that the model does not see where ranks
+#: outnumber cores (docs/results/design_choices.md).
 SEGMENT_CHOICES = (1 << 20, 4 << 20)
 
 
