@@ -427,8 +427,8 @@ class Learner:
             bucket.settle_on(min(alive, key=lambda n: (times[n], bucket.candidates.index(n))))
             self.notes.append(describe(bucket))
             sibling = self._sibling(bucket.key)
-            if sibling is not None and sibling.state in (WARMING, MEASURING):  # explored now and then: settle it too
-                self._adopt(sibling, bucket)
+            if sibling is not None and sibling.state in (WARMING, MEASURING):  # explored now and then:
+                self._adopt(sibling, bucket)                                   # settle it too
             return
         shift = (number - 1) % len(alive)
         bucket.measure(number, alive[shift:] + alive[:shift])
