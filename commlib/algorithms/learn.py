@@ -127,6 +127,9 @@ class Bucket:
     watch_switches: int = 0         # settled algorithms given up because their calls ran slower than a rival
     seeded: bool = False            # settled on its sibling's times (Learner._adopt)
     restored: bool = False          # settled on an earlier learner's times (from_settled)
+    # -- the state as the per-call path reads it: one attribute each, set by _enter alone
+    running: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED or WATCHED
+    untimed: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED
 
     @property
     def short(self) -> bool:
@@ -149,6 +152,8 @@ class Bucket:
             raise RuntimeError(f"auto {bucket_label(self.key)}: no move from {self.state.value} to "
                                f"{state.value}")
         self.state = state
+        self.running = state is SETTLED or state is WATCHED
+        self.untimed = state is SETTLED
 
     def _round(self, order: Sequence[str], calls: int) -> None:
         self.slots = [name for name in order for _ in range(calls)]
@@ -377,14 +382,12 @@ class Learner:
         """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``). A
         call to measure returns after the lane's barrier: the caller starts its clock then."""
         self.calls += 1
-        state = bucket.state
-        if state is SETTLED or state is WATCHED:
+        if bucket.running:  # SETTLED or WATCHED
             bucket.since += 1
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
-            state = CHECKING
         index = len(bucket.local)
-        if state is not WARMING and index % bucket.reps == 0:  # a measured block begins
+        if bucket.state is not WARMING and index % bucket.reps == 0:  # a measured block begins
             self.sync()
         return bucket.slots[index]
 

@@ -151,7 +151,7 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
 
     def run(*args) -> int:
         name = learning.pick(bucket)
-        if name is None and bucket.state is not _WATCHED:  # settled, untimed
+        if name is None and bucket.untimed:  # SETTLED: the settled algorithm, no clock
             return runner(bucket.settled)(*args)
         clock = learning.clock
         start = clock()
@@ -162,9 +162,6 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
             learning.watched(bucket, clock() - start)
         return overflow
     return run
-
-
-_WATCHED = learn.State.WATCHED  # read per call
 
 
 def current(ctx, nbytes: int, codec=None, fused: bool = False) -> Choice:

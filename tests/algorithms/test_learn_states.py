@@ -176,14 +176,17 @@ def _random_job(seed: int) -> Job:
 
 def test_the_table_of_moves_is_what_the_learner_does(monkeypatch):
     """Over many simulated jobs (short and long calls, machines that change, siblings, spent budgets)
-    every move a bucket makes is in ``learn.NEXT`` (else ``_enter`` raises), and every move the table
-    allows happens: it holds no move the learner never makes."""
+    every move a bucket makes is in ``learn.NEXT`` (else ``_enter`` raises), every move the table allows
+    happens (it holds no move the learner never makes), and the flags the per-call path reads follow the
+    state."""
     seen = set()
     enter = Bucket._enter
 
     def spy(self, state):
         seen.add((self.state, state))
         enter(self, state)
+        # what the per-call path reads instead of the state follows it
+        assert self.running == (state in (SETTLED, WATCHED)) and self.untimed == (state is SETTLED)
     monkeypatch.setattr(Bucket, "_enter", spy)
     for seed in range(300):
         _random_job(seed)
