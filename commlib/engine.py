@@ -35,7 +35,7 @@ _COUNT = np.dtype(np.int64)
 PATIENT_BYTES = 8 << 20  # an allreduce at least this large across hosts waits patiently (Engine._bulk)
 
 
-def _scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
+def scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
                    size: int) -> tuple[float, float]:
     """The factors an algorithm applies before and after reducing: the user's, an Average's division, and
     with fp16 on the wire a division by the ranks first (so that no partial sum of in-range inputs can
@@ -123,7 +123,7 @@ class Engine:
         check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
         algorithm = algorithm or self.config.algorithm
-        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
             key = (dtype, count, kernel_op, pre, post, codec.name if codec is not None else None, name)
@@ -186,7 +186,7 @@ class Engine:
         Average's division) applied. Every rank that computes it from the same contributions gets the
         same bits."""
         op = as_op(op)
-        pre, post = _scale_factors(op, None, prescale, postscale, self.size)
+        pre, post = scale_factors(op, None, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         out[...] = contributions[0]
         if pre != 1.0:
@@ -237,7 +237,7 @@ class Engine:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
-        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         self.context.segment_bytes = choice.segment_bytes
         overflow = self._waiting_as_needed(together, choice.algorithm, total)(
             self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
@@ -249,7 +249,7 @@ class Engine:
         on fused calls): in one pass where the algorithm has a ``run_many``, else one call of the same
         algorithm each."""
         ctx = self.context
-        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         together = spec.get(choice.algorithm).run_many
 

@@ -51,6 +51,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                        "commlib.server.tcp", "commlib.server.tcp_client")),
     # the state object and its process sets
     ("runtime", ("commlib.process_sets", "commlib.runtime")),
+    # the one owner of the process's state: init, shutdown, the exit and abort paths, the rebuild over
+    # survivors; and the internal interface services and plug-ins reach the runtime through
+    ("lifecycle", ("commlib.lifecycle",)),
     # the public functions (they hand the compressors their collectives), and Adasum over them
     ("api", ("commlib.api", "commlib.adasum")),
     # the package's public face (re-exports only)
@@ -64,6 +67,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # framework plug-ins: thin adapters, the top layer
     ("plug-ins", ("commlib.torch", "commlib.tensorflow", "commlib.keras", "commlib.jax")),
 ]
+# -------------------------------------------------------------------------------------------------------
+
+# Above the public API, services, the shared framework code and plug-ins reach the process's runtime only
+# through the internal interface (commlib.lifecycle, and the Runtime's documented fields: docs/architecture.md,
+# "Internal interface"), never by importing the runtime's parts. A layer listed here may not import these:
+RUNTIME_INTERNALS = ("commlib.runtime", "commlib.process_sets", "commlib.engine", "commlib.coordinator")
+#: ... except these, which are values and policies every layer may share
+SHARED = ("commlib.coordinator.requests", "commlib.coordinator.backoff")
+ON_THE_INTERFACE = ("services", "frameworks", "plug-ins")
 # -------------------------------------------------------------------------------------------------------
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -203,6 +215,21 @@ def upward_imports(mods, edges) -> list[str]:
     return problems
 
 
+def internal_imports(mods, edges) -> list[str]:
+    """Imports of the runtime's parts by a module of a layer that must use the internal interface."""
+    bound = {index for index, (layer, _) in enumerate(LAYERS) if layer in ON_THE_INTERFACE}
+    problems = []
+    for module, targets in sorted(edges.items()):
+        if layer_of(module) not in bound:
+            continue
+        for target, line in targets:
+            inside = any(target == name or target.startswith(name + ".") for name in RUNTIME_INTERNALS)
+            shared = any(target == name or target.startswith(name + ".") for name in SHARED)
+            if inside and not shared:
+                problems.append(f"{mods[module].relative_to(ROOT)}:{line}: {module} imports {target}")
+    return problems
+
+
 def test_every_module_has_a_layer():
     mods, _ = graph()
     missing = unknown_modules(mods)
@@ -215,6 +242,14 @@ def test_imports_go_downward():
     problems = upward_imports(mods, edges)
     assert not problems, ("a lower layer imports a higher one (hand it what it needs instead: an argument, "
                           "or a registry the higher layer fills):\n  " + "\n  ".join(problems))
+
+
+def test_services_and_plug_ins_use_the_internal_interface():
+    mods, edges = graph()
+    problems = internal_imports(mods, edges)
+    assert not problems, ("a service or plug-in imports a part of the runtime; reach it through "
+                          "commlib.lifecycle (current(), config(), ...) and the Runtime's documented fields "
+                          "(docs/architecture.md, 'Internal interface'):\n  " + "\n  ".join(problems))
 
 
 def test_no_import_cycle():
@@ -239,6 +274,10 @@ def test_the_checks_see_violations(tmp_path):
     (pkg / "algorithms" / "ring.py").write_text("from ..api import z\n")  # algorithms -> api: upward
     (pkg / "api.py").write_text("")
     (pkg / "nowhere.py").write_text("")
+    (pkg / "runtime.py").write_text("")
+    (pkg / "torch").mkdir()
+    (pkg / "torch" / "__init__.py").write_text("from ..runtime import Runtime\nfrom .. import lifecycle\n")
+    (pkg / "lifecycle.py").write_text("")
     mods = modules(tmp_path)
     known = set(mods) | extensions()
     edges = {m: imports(m, p, known) for m, p in mods.items()}
@@ -252,6 +291,11 @@ def test_the_checks_see_violations(tmp_path):
     assert any("commlib.errors (layer base) imports commlib.config (layer config" in p for p in problems)
     assert any("commlib.algorithms.ring (layer algorithms) imports commlib.api" in p for p in problems)
     assert cycles(edges) == [["commlib.config", "commlib.errors"]]
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert internal_imports(mods, edges) == ["commlib/torch/__init__.py:1: commlib.torch imports commlib.runtime"]
+    finally:
+        ROOT = saved
     assert unknown_modules(mods) == ["commlib.nowhere"]
 
 

@@ -216,10 +216,9 @@ def _pipelined(model: CostModel, shape: Shape, pairs, wire_bytes: float, data_by
     return t
 
 
-def ring_pass(model: CostModel, shape: Shape, groups: Sequence[Sequence[int]], nbytes: float, codec,
-              seg: int, reduces: bool) -> float:
-    """A reduce-scatter (``reduces``) or an allgather of ``nbytes`` around each ring of ``groups`` at once
-    (public: the ``ps`` algorithm's host phases are two such passes)."""
+def _ring_half(model: CostModel, shape: Shape, groups: Sequence[Sequence[int]], nbytes: float, codec,
+               seg: int, reduces: bool) -> float:
+    """A reduce-scatter (``reduces``) or an allgather of ``nbytes`` around each ring of ``groups`` at once."""
     p = max((len(g) for g in groups), default=1)
     if p < 2 or nbytes <= 0:
         return 0.0
@@ -235,8 +234,15 @@ def ring_pass(model: CostModel, shape: Shape, groups: Sequence[Sequence[int]], n
 
 
 def _ring(model, shape, groups, nbytes, codec, seg) -> float:
-    return (ring_pass(model, shape, groups, nbytes, codec, seg, True)
-            + ring_pass(model, shape, groups, nbytes, codec, seg, False))
+    return (_ring_half(model, shape, groups, nbytes, codec, seg, True)
+            + _ring_half(model, shape, groups, nbytes, codec, seg, False))
+
+
+def rings(model: CostModel, shape: Shape, groups: Sequence[Sequence[int]], nbytes: float, codec=None,
+          seg: int = 1 << 20) -> float:
+    """A ring allreduce of ``nbytes`` around each ring of ``groups`` at once, without a call's fixed cost
+    (what another schedule runs inside the nodes: ps's reduction in the hosts)."""
+    return _ring(model, shape, groups, nbytes, codec, seg)
 
 
 def _fold_pairs(p: int) -> tuple[int, int, list[tuple[int, int]]]:
@@ -341,8 +347,8 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
     else:
         cross = _ring(model, shape, shards, shard_bytes, codec, seg)
     inside = codec_inside_nodes(len(nodes), codec)
-    return (model.call_s + ring_pass(model, shape, nodes, nbytes, inside, seg, True) + cross
-            + ring_pass(model, shape, nodes, nbytes, inside, seg, False))
+    return (model.call_s + _ring_half(model, shape, nodes, nbytes, inside, seg, True) + cross
+            + _ring_half(model, shape, nodes, nbytes, inside, seg, False))
 
 
 def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=None,
@@ -357,8 +363,8 @@ def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=
     block = min(nbytes, 8 * seg)
     count = math.ceil(nbytes / block)
     codec_inside = codec_inside_nodes(len(nodes), codec)
-    inside = (ring_pass(model, shape, nodes, block, codec_inside, seg, True)
-              + ring_pass(model, shape, nodes, block, codec_inside, seg, False))
+    inside = (_ring_half(model, shape, nodes, block, codec_inside, seg, True)
+              + _ring_half(model, shape, nodes, block, codec_inside, seg, False))
     cross = _ring(model, shape, shards, block / width, codec, 0)
     return model.call_s + count * max(inside, cross) + min(inside, cross)
 
@@ -391,9 +397,9 @@ def torus2d(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int 
     nx, ny = shape.torus
     rows = [[y * nx + x for x in range(nx)] for y in range(ny)]
     cols = [[y * nx + x for y in range(ny)] for x in range(nx)]
-    return (model.call_s + ring_pass(model, shape, rows, nbytes, codec, seg, True)
+    return (model.call_s + _ring_half(model, shape, rows, nbytes, codec, seg, True)
             + _ring(model, shape, cols, nbytes / nx, codec, seg)
-            + ring_pass(model, shape, rows, nbytes, codec, seg, False))
+            + _ring_half(model, shape, rows, nbytes, codec, seg, False))
 
 
 def cma(model: CostModel, nbytes: float, shape: Shape, codec=None, seg: int = 0) -> float:

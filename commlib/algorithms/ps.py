@@ -18,9 +18,15 @@ from . import cost as _cost
 from . import partition, ring
 from .cost import INF
 
-NO_SERVERS = ("algorithm 'ps' needs summation servers, and this job has none: launch them as extra ranks "
-              "of the job, e.g. mpiexec -n 4 python train.py : -n 2 python -m commlib.server "
-              "(docs/servers.md)")
+
+
+def no_servers(what: str) -> str:
+    """The error for ``what`` (a call, an algorithm) in a job without summation servers: how to start them."""
+    return (f"{what} needs summation servers, and this job has none: launch them as extra ranks of the job, "
+            "e.g. mpiexec -n 4 python train.py : -n 2 python -m commlib.server (docs/servers.md)")
+
+
+NO_SERVERS = no_servers("algorithm 'ps'")
 
 
 def requires(ctx, codec) -> str | None:
@@ -84,8 +90,7 @@ def host_cost(model, nbytes: float, shape, codec=None, seg: int = 0) -> float:
         return 0.0
     nodes = shape.node_groups()
     seg = seg or (1 << 20)
-    inside = (_cost.ring_pass(model, shape, nodes, nbytes, None, seg, True)
-              + _cost.ring_pass(model, shape, nodes, nbytes, None, seg, False))
+    inside = _cost.rings(model, shape, nodes, nbytes, None, seg)
     per_node = dataclasses.replace(shape, node_of_rank=tuple(sorted(set(shape.node_of_rank))))
     return inside + cost(model, nbytes, per_node, codec, seg)
 
