@@ -113,7 +113,7 @@ def cma_with_a_codec():
 @spmd.case
 def every_rank_holds_the_same_split():
     if size > 1 and CMA:
-        splits = dict(engine.context.tuning["cma.shares"]._offsets.items())
+        splits = dict(engine.context.cma_shares._offsets.items())
         assert len(splits) == 1 and comm.allgather(splits) == [splits] * size, splits
 
 
