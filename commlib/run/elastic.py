@@ -34,12 +34,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Callable, Sequence
 
 from ..elastic import control
-from . import survivors
+from . import output, survivors
 from .hosts import Host
 from .options import UsageError
 
@@ -268,18 +267,10 @@ class Driver:
         """Run one launch to its end, echoing its output, flagging host changes; return (exit code, hosts
         hydra said a process died on)."""
         print(f"commlib-run: {' '.join(argv)}", file=self.out, flush=True)
-        job = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True, bufsize=1)
-        tail: collections.deque = collections.deque(maxlen=400)
-
-        def pump():
-            for line in job.stdout:
-                tail.append(line)
-                sys.stdout.write(line)
-                sys.stdout.flush()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        job = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+        tail: collections.deque = collections.deque(maxlen=400)  # hydra's report of a lost process is here
+        relays = output.relays(job, tail)
         running = {h.name for h in hosts}
         flagged = False
         recovery = _Recovery(survivors.rank_hosts(hosts)) if self.launcher.in_process else None
@@ -327,11 +318,12 @@ class Driver:
             except subprocess.TimeoutExpired:
                 pass
             self.launcher.kill(job)
-        reader.join(timeout=10)
+        for relay in relays:
+            relay.join(timeout=10)
         code = job.returncode
         if code != 0:
             self.launcher.kill(job)  # what hydra left behind
-        died = sorted({m.group(1) for line in tail for m in [_DIED_AT.search(line)] if m})
+        died = sorted(set(_DIED_AT.findall(b"".join(tail).decode(errors="replace"))))
         if recovery is not None and recovery.generation:
             lost_hosts = sorted({recovery.hosts[r] for r in recovery.lost})
             if recovery.restart:
