@@ -37,6 +37,7 @@ import tempfile
 import time
 from typing import Callable, Sequence
 
+from ..config import FIELDS, environment, for_job, is_set
 from ..elastic import control
 from . import output, survivors
 from .hosts import Host
@@ -148,8 +149,8 @@ class Launcher:
     in_process: bool = False  # hydra: survivors of a lost rank go on (-disable-auto-cleanup), see survivors.py
 
 
-#: COMMLIB_TIMEOUT of an elastic job that sets none: how long a lost rank takes to be noticed
-ELASTIC_TIMEOUT_S = "10"
+#: the timeout (COMMLIB_TIMEOUT) of an elastic job that sets none: how long a lost rank takes to be noticed
+ELASTIC_TIMEOUT_S = 10.0
 #: after the first report of a failed collective, how long the driver collects near-simultaneous ones
 #: before leaving out the suspected ranks that have not reported (a suspect leaves either way)
 SETTLE_S = 0.25
@@ -205,21 +206,22 @@ class Driver:
             time.sleep(self.opts.interval)
 
     def run(self) -> int:
-        directory = os.environ.get("COMMLIB_ELASTIC_DIR") or tempfile.mkdtemp(prefix="commlib-elastic-")
-        owned = "COMMLIB_ELASTIC_DIR" not in os.environ
+        given = for_job(self.settings).elastic_dir  # the caller's directory, else one of the driver's own
+        directory = given or tempfile.mkdtemp(prefix="commlib-elastic-")
         try:
             return self._loop(directory)
         finally:
-            if owned:
+            if not given:
                 shutil.rmtree(directory, ignore_errors=True)
 
     def _loop(self, directory: str) -> int:
-        settings = dict(self.settings, COMMLIB_ELASTIC_DIR=directory)
-        if "COMMLIB_TIMEOUT" not in settings and "COMMLIB_TIMEOUT" not in os.environ:
-            settings["COMMLIB_TIMEOUT"] = ELASTIC_TIMEOUT_S
-        self.peer_timeout = float(settings.get("COMMLIB_TIMEOUT") or os.environ["COMMLIB_TIMEOUT"])
+        settings = dict(self.settings, **environment(elastic_dir=directory))
+        if not is_set("timeout_s", settings):
+            settings.update(environment(timeout_s=ELASTIC_TIMEOUT_S))
         if self.launcher.in_process:
-            settings["COMMLIB_ELASTIC_IN_PROCESS"] = "1"
+            settings.update(environment(elastic_in_process=True))
+        self.peer_timeout = for_job(settings).timeout_s  # what every worker's init() reads
+        self.say(f"a lost rank is noticed within {self.peer_timeout:g} s ({FIELDS['timeout_s'].env})")
         while True:
             hosts, np = self.wait_for_hosts()
             if self.launcher.check_hosts is not None:

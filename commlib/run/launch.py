@@ -12,7 +12,8 @@ import subprocess
 import sys
 from typing import Sequence
 
-from ..config import parse_shape
+from ..config import for_job, parse_shape
+from ..errors import ConfigError
 from . import elastic as _elastic
 from . import hosts as _hosts
 from . import mpi as _mpi
@@ -30,6 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env, warnings = settings(args)
         for warning in warnings:
             print(f"commlib-run: warning: {warning}", file=sys.stderr, flush=True)
+        for_job(env)  # what every rank's init() will load: an invalid value stops the job here, with its error
         opts = _elastic.options(args)
         if opts is not None and args.num_servers:
             raise UsageError("--num-servers does not apply to elastic jobs (the driver restarts workers only)")
@@ -38,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if opts is not None:
             return _run_elastic(args, env, opts)
         return _run(args, env)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"commlib-run: error: {exc}", file=sys.stderr)
         return 2
 
@@ -74,15 +76,14 @@ def _slots(args) -> tuple[list, int]:
     return hosts, args.np
 
 
-def build(args, env: dict[str, str], environ=None) -> tuple[dict[str, str], list[str]]:
+def build(args, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The command line for ``args`` (the MPI is asked what it is; nothing else runs)."""
-    environ = os.environ if environ is None else environ
     hosts, np = _slots(args)
     mpiexec = _mpiexec(args.mpiexec)
     flavor = _mpi.detect(mpiexec)
     launch = _mpi.Launch(
         flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=env,
-        forward=_mpi.forwarded(environ), nics=[n for n in (args.nics or "").split(",") if n],
+        forward=_mpi.forwarded(), nics=[n for n in (args.nics or "").split(",") if n],
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
         tcp=args.tcp, binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0,
         **_servers(args))
@@ -176,7 +177,7 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
     def command(hosts, np, settings):
         return _mpi.command_line(_mpi.Launch(
             flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=settings,
-            forward=_mpi.forwarded(os.environ), nics=nics, ssh_port=args.ssh_port,
+            forward=_mpi.forwarded(), nics=nics, ssh_port=args.ssh_port,
             ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename, tcp=args.tcp,
             binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0))
 

@@ -19,11 +19,12 @@ checked by golden tests on a machine that has only one of the two MPIs.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
 import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from . import output
 from .hosts import Host
@@ -59,8 +60,10 @@ def detect(mpiexec: str) -> str:
     return classify(done.stdout + done.stderr)
 
 
-def forwarded(environ) -> list[str]:
-    """The names of ``environ`` Open MPI is asked to pass to the ranks."""
+def forwarded(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names of the variables of ``environ`` (default: this process's environment) that Open MPI is
+    asked to pass to the ranks; their values are not read here."""
+    environ = os.environ if environ is None else environ
     return sorted(k for k in environ if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))
 
 
