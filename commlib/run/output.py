@@ -99,6 +99,16 @@ def launcher_rank(environ: Mapping[str, str] | None = None) -> tuple[str, str | 
     return rank, size
 
 
+def _complete(data: bytes) -> int:
+    """How much of ``data`` is whole pieces: up to its last line end (a last ``\\r`` may precede ``\\n``)."""
+    return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
+
+
+def _ended(rest: bytes) -> bytes:
+    """A last piece, given its line end if it has none."""
+    return rest if rest.endswith((b"\n", b"\r")) else rest + b"\n"
+
+
 def _pieces(text: bytes) -> list[bytes]:
     """``text`` (ending in a line end) cut after each line end."""
     if b"\r" not in text:
@@ -120,19 +130,31 @@ class Lines:
 
     def feed(self, data: bytes) -> list[bytes]:
         data = self.pending + data
-        end = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1  # a last \r may precede \n
+        end = _complete(data)
         self.pending = data[end:]
         return self._writes(data[:end]) if end else []
 
     def close(self) -> list[bytes]:
         rest, self.pending = self.pending, b""
-        if not rest:
-            return []
-        return self._writes(rest if rest.endswith((b"\n", b"\r")) else rest + b"\n")
+        return self._writes(_ended(rest)) if rest else []
 
     def _writes(self, text: bytes) -> list[bytes]:
-        if len(text) + len(self.whole) <= self.size and b"\r" not in text and text.count(b"\n") == 1:
-            return [self.whole + text]  # one short line: the common case of an unbuffered program
+        if b"\r" in text:
+            return self._batches(text)
+        # lines only (the common case): labelled in one pass, cut into batches at line ends
+        labelled = self.whole + text[:-1].replace(b"\n", b"\n" + self.whole) + b"\n"
+        writes, start = [], 0
+        while len(labelled) - start > self.size:
+            cut = labelled.rfind(b"\n", start, start + self.size) + 1
+            if cut <= start:  # a line longer than a record: the rest record by record
+                done = start - labelled.count(b"\n", 0, start) * len(self.whole)  # one label per line before
+                return writes + self._batches(text[done:])
+            writes.append(labelled[start:cut])
+            start = cut
+        return writes + [labelled[start:]]
+
+    def _batches(self, text: bytes) -> list[bytes]:
+        """``text`` as records, gathered into writes of at most :attr:`size` bytes."""
         writes, batch, used = [], [], 0
         for piece in _pieces(text):
             for record in self._records(piece):
@@ -173,14 +195,14 @@ class Joiner:
     def feed(self, data: bytes) -> list[tuple[str, bytes]]:
         """``(stream, whole lines)`` for what ``data`` completes, in order."""
         data = self.pending + data
-        end = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1  # a last \r may precede \n
+        end = _complete(data)
         self.pending = data[end:]
         return self._join(data[:end])
 
     def close(self) -> list[tuple[str, bytes]]:
         """The rest: a last piece without its line end, and the parts of lines whose end never came."""
         rest, self.pending = self.pending, b""
-        out = self._join(rest if rest.endswith((b"\n", b"\r")) else rest + b"\n") if rest else []
+        out = self._join(_ended(rest)) if rest else []
         for key, parts in self.parts.items():
             rank, stream = key.decode().split("<", 1)
             out.append((stream, label(rank, stream) + b"".join(parts) + b"\n"))
