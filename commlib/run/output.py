@@ -39,6 +39,7 @@ in a few tens of milliseconds, where importing ``commlib`` takes about a second.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import select
@@ -47,6 +48,7 @@ import stat
 import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from typing import Mapping, Sequence
@@ -241,14 +243,20 @@ class Joiner:
 def relay(source, default: str, targets: Mapping[str, object], lock: threading.Lock, keep=None) -> None:
     """Copy the launcher's output from ``source`` (a binary stream: mpiexec's stdout or stderr, named by
     ``default``) to ``targets[stream]`` (binary streams) as whole lines (:class:`Joiner`), holding ``lock``
-    for each write; ``keep(data)``, if given, sees what is written."""
+    for each write; ``keep(data)``, if given, sees what is written. A target that cannot be written any
+    more (``commlib-run ... | head``) is dropped, and ``source`` still read to its end: a launcher blocked
+    on a full pipe would hang the job."""
     joiner = Joiner(default)
     while True:
         data = source.read1(1 << 16)
         for stream, text in joiner.feed(data) if data else joiner.close():
             with lock:
-                targets[stream].write(text)
-                targets[stream].flush()
+                try:
+                    if targets[stream] is not None:
+                        targets[stream].write(text)
+                        targets[stream].flush()
+                except (OSError, ValueError):
+                    targets[stream] = None
             if keep is not None:
                 keep(text)
         if not data:
@@ -259,9 +267,9 @@ def relays(job: subprocess.Popen, tail=None) -> list[threading.Thread]:
     """Start copying ``job``'s stdout and stderr (binary pipes) to ours as whole lines, each on the stream
     its label names; ``tail``, a deque, keeps the last chunks written. Join the threads returned."""
     targets = {"stdout": _binary(sys.stdout), "stderr": _binary(sys.stderr)}
-    lock = threading.Lock()
-    threads = [threading.Thread(target=relay, args=(source, name, targets, lock, tail.append if tail is not None else None),
-                                name=f"commlib-run-{name}", daemon=True)
+    lock, keep = threading.Lock(), tail.append if tail is not None else None
+    threads = [threading.Thread(target=relay, args=(source, name, targets, lock, keep), name=f"commlib-run-{name}",
+                                daemon=True)
                for source, name in ((job.stdout, "stdout"), (job.stderr, "stderr"))]
     for thread in threads:
         thread.start()
@@ -309,8 +317,6 @@ class _Pipe:
         self.limit = None
         self.lock = threading.Lock()
         if is_pipe(fd) and sys.platform == "linux":
-            import fcntl
-
             try:
                 capacity = fcntl.fcntl(fd, 1032)  # F_GETPIPE_SZ
             except OSError:
@@ -318,21 +324,25 @@ class _Pipe:
             self.limit = read_size if read_size < capacity else None
 
     def _queued(self) -> int:
-        import fcntl
-        import termios
-
         return struct.unpack("i", fcntl.ioctl(self.fd, termios.FIONREAD, b"\0\0\0\0"))[0]
 
     def write(self, data: bytes) -> None:
+        """Write ``data`` whole; once the reader is gone, nothing (the program's output is still drained,
+        so that it never blocks on a full pipe while its launcher takes the job down)."""
         with self.lock:
+            if self.fd is None:
+                return
             if self.limit is not None:
                 pause, room = 20e-6, max(self.limit - len(data), 0)
                 while self._queued() > room:
                     time.sleep(pause)
                     pause = min(2 * pause, 2e-3)
             view = memoryview(data)
-            while view:
-                view = view[os.write(self.fd, view):]
+            try:
+                while view:
+                    view = view[os.write(self.fd, view):]
+            except OSError:  # EPIPE: the launcher's end is closed
+                self.fd = None
 
 
 def is_pipe(fd: int) -> bool:

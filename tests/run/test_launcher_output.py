@@ -216,3 +216,20 @@ def test_open_mpi_ranks_writing_in_pieces_give_whole_labelled_lines():
                         sys.executable, PIECES, "2000", "20")
     assert done.returncode == 0, done.stderr[-3000:]
     _check_lines(done.stdout, done.stderr, ranks=4, lines=2000, long=20)
+
+
+@pytest.mark.mpi
+def test_a_reader_that_goes_away_does_not_hang_the_job():
+    """``commlib-run ... | head -1``: once commlib-run's stdout is closed, it drops what it would write but
+    still reads mpiexec's output, so the ranks finish (before, mpiexec itself got the broken pipe)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    job = subprocess.Popen([sys.executable, "-m", "commlib.run", "-np", "2", sys.executable, PIECES, "20000", "5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=REPO)
+    try:
+        assert job.stdout.readline().startswith(b"[1,")
+        job.stdout.close()
+        assert job.wait(timeout=240) == 0
+    finally:
+        if job.poll() is None:  # commlib-run takes mpiexec's process group down on SIGTERM
+            job.terminate()
+            job.wait(timeout=60)
