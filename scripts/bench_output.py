@@ -5,10 +5,11 @@ bytes (block-buffered, and with PYTHONUNBUFFERED=1, each line in three writes), 
 
 - ``hydra``: ``mpiexec -prepend-rank -n 4 python prog`` (what commlib-run ran before: cut lines);
 - ``labelled``: ``mpiexec -n 4 python -I commlib/run/output.py -- python prog``, its output passed through
-  the relays commlib-run uses (commlib.run.output.relays) in one further process;
+  the relays commlib-run uses (commlib.run.output.relays) in one further process, which loads output.py
+  alone (commlib-run has imported it, with the commlib package, before and after this change alike);
 
-and the same with 0 lines (the start-up cost: one more Python per rank). Prints the median wall time of
-each and the difference per line. commlib-run's own start (importing commlib.run) is the same in both and
+and the same with 0 lines (the start-up cost: one more Python per rank, and the relay's). Prints the
+median wall time of each and the difference per line, less the start-up difference. commlib-run's own start (importing commlib.run) is the same in both and
 not counted. Run it alone (``flock -x /tmp/commlib-cpu.lock``): timings drift with the machine's load.
 
     python scripts/bench_output.py --runs 5 --lines 200000
@@ -33,8 +34,10 @@ for i in range(n):
         print(f"line {i:08d} of the rank's output " + "x" * 24)
 """
 RELAY = r"""
-import subprocess, sys
-from commlib.run import output
+import importlib.util, subprocess, sys
+spec = importlib.util.spec_from_file_location("output", sys.argv.pop(1))  # not through the commlib package,
+output = importlib.util.module_from_spec(spec)                              # whose import commlib-run pays
+spec.loader.exec_module(output)                                             # before and after alike
 job = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 threads = output.relays(job)
 code = job.wait()
@@ -68,8 +71,8 @@ def main() -> None:
     python, launcher = sys.executable, mpiexec()
     ways = {
         "hydra": lambda prog: [launcher, "-prepend-rank", "-n", str(args.ranks), python, "-c", PROGRAM, *prog],
-        "labelled": lambda prog: [python, "-c", RELAY, launcher, "-n", str(args.ranks), python, "-I", SCRIPT, "--",
-                                  python, "-c", PROGRAM, *prog],
+        "labelled": lambda prog: [python, "-c", RELAY, SCRIPT, launcher, "-n", str(args.ranks), python, "-I", SCRIPT,
+                                  "--", python, "-c", PROGRAM, *prog],
     }
     cases = [("start-up (0 lines)", ["0", "whole"], {}),
              (f"{args.lines} lines/rank, buffered", [str(args.lines), "whole"], {}),
@@ -79,6 +82,7 @@ def main() -> None:
     base.pop("PYTHONUNBUFFERED", None)
     print(f"# {args.ranks} ranks on this host, hydra ({launcher}); median of {args.runs} interleaved runs; "
           f"load average {os.getloadavg()[0]:.2f} at start")
+    start_up = 0.0
     for title, prog, extra in cases:
         times = {way: [] for way in ways}
         for _ in range(args.runs):
@@ -86,7 +90,10 @@ def main() -> None:
                 times[way].append(timed(argv(prog), dict(base, **extra)))
         hydra, labelled = statistics.median(times["hydra"]), statistics.median(times["labelled"])
         lines = args.ranks * int(prog[0])
-        per_line = f"; {1e6 * (labelled - hydra) / lines:+.2f} us per line" if lines else ""
+        if not lines:
+            start_up = labelled - hydra
+        per_line = f"; less the start-up, {1e6 * (labelled - hydra - start_up) / lines:+.2f} us per line" \
+            if lines else ""
         print(f"{title}: hydra -prepend-rank {hydra:.3f} s, labelled {labelled:.3f} s "
               f"({labelled - hydra:+.3f} s{per_line})", flush=True)
     print(f"# load average {os.getloadavg()[0]:.2f} at the end")
