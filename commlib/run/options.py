@@ -74,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
                         "hosts without --server-hosts; with --emulate the servers otherwise get hosts of their own)")
     p.add_argument("--start-timeout", type=_duration, default=30.0,
                    help="how long each host check (ssh) may take: seconds, or 90s, 10m, 1h (default 30)")
-    p.add_argument("--output-filename", default=None, help="write each rank's output to files under this name")
+    p.add_argument("--output-filename", default=None, help="also write each rank's output, as it wrote it, to DIR/rank.N/stdout and stderr "
+                        "(horovodrun's layout)", metavar="DIR")
     p.add_argument("--verbose", action="count", default=0, help="say what is checked and run")
     p.add_argument("--mpiexec", default=None,
                    help="the mpiexec/mpirun to run (default: the one beside this Python, else on PATH)")
