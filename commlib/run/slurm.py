@@ -19,6 +19,7 @@ allocation itself must be made with ``--no-kill``, docs/launcher.md).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 from typing import Mapping, Sequence
@@ -123,9 +124,20 @@ class Allocation:
         return f"Slurm job {self.job_id} ({', '.join(f'{h.name}:{h.slots}' for h in self.hosts)})"
 
 
+#: the variables Slurm describes the allocation with: the only ones this module reads, by name
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_STEP_ID",
+                   "SLURM_STEP_NUM_TASKS", "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE",
+                   "SLURM_CPUS_PER_TASK")
+
+
+def variables() -> dict[str, str]:
+    """Slurm's variables (:data:`SLURM_VARIABLES`) in this process's environment."""
+    return {name: os.environ[name] for name in SLURM_VARIABLES if name in os.environ}
+
+
 def allocation(environ: Mapping[str, str]) -> Allocation | None:
-    """The allocation described by ``environ``, or None outside Slurm. A malformed description is a
-    UsageError naming the variable."""
+    """The allocation described by ``environ`` (Slurm's variables, :func:`variables`), or None outside
+    Slurm. A malformed description is a UsageError naming the variable."""
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not job or not nodelist:
@@ -209,7 +221,6 @@ def relay_launcher(directory: str) -> str:
     """An executable in ``directory`` that hydra runs as its srun (``-launcher-exec``): srun under
     :mod:`commlib.run.relay`, which keeps a lost node's connection to mpiexec open so that the survivors
     go on (an elastic job)."""
-    import os
     import shutil
     import sys
 

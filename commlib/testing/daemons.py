@@ -30,6 +30,13 @@ def start(namespace: str, argv: Sequence[str], log: Path, env: Mapping[str, str]
                                 env=None if env is None else dict(env), start_new_session=True)
 
 
+def with_env(variables: Mapping[str, str]) -> list[str]:
+    """A command prefix (``env NAME=VALUE ...``) that runs a program with ``variables`` over the
+    environment it is given: a client command gets the cluster's variables (SLURM_CONF, ...) without this
+    module copying the caller's environment."""
+    return ["env", *(f"{name}={value}" for name, value in variables.items())] if variables else []
+
+
 def processes_mentioning(text: str) -> list[str]:
     """``pid command`` of every live process whose command line contains ``text`` (a cluster's folder:
     every daemon of it names its configuration or temporary folder there)."""

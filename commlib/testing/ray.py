@@ -106,9 +106,8 @@ class RayCluster(daemons.DaemonCluster):
         role = (["--head", "--port", str(PORT), "--include-dashboard", "false"] if index == 0
                 else ["--address", self.address])
         log = self.dir / f"node{index}.log"
-        env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **JOB_ENV)
         self.daemons[index] = daemons.start(self.hosts.hosts[index], [ray_command(), "start", *role, *common], log,
-                                            env=env)
+                                            env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", **JOB_ENV))
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.daemons[index].poll() is not None:
@@ -125,8 +124,8 @@ class RayCluster(daemons.DaemonCluster):
                cwd: str | Path | None = None) -> subprocess.CompletedProcess:
         """Run a driver program on host 0 (stdout and stderr merged); on timeout it is killed and
         TimeoutError raised with its output."""
-        full = dict(os.environ if env is None else env, **self.env)
-        process = subprocess.Popen(["ip", "netns", "exec", self.hosts.hosts[0], *argv], env=full, cwd=cwd,
+        process = subprocess.Popen(["ip", "netns", "exec", self.hosts.hosts[0], *daemons.with_env(self.env), *argv],
+                                   env=env, cwd=cwd,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    start_new_session=True)
         try:

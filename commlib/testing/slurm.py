@@ -201,8 +201,8 @@ class SlurmCluster(daemons.DaemonCluster):
                timeout: float = 60.0, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
         """A Slurm command (``sbatch``, ``srun``, ``salloc``, ``scontrol``, ...) on host ``host`` (the
         login node), with :attr:`env` over ``env`` (default: this process's environment)."""
-        full = dict(os.environ if env is None else env, **self.env)
-        done = subprocess.run(["ip", "netns", "exec", self.nodes[host], *argv], env=full, timeout=timeout,
+        done = subprocess.run(["ip", "netns", "exec", self.nodes[host], *daemons.with_env(self.env), *argv],
+                              env=env, timeout=timeout,
                               capture_output=True, text=True, **kwargs)
         if check and done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")

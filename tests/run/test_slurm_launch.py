@@ -13,6 +13,10 @@ from commlib.run import launch, mpi, relay
 from commlib.run import slurm as S
 from commlib.run.hosts import Host
 from commlib.run.options import UsageError, parse
+from commlib.run.output import SCRIPT
+
+#: how each rank is started: through the labeller (commlib/run/output.py), by the launch's Python
+LABELLED = ["python", "-I", SCRIPT]
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -85,7 +89,7 @@ def test_placement_and_too_many_ranks():
 
 def _launch(flavor, hosts, np):
     return mpi.Launch(flavor=flavor, mpiexec="mpiexec", np=np, command=["python", "train.py"], hosts=hosts,
-                      settings={"COMMLIB_CYCLE_TIME": "2"}, forward=["PATH"])
+                      settings={"COMMLIB_CYCLE_TIME": "2"}, forward=["PATH"], python="python")
 
 
 def test_hydra_through_slurm(tmp_path):
@@ -93,9 +97,9 @@ def test_hydra_through_slurm(tmp_path):
     hosts, np = S.placement(alloc, 4)
     env, argv = S.through_slurm(mpi.MPICH, *mpi.command_line(_launch(mpi.MPICH, hosts, np)), alloc, hosts)
     assert env == {"HYDRA_LAUNCHER_EXTRA_ARGS": "--cpus-per-task=8"}
-    assert argv == ["mpiexec", "-launcher", "slurm", "-prepend-rank", "-hosts", "n1:2,n2:2",
+    assert argv == ["mpiexec", "-launcher", "slurm", "-hosts", "n1:2,n2:2",
                     "-genv", "COMMLIB_CYCLE_TIME", "2", "-genv", "OMP_NUM_THREADS", "4", "-n", "4",
-                    "python", "train.py"]
+                    *LABELLED, "--", "python", "train.py"]
     # elastic: the step outlives a lost node, and srun runs under the relay
     env, argv = S.through_slurm(mpi.MPICH, *mpi.command_line(_launch(mpi.MPICH, alloc.hosts, 5)), alloc,
                                 alloc.hosts, elastic=True, relay_dir=str(tmp_path))
@@ -110,10 +114,10 @@ def test_open_mpi_through_slurm():
     env, argv = S.through_slurm(mpi.OPEN_MPI, *mpi.command_line(_launch(mpi.OPEN_MPI, alloc.hosts, 5)), alloc,
                                 alloc.hosts)
     assert env == {}
-    assert argv == ["mpiexec", "--tag-output", "-np", "5", "-mca", "plm", "slurm", "-mca", "plm_slurm_args",
+    assert argv == ["mpiexec", "-np", "5", "-mca", "plm", "slurm", "-mca", "plm_slurm_args",
                     "--cpus-per-task=4", "-H", "n1:2,n2:2,m7:1", "-bind-to", "none", "-map-by", "slot",
                     "-mca", "pml", "ob1", "-mca", "btl", "^openib", "-x", "COMMLIB_CYCLE_TIME=2", "-x", "PATH",
-                    "python", "train.py"]
+                    *LABELLED, "--read-size", "4096", "--", "python", "train.py"]
 
 
 def test_commlib_run_takes_the_allocation(monkeypatch):
