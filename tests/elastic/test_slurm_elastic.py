@@ -41,7 +41,9 @@ cd {REPO}
         cluster.hosts.exec_on(2, ["ip", "link", "set", "eth0", "down"], check=True)
     state = cluster.wait(job, timeout=900)
     out = cluster.output(job)
-    assert (state.state, state.exit_code) == ("COMPLETED", "0:0"), story(out)
+    # COMPLETING: the script ended (its exit code is final) and Slurm still waits for the node whose link
+    # is down to confirm the job's end, which it does only once it has declared that node down
+    assert state.state in ("COMPLETED", "COMPLETING") and state.exit_code == "0:0", (state, story(out))
     survivors = went_on(out, 2)
     assert "reached target accuracy 0.85: test accuracy" in out and f"on {len(survivors)} rank(s)" in out, story(out)
     assert out.count("starting 3 rank(s)") == 1, story(out)  # started once: the survivors went on in process
