@@ -47,6 +47,8 @@ setup(
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],
         "bench": ["matplotlib"],
+        # commlib.ray (docs/launcher.md, Ray): RayExecutor on Ray; Ray Train's backend needs ray[train]
+        "ray": ["ray[train]>=2.60"],
         # parameterized: Horovod's test_tensorflow2_keras.py, which scripts/horovod_compat_tf.py runs
         "test": ["pytest", "hypothesis", "parameterized"],
     },

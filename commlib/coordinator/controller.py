@@ -99,6 +99,9 @@ class Coordinator(Lifecycle):
         shutdown_s = config.stall_shutdown_time_s
         self._away_s = shutdown_s / 2 if shutdown_s else float("inf")  # see _catch_up
         self._last_cycle = time.monotonic()
+        # how long tensors may wait for peers with no round open before this rank starts an empty one (cycle)
+        self._probe_s = config.wait_limit_s / 4
+        self._quiet_since = self._last_cycle
         self._failure: BaseException | None = None
         self._lost_in_lane: PeerLostError | None = None  # a lane's transfer timed out: fail in the cycle
         self._closed = False
@@ -203,6 +206,16 @@ class Coordinator(Lifecycle):
             if messages is None:
                 break
             self._complete_round(messages)
+        # A peer that died between rounds, after the others had announced a tensor it had not, leaves no
+        # round open: no wait would ever time out (an idle job sends nothing), and only rank 0's tensor
+        # stall warning would run. While announced tensors wait for peers and no round is open, start an
+        # empty round now and then: a dead or frozen peer leaves it unanswered, and the silent-peer check
+        # below gives up on it after the timeout, naming it.
+        if busy or rounds.sent != rounds.completed or not self._undecided:
+            self._quiet_since = now
+        elif now - self._quiet_since >= self._probe_s and not rounds.left:
+            self._quiet_since = now
+            self._contribute()
         stalls = self._stalls
         if stalls.waiting(rounds.sent > rounds.completed, now):
             self._check_stalls()

@@ -12,12 +12,13 @@ import subprocess
 import sys
 from typing import Sequence
 
-from ..config import for_job, parse_shape
+from ..config import FIELDS, for_job, parse_shape
 from ..errors import ConfigError
 from . import elastic as _elastic
 from . import hosts as _hosts
 from . import mpi as _mpi
 from . import output as _output
+from . import slurm as _slurm
 from .options import UsageError, parse, settings
 
 
@@ -63,6 +64,8 @@ def _slots(args) -> tuple[list, int]:
         hosts = _hosts.parse_hosts(args.hosts)
     elif args.hostfile:
         hosts = _hosts.parse_hostfile(args.hostfile)
+    elif (allocation := _allocation(args)) is not None:
+        return _slurm.placement(allocation, args.np)
     else:
         hosts = []
     slots = sum(h.slots for h in hosts)
@@ -76,6 +79,17 @@ def _slots(args) -> tuple[list, int]:
     return hosts, args.np
 
 
+def _allocation(args) -> _slurm.Allocation | None:
+    """The Slurm allocation this runs in (its nodes are the hosts, srun starts the ranks), unless -H or
+    --hostfile name the hosts (then ssh, as anywhere else)."""
+    if args.hosts or args.hostfile or args.emulate:
+        return None
+    allocation = _slurm.allocation(_slurm.variables())
+    if allocation is not None:
+        _slurm.check_flags(args)
+    return allocation
+
+
 def build(args, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The command line for ``args`` (the MPI is asked what it is; nothing else runs)."""
     hosts, np = _slots(args)
@@ -87,6 +101,9 @@ def build(args, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
         tcp=args.tcp, binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0,
         **_servers(args))
+    allocation = _allocation(args)
+    if allocation is not None:
+        return _slurm.through_slurm(flavor, *_mpi.command_line(launch), allocation, hosts)
     return _mpi.command_line(launch)
 
 
@@ -102,7 +119,7 @@ def _servers(args) -> dict:
 def _run(args, env: dict[str, str]) -> int:
     launcher_env, argv = build(args, env)
     hosts, _ = _slots(args)
-    remote = [h for h in hosts if not _hosts.is_local(h.name)]
+    remote = [h for h in hosts if not _hosts.is_local(h.name)] if _allocation(args) is None else []
     nics = [n for n in (args.nics or "").split(",") if n]
     if remote or nics:
         _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
@@ -166,8 +183,9 @@ def _kill(job: subprocess.Popen) -> None:
 
 def _run_elastic(args, env: dict[str, str], opts) -> int:
     """An elastic job on real hosts (or this machine): the driver restarts it as hosts come and go."""
+    allocation = _allocation(args)
     given = _hosts.parse_hosts(args.hosts) if args.hosts else (
-        _hosts.parse_hostfile(args.hostfile) if args.hostfile else [])
+        _hosts.parse_hostfile(args.hostfile) if args.hostfile else (allocation.hosts if allocation else []))
     if not given and not opts.discovery_script:
         given = [_hosts.Host("localhost", opts.max_np or args.np or opts.min_np)]
     mpiexec = _mpiexec(args.mpiexec)
@@ -180,6 +198,15 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
             forward=_mpi.forwarded(), nics=nics, ssh_port=args.ssh_port,
             ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename, tcp=args.tcp,
             binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0))
+
+    if allocation is not None:  # srun starts the ranks on the allocation's nodes: no ssh to check
+        def slurm_command(hosts, np, settings):
+            return _slurm.through_slurm(flavor, *command(hosts, np, settings), allocation, hosts, elastic=True,
+                                        relay_dir=settings[FIELDS["elastic_dir"].env])
+
+        launcher = _elastic.Launcher(command=slurm_command, kill=_kill, static_hosts=given,
+                                     in_process=flavor == _mpi.MPICH)
+        return _elastic.Driver(opts, launcher, env).run()
 
     def check(hosts):
         if any(not _hosts.is_local(h.name) for h in hosts) or nics:

@@ -37,6 +37,13 @@ KEY_METHODS = {"get", "pop", "setdefault", "__getitem__", "__contains__", "__del
 ALLOWED = {
     ("run/mpi.py", "forwarded"): "lists the names of the caller's variables Open MPI must pass on to the ranks "
                                  "(hydra passes them all); reads no value",
+    ("ray/standin.py", "main"): "the rank hydra starts on Ray hands the variables hydra gave it (PMI_*, the job's "
+                                "-genv settings, by prefix: member.HANDED) to the actor that becomes this rank, as "
+                                "a launcher passes its environment to a child; interprets no value",
+    ("ray/member.py", "join"): "the actor takes the rank's variables from its stand-in (above) into its own "
+                               "environment before MPI_Init; init() reads them through config.py",
+    ("ray/member.py", "update_env"): "RayExecutor's extra_env_vars (Horovod's API) and each worker's "
+                                     "CUDA_VISIBLE_DEVICES set in the actor's process; interprets no value",
     ("torch/util.py", "env"): "Horovod's test helper horovod.common.util.env: sets the variables its caller "
                               "names for a block and puts back what was there; interprets no value (init() "
                               "reads them through config.py)",

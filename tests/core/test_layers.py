@@ -61,7 +61,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # tools over the public API
     ("tools", ("commlib.bench", "commlib.testing")),
     # services above the core (the summation server's own loop and command line)
-    ("services", ("commlib.server", "commlib.run", "commlib.elastic", "commlib.geo")),
+    ("services", ("commlib.server", "commlib.run", "commlib.elastic", "commlib.geo", "commlib.ray")),
     # what every framework plug-in shares
     ("frameworks", ("commlib.frameworks",)),
     # framework plug-ins: thin adapters, the top layer
