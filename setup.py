@@ -51,5 +51,7 @@ setup(
         "test": ["pytest", "hypothesis", "parameterized"],
     },
     entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main",
-                                     "commlib-server=commlib.server.__main__:main"]},
+                                     "commlib-server=commlib.server.__main__:main"],
+                  # torch calls these at the end of `import torch`: the "commlib" backend is known by name
+                  "torch.backends": ["commlib=commlib.torch.distributed.registration:autoload"]},
 )
