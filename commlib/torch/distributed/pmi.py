@@ -44,12 +44,8 @@ def start(store, rank: int, size: int) -> None:
             os._exit(0)
     theirs.close()
     os.waitpid(pid, 0)
-    os.set_inheritable(ours.fileno(), True)
-    _keep.append(ours)  # the socket must stay open for MPI's lifetime
-    os.environ.update(PMI_FD=str(ours.fileno()), PMI_RANK=str(rank), PMI_SIZE=str(size))
-
-
-_keep: list[socket.socket] = []
+    fd = ours.detach()  # MPI owns it now: open until the process ends (MPI_Finalize runs after Python's teardown)
+    os.environ.update(PMI_FD=str(fd), PMI_RANK=str(rank), PMI_SIZE=str(size))
 
 
 def _serve(conn: socket.socket, store, rank: int, size: int, kvsname: str) -> None:
