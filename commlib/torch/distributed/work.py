@@ -113,6 +113,8 @@ class Work(dist.Work):
     def source_rank(self) -> int:
         return self.source
 
+    _source_rank = source_rank  # (what dist.recv asks)
+
     def synchronize(self) -> None:
         """CPU tensors: nothing to order on a stream."""
 
