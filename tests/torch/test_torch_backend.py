@@ -11,14 +11,13 @@ average of bools), and must give gloo's values wherever gloo has them.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from mpirun import run_mpi, run_on_cluster
+from torch_jobs import CLUSTER_ENV, WORKERS
 
-WORKER = Path(__file__).resolve().parent / "workers" / "torch_backend_ops.py"
+WORKER = WORKERS / "torch_backend_ops.py"
 
 
 def _load(prefix: str, ranks: int) -> list[dict]:
@@ -85,7 +84,7 @@ def test_every_call_matches_gloo_across_hosts(tmp_path, make_cluster):
     hosts the store on its host's address) for both backends."""
     cluster = make_cluster([2, 2])
     _run_both(tmp_path, 4, lambda backend, out: run_on_cluster(cluster, WORKER, backend, out, timeout=400,
-                                                               env={"UCX_TLS": "tcp,self"}))
+                                                               env=CLUSTER_ENV))
 
 
 def test_compare_reports_disagreements():

@@ -124,6 +124,8 @@ class ProcessGroupCommlib(ProcessGroup):
         self._p2p = None
         self._sets = {}           # (world default group only) ranks -> commlib ProcessSet shared by subgroups
         self._closed = False
+        self._group_name = prefix[2:-1]
+        self._group_desc = "undefined"
 
     # ---- identity -------------------------------------------------------------------------------------
 
@@ -136,6 +138,21 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def rank(self) -> int:
         return self._rank
+
+    # c10d keeps a group's name in its device backends, which a Python group has none of: kept here
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = str(name)
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     def size(self) -> int:
         return self._size
@@ -502,8 +519,11 @@ class ProcessGroupCommlib(ProcessGroup):
         me = cl.rank()
         if me not in ranks:
             return None
-        return ProcessGroupCommlib(ranks.index(me), len(ranks), ranks, process_set, f"pg{group_name}.", options,
-                                   shorter_than_commlib(seconds(timeout)))
+        group = ProcessGroupCommlib(ranks.index(me), len(ranks), ranks, process_set, f"pg{group_name}.", options,
+                                    shorter_than_commlib(seconds(timeout)))
+        group._set_group_name(str(group_name))  # c10d sets these itself only on groups it creates
+        group._set_group_desc(group_desc or "undefined")
+        return group
 
     def shared_set(self, ranks: list[int]):
         """The commlib process set of ``ranks`` (None: the world), registered once for every group with
