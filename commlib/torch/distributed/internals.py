@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import api
-from ...coordinator.requests import Handle, Kind
+from ...coordinator.requests import AUTO_NAME_MARK, Handle, Kind
 
 
 def runtime():
@@ -23,6 +23,11 @@ def runtime():
 def config():
     """The settings of the running commlib (``Config``: COMMLIB_* variables and ``init()`` arguments)."""
     return runtime().config
+
+
+def unique_name(prefix: str, count: int) -> str:
+    """A request name used once: commlib negotiates it in full and keeps no cache entry for it."""
+    return f"{prefix.rstrip('.')}{AUTO_NAME_MARK}{count}"
 
 
 def barrier_async(name: str, process_set=None) -> Handle:

@@ -17,14 +17,19 @@ requests on that set, and commlib's coordinator negotiates, fuses and runs them 
 | ``barrier`` | commlib's barrier |
 | ``send``, ``recv``, ``recv_anysource`` | MPI point-to-point on the group's own communicator (:mod:`.p2p`) |
 
-Names. commlib matches requests by name; c10d matches calls by their order on a group. A call's name is
-the group's prefix, the call and its signature (dtype, shape, op, root), and the count of earlier calls with
-that signature modulo a few slots: the same on every rank, since every rank calls in the same order, and
-repeated, so commlib's negotiation cache serves DDP's buckets step after step. A call whose name is still
-in flight on this rank (more than the slots of one signature outstanding) waits for that call first. With
-a lossy compressor there is one slot, so that its state (error feedback, PowerSGD's Q) follows the tensor
-from step to step: buckets of one size share it (the DDP hooks of :mod:`commlib.torch.hooks` key it by
-bucket index instead).
+Names. commlib matches requests by name; c10d matches calls by their order on a group. The k-th call on a
+group is named ``<group>.<scope>k`` on every rank (every rank calls in the same order), so two ranks that
+disagree about that call (shapes, dtypes, ops, a broadcast's root, the call itself) get commlib's error on
+every rank, naming each rank's value, instead of waiting for each other. Calls issued from another thread
+than the program's, whose order relative to the program's calls may differ between ranks, count in a scope
+of their own (:func:`naming_scope`): the completer's (futures' callbacks), the DDP hooks' worker, the
+compression worker. The names are never reused, so commlib does not cache their negotiation.
+
+A lossy compressor given in the options (``Compression.topk(...)``, ``.powersgd()``, ...) runs on the group's
+compression worker, one call after the other, through commlib's compressor interface
+(``compressor.start(key, buffer, exchange)``): its state (error feedback, PowerSGD's Q) is kept under the
+tensor's dtype and shape, so that DDP's bucket keeps its state from step to step; buckets of one size share
+it (the DDP hooks of :mod:`commlib.torch.hooks` key it by bucket index instead).
 
 Element types: reductions take commlib's dtypes (float16, bfloat16, float32, float64, uint8, int8, int16,
 int32, int64, bool); the data-moving calls (broadcast, gathers, scatters, all-to-all, send/recv) move any
@@ -34,6 +39,7 @@ contiguous tensor as its bytes.
 from __future__ import annotations
 
 import datetime
+import queue
 import threading
 from typing import Sequence
 
@@ -44,19 +50,18 @@ from torch._C._distributed_c10d import ProcessGroup, ReduceOp as TorchReduceOp
 
 import commlib as cl
 
-from ...compression import Compressor, NoCompression
+from ...compression import Compressor, Exchange, NoCompression
 from ...errors import ConfigError
 from ..tensors import NUMPY_DTYPES, as_array, as_tensor
-from . import internals
+from . import internals, naming
 from .options import Options
 from .p2p import AnySourceReceive, Transfer
-from .work import Work
+from .work import Work, raising_torch_errors
 
 RedOp = TorchReduceOp.RedOpType
 _COMMLIB_OPS = {RedOp.SUM: cl.Sum, RedOp.AVG: cl.Average, RedOp.PRODUCT: cl.Product, RedOp.MIN: cl.Min,
                 RedOp.MAX: cl.Max, RedOp.PREMUL_SUM: cl.Sum}
 _BITWISE = {RedOp.BAND: np.bitwise_and, RedOp.BOR: np.bitwise_or, RedOp.BXOR: np.bitwise_xor}
-_SLOTS = 8          # names per signature (calls of one signature that may be in flight at once)
 BACKEND_NAME = "commlib"
 
 
@@ -118,10 +123,11 @@ class ProcessGroupCommlib(ProcessGroup):
         self.options = options
         self._timeout_s = timeout_s  # None: commlib's deadline alone bounds waits
         self._owns_commlib = owns_commlib
-        self._counts: dict = {}
-        self._last: dict = {}     # name -> the handle of its last call (to wait for before reusing the name)
+        self._counts: dict = {}   # naming scope -> requests named so far
+        self._compress_worker = None
         self._lock = threading.Lock()
-        self._p2p = None
+        # made now, by every rank of the group: a communicator's duplicate is collective, and a send involves two
+        self._p2p = internals.point_to_point(process_set)
         self._sets = {}           # (world default group only) ranks -> commlib ProcessSet shared by subgroups
         self._closed = False
         self._group_name = prefix[2:-1]
@@ -159,22 +165,13 @@ class ProcessGroupCommlib(ProcessGroup):
 
     # ---- naming ---------------------------------------------------------------------------------------
 
-    def _name(self, call: str, signature: str, slots: int = _SLOTS) -> str:
-        """The request name of this call (see the module docstring); waits for the name's previous call
-        if it is still in flight here."""
+    def _name(self, call: str = "") -> str:
+        """The name of this group's next request in this thread's scope (see the module docstring)."""
+        scope = naming.scope()
         with self._lock:
-            key = (call, signature)
-            count = self._counts.get(key, 0)
-            self._counts[key] = count + 1
-            name = f"{self._prefix}{call}:{signature}#{count % slots}"
-            previous = self._last.pop(name, None)
-        if previous is not None and not previous.done():
-            previous.wait()   # its own Work reports its error
-        return name
-
-    def _track(self, name: str, handle) -> None:
-        with self._lock:
-            self._last[name] = handle
+            count = self._counts.get(scope, 0)
+            self._counts[scope] = count + 1
+        return internals.unique_name(f"{self._prefix}{scope}", count)
 
     def _work(self, handles, finish, what: str, timeout=None) -> Work:
         limit = self._timeout_s
@@ -182,14 +179,15 @@ class ProcessGroupCommlib(ProcessGroup):
             limit = timeout.total_seconds()
         return Work(handles, finish, f"{what} on process group {self._prefix[:-1]}", limit)
 
-    def _compression(self, array) -> tuple:
-        """(compression for commlib's allreduce, slots) for a float32 Sum/Average of ``array``."""
+    def _compression(self, array):
+        """The compression of a float32 SUM/AVG of ``array``: the group's option, else
+        COMMLIB_TORCH_COMPRESSION; None for none."""
         compression = self.options.compression
         if compression is None:
             compression = getattr(cl.Compression, internals.config().torch_compression)
         if isinstance(compression, NoCompression) or array.dtype != np.float32:
-            return None, _SLOTS
-        return compression, 1 if isinstance(compression, Compressor) else _SLOTS
+            return None
+        return compression
 
     # ---- reductions -----------------------------------------------------------------------------------
 
@@ -212,34 +210,54 @@ class ProcessGroupCommlib(ProcessGroup):
         finish) where ``finish()`` completes what the handle's result does not (bitwise ops)."""
         kind, factor = _red_op(reduce_op)
         array = _values(tensor, call) if into is None else into
-        signature = f"{array.dtype}{tuple(array.shape)}:{kind.name}"
         if kind in _BITWISE:
-            return self._bitwise(array, kind, call, signature)
+            return self._bitwise(array, kind, call)
         op = _COMMLIB_OPS[kind]
-        compression, slots = (None, _SLOTS)
-        if op in (cl.Sum, cl.Average):
-            compression, slots = self._compression(array)
-        name = self._name(call, signature + (f"*{factor!r}" if factor != 1.0 else ""), slots)
-        handle = cl.allreduce_async_(array, op=op, name=name, prescale_factor=factor,
+        compression = self._compression(array) if op in (cl.Sum, cl.Average) else None
+        if isinstance(compression, Compressor):
+            return self._compressed(array, op, factor, compression), lambda: None
+        handle = cl.allreduce_async_(array, op=op, name=self._name(), prescale_factor=factor,
                                      algorithm=self.options.algorithm, compression=compression or cl.Compression.none,
                                      process_set=self._set)
-        self._track(name, handle)
         return handle, lambda: None
 
-    def _bitwise(self, array, kind, call: str, signature: str):
+    def _bitwise(self, array, kind, call: str):
         """BAND/BOR/BXOR (integer and bool tensors): every rank's data gathered and combined here."""
         if array.dtype.kind not in "iub":
             raise TypeError(f"{call}: {kind.name} needs an integer or bool tensor, not {array.dtype}")
         flat = array.reshape(-1)
-        name = self._name(call, signature)
-        handle = cl.allgather_async(flat, name=name, process_set=self._set)
-        self._track(name, handle)
+        handle = cl.allgather_async(flat, name=self._name(), process_set=self._set)
 
         def finish():
             gathered = handle.result().reshape(self._size, -1)
             _BITWISE[kind].reduce(gathered, axis=0, out=flat)
 
         return handle, finish
+
+    def _compressed(self, array, op, factor: float, compressor):
+        """A lossy compressor's allreduce of ``array`` in place, on the group's compression worker (one call
+        after the other: the collectives of a compressor's second phase are then named in the same order on
+        every rank); returns a handle the worker completes."""
+        handle = _Job(f"{self._prefix}compressed")
+        key = f"{self._prefix}{array.dtype}{tuple(array.shape)}"  # the compressor's state follows the tensor
+        exchange = _GroupExchange(self)
+
+        def run():
+            try:
+                if factor != 1.0:
+                    np.multiply(array, np.float32(factor), out=array)
+                compressor.start(key, array.reshape(-1), exchange)()
+                if op is cl.Average:  # as commlib's allreduce scales a compressor's sum
+                    np.multiply(array, np.float32(1.0 / self._size), out=array)
+                handle.set_result(array)
+            except Exception as exc:  # noqa: BLE001 - the Work raises it
+                handle.set_error(exc)
+
+        with self._lock:
+            if self._compress_worker is None:
+                self._compress_worker = _Worker(f"commlib-torch-compress-{self._prefix[:-1]}", "cmp.")
+        self._compress_worker.put(run)
+        return handle
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.ReduceOptions()
@@ -289,13 +307,10 @@ class ProcessGroupCommlib(ProcessGroup):
         """``blocks`` (ranks x n): reduce, and this rank's row into ``output``."""
         kind, factor = _red_op(opts.reduceOp)
         array = _values(blocks, what)
-        signature = f"{array.dtype}{tuple(array.shape)}:{kind.name}"
         if kind in _BITWISE:  # every rank's blocks gathered, combined here, this rank's row kept
             if array.dtype.kind not in "iub":
                 raise TypeError(f"{what}: {kind.name} needs an integer or bool tensor, not {array.dtype}")
-            name = self._name("reducescatter", signature)
-            handle = cl.allgather_async(array.reshape(-1), name=name, process_set=self._set)
-            self._track(name, handle)
+            handle = cl.allgather_async(array.reshape(-1), name=self._name(), process_set=self._set)
 
             def done_bitwise(results):
                 gathered = results[0].reshape(self._size, self._size, -1)[:, self._rank]
@@ -304,10 +319,8 @@ class ProcessGroupCommlib(ProcessGroup):
                 return [output]
 
             return self._work([handle], done_bitwise, what, opts.timeout)
-        name = self._name("reducescatter", signature + (f"*{factor!r}" if factor != 1.0 else ""))
-        handle = cl.reducescatter_async(array, op=_COMMLIB_OPS[kind], name=name, process_set=self._set,
+        handle = cl.reducescatter_async(array, op=_COMMLIB_OPS[kind], name=self._name(), process_set=self._set,
                                         prescale_factor=factor)
-        self._track(name, handle)
 
         def done(results):
             output.copy_(as_tensor(results[0]).reshape(output.shape))
@@ -322,9 +335,7 @@ class ProcessGroupCommlib(ProcessGroup):
         handles = []
         for tensor in tensors:
             data = _bytes(tensor, "broadcast")
-            name = self._name(f"broadcast{opts.rootRank}", f"{_dtype_label(tensor)}{tuple(tensor.shape)}")
-            handle = cl.broadcast_async_(data, root_rank=self._ranks[opts.rootRank], name=name, process_set=self._set)
-            self._track(name, handle)
+            handle = cl.broadcast_async_(data, root_rank=self._ranks[opts.rootRank], name=self._name(), process_set=self._set)
             handles.append(handle)
         return self._work(handles, lambda _r: list(tensors), "broadcast", opts.timeout)
 
@@ -369,9 +380,7 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def _gather_bytes(self, tensor, call: str):
         data = _bytes(tensor, call)
-        name = self._name(call, f"{_dtype_label(tensor)}{tuple(tensor.shape[1:])}")
-        handle = cl.allgather_async(data, name=name, process_set=self._set)
-        self._track(name, handle)
+        handle = cl.allgather_async(data, name=self._name(), process_set=self._set)
         return handle
 
     def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
@@ -387,9 +396,7 @@ class ProcessGroupCommlib(ProcessGroup):
             row_bytes = output.numel() // max(output.shape[0], 1) * output.element_size()
         data = _bytes(inp, "all_to_all_single")
         splits = np.array([int(s) * row_bytes for s in input_splits], np.int64)
-        name = self._name("alltoall", f"{_dtype_label(inp)}{tuple(inp.shape[1:])}")
-        handle = cl.alltoall_async(data, splits=splits, name=name, process_set=self._set)
-        self._track(name, handle)
+        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
 
         def done(results):
             received, _ = results[0]
@@ -409,10 +416,7 @@ class ProcessGroupCommlib(ProcessGroup):
         parts = [_bytes(t, "all_to_all") for t in inputs]
         data = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
         splits = np.array([p.size for p in parts], np.int64)
-        label = _dtype_label(inputs[0]) if inputs else "none"
-        name = self._name("alltoall_list", label)
-        handle = cl.alltoall_async(data, splits=splits, name=name, process_set=self._set)
-        self._track(name, handle)
+        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
 
         def done(results):
             _scatter_into(results[0][0], outputs)
@@ -426,9 +430,7 @@ class ProcessGroupCommlib(ProcessGroup):
         data = _bytes(inputs[0], "gather")
         splits = np.zeros(self._size, np.int64)
         splits[root] = data.size
-        name = self._name(f"gather{root}", _dtype_label(inputs[0]))
-        handle = cl.alltoall_async(data, splits=splits, name=name, process_set=self._set)
-        self._track(name, handle)
+        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
 
         def done(results):
             if self._rank == root:
@@ -449,9 +451,7 @@ class ProcessGroupCommlib(ProcessGroup):
         else:
             data = np.zeros(0, np.uint8)
             splits = np.zeros(self._size, np.int64)
-        name = self._name(f"scatter{root}", _dtype_label(output))
-        handle = cl.alltoall_async(data, splits=splits, name=name, process_set=self._set)
-        self._track(name, handle)
+        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
 
         def done(results):
             _bytes(output, "scatter")[...] = results[0][0]
@@ -461,18 +461,15 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        name = self._name("barrier", "")
-        handle = internals.barrier_async(name, self._set)
-        self._track(name, handle)
+        handle = internals.barrier_async(self._name(), self._set)
         return self._work([handle], lambda _r: [], "barrier", opts.timeout)
 
     # ---- point to point ---------------------------------------------------------------------------------
 
     def _transport(self):
-        with self._lock:
-            if self._p2p is None:
-                self._p2p = internals.point_to_point(self._set)
-            return self._p2p
+        if self._p2p is None:
+            raise RuntimeError(f"process group {self._group_name} was destroyed")
+        return self._p2p
 
     def send(self, tensors, dst: int, tag: int = 0):
         transport = self._transport()
@@ -536,11 +533,13 @@ class ProcessGroupCommlib(ProcessGroup):
         return self._sets[key]
 
     def shutdown(self) -> None:
-        """Called by ``destroy_process_group``: free this group's transport; the default group also shuts
-        commlib down if it started it."""
+        """Called by ``destroy_process_group``: stop this group's compression worker, free its transport; the
+        default group also shuts commlib down if it started it."""
         if self._closed:
             return
         self._closed = True
+        if self._compress_worker is not None:
+            self._compress_worker.stop()
         if self._p2p is not None:
             self._p2p.free()
             self._p2p = None
@@ -554,6 +553,68 @@ class ProcessGroupCommlib(ProcessGroup):
         """One Work over several (the coalesced calls)."""
         handles = [_WorkHandle(w) for w in works]
         return Work(handles, lambda _r: [t for w in works for t in w.result()], what)
+
+
+for _call in ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single",
+              "reduce_scatter_single_coalesced", "broadcast", "allgather", "allgather_coalesced", "all_gather_single",
+              "all_gather_single_coalesced", "all_to_all_single", "alltoall", "gather", "scatter", "barrier", "send",
+              "recv", "recv_anysource"):
+    setattr(ProcessGroupCommlib, _call, raising_torch_errors(getattr(ProcessGroupCommlib, _call)))
+ProcessGroupCommlib._reduce_scatter_base = ProcessGroupCommlib.reduce_scatter_single
+ProcessGroupCommlib._allgather_base = ProcessGroupCommlib.all_gather_single
+ProcessGroupCommlib.alltoall_base = ProcessGroupCommlib.all_to_all_single
+
+
+class _Job(cl.Handle):
+    """A handle completed by a thread of the backend (the compression worker)."""
+
+    __slots__ = ()
+
+    def wait(self) -> None:
+        while not self.wait_briefly(1.0):
+            pass
+
+
+class _Worker(threading.Thread):
+    """Runs functions one after the other, naming their calls in scope ``label``."""
+
+    def __init__(self, name: str, label: str):
+        super().__init__(name=name, daemon=True)
+        self._label = label
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.start()
+
+    def put(self, function) -> None:
+        self._queue.put(function)
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def run(self) -> None:
+        naming.enter(self._label)
+        while True:
+            function = self._queue.get()
+            if function is None:
+                return
+            function()
+
+
+class _GroupExchange(Exchange):
+    """The collectives a compressor uses (commlib's compressor interface), on a group's commlib set, named
+    in the group's order (the compressor's own names are its state's keys, the same on every call)."""
+
+    def __init__(self, group: "ProcessGroupCommlib"):
+        super().__init__(group.size(), group.rank(), group._set)
+        self._group = group
+
+    def allreduce(self, array, name):
+        return cl.allreduce_async_(array, op=cl.Sum, name=self._group._name(), process_set=self.process_set)
+
+    def allgather(self, array, name):
+        return cl.allgather_async(array, name=self._group._name(), process_set=self.process_set)
+
+    def wait(self, handle):
+        return cl.synchronize(handle)
 
 
 class _WorkHandle:

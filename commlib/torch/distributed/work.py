@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ...errors import PeerLostError
+from . import naming
 
 
 class CollectiveTimeoutError(dist.DistBackendError):
@@ -40,6 +41,21 @@ class CollectiveTimeoutError(dist.DistBackendError):
     def __init__(self, message: str, ranks: Sequence[int] = ()):
         super().__init__(message)
         self.ranks = tuple(ranks)
+
+
+def raising_torch_errors(method):
+    """``method`` (a c10d call) raising :func:`torch_error`'s error where commlib refuses to start it (commlib
+    already lost a peer)."""
+    import functools
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except PeerLostError as exc:
+            raise torch_error(exc, method.__name__) from None
+
+    return call
 
 
 def torch_error(exc: BaseException, what: str) -> BaseException:
@@ -84,11 +100,14 @@ class Work(dist.Work):
         if not limit or limit <= 0:
             limit = self._timeout
         if self._state == _PENDING:
-            if limit:
-                self._wait_until(time.monotonic() + limit)
-            else:
-                for handle in self._handles:
-                    handle.wait()
+            try:
+                if limit:
+                    self._wait_until(time.monotonic() + limit)
+                else:
+                    for handle in self._handles:
+                        handle.wait()
+            except Exception as exc:  # noqa: BLE001 - the coordinator failed while this thread drove it
+                self._fail(torch_error(exc, self._what))
             self._settle()
         self._complete_future()
         if self._error is not None:
@@ -241,6 +260,7 @@ class _Completer(threading.Thread):
 
     def run(self) -> None:
         _local.completer = True
+        naming.enter("cb.")
         while True:
             work = self.queue.get()
             try:
