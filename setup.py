@@ -48,7 +48,8 @@ setup(
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],
         "bench": ["matplotlib"],
         # parameterized: Horovod's test_tensorflow2_keras.py, which scripts/horovod_compat_tf.py runs
-        "test": ["pytest", "hypothesis", "parameterized"],
+        # expecttest: PyTorch's DistributedTest (scripts/torch_distributed_test.py) imports it
+        "test": ["pytest", "hypothesis", "parameterized", "expecttest"],
     },
     entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main",
                                      "commlib-server=commlib.server.__main__:main"],
