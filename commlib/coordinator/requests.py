@@ -92,15 +92,10 @@ class Response:
     last_joined: int = -1
 
 
-#: Guards the registration and the firing of done callbacks (rare: only frameworks that complete futures
-#: of their own register any), so that a callback added while the handle completes runs exactly once.
-_CALLBACKS = threading.Lock()
-
-
 class Handle:
     """The result of an asynchronous call; pass it to ``poll`` or ``synchronize``."""
 
-    __slots__ = ("name", "owner", "_done", "_event", "_result", "_error", "_parts", "_callbacks")
+    __slots__ = ("name", "owner", "_done", "_event", "_result", "_error", "_parts")
 
     def __init__(self, name: str, parts: list["Handle"] | None = None):
         self.name = name
@@ -110,7 +105,6 @@ class Handle:
         self._result: Any = None
         self._error: BaseException | None = None
         self._parts = parts
-        self._callbacks: list | tuple | None = None  # None: none added; (): fired
 
     def done(self) -> bool:
         if self._parts is not None:
@@ -137,50 +131,11 @@ class Handle:
             return True
         return self._event.wait(seconds)
 
-    def add_done_callback(self, callback) -> None:
-        """Call ``callback()`` once, when the handle is done (at once if it is): in the thread that
-        completes it, which may be commlib's background thread, so it must be quick, must not raise and
-        must not wait for another handle (hand such work to a thread of your own). A handle of several
-        parts calls it when the last part is done."""
-        if self._parts is not None:
-            remaining = [len(self._parts)]
-
-            def part_done():
-                with _CALLBACKS:
-                    remaining[0] -= 1
-                    last = remaining[0] == 0
-                if last:
-                    callback()
-
-            if not self._parts:
-                callback()
-            for part in self._parts:
-                part.add_done_callback(part_done)
-            return
-        with _CALLBACKS:
-            fired = self._callbacks == ()
-            if not fired:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-        if fired:
-            callback()
-        elif self._done:  # completed meanwhile: whichever of the two takes the list runs it
-            self._fire()
-
-    def _fire(self) -> None:
-        with _CALLBACKS:
-            callbacks, self._callbacks = self._callbacks, ()
-        for callback in callbacks or ():
-            callback()
-
     def _complete(self) -> None:
         self._done = True
         event = self._event
         if event is not None:
             event.set()
-        if self._callbacks is not None:
-            self._fire()
 
     def set_result(self, result: Any) -> None:
         self._result = result

@@ -9,7 +9,7 @@
   under torchrun (no MPI launcher: the MPI world is built from torch's store).
 - ``workers/torch_link_cut.py`` on 2 emulated hosts: the link cut, every rank raises torch's
   ``DistBackendError`` within the process group's timeout, naming the lost rank.
-- In process: the handle callbacks the Work relies on, the rendezvous decision, Options.
+- In process: the rendezvous decision, Options, the backend known by name to a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -90,36 +89,6 @@ def test_cut_link_raises_within_the_group_timeout(make_cluster, tmp_path):
 
 
 # ---- in process --------------------------------------------------------------------------------------------
-
-def test_handle_callbacks_run_once_whenever_added():
-    from commlib.coordinator.requests import Handle
-
-    calls = []
-    done = Handle("a")
-    done.set_result(1)
-    done.add_done_callback(lambda: calls.append("after"))          # already done: at once
-    pending = Handle("b")
-    pending.add_done_callback(lambda: calls.append("before"))
-    assert calls == ["after"]
-    pending.set_error(RuntimeError("x"))
-    pending.set_error(RuntimeError("y"))                             # completing twice fires nothing more
-    assert calls == ["after", "before"]
-    parts = [Handle("p0"), Handle("p1")]
-    whole = Handle("w", parts=parts)
-    whole.add_done_callback(lambda: calls.append("whole"))
-    parts[0].set_result(0)
-    assert calls[-1] == "before"
-    parts[1].set_result(1)
-    assert calls[-1] == "whole"
-    # a callback added while another thread completes the handle runs exactly once
-    for _ in range(200):
-        racing, fired = Handle("r"), []
-        adder = threading.Thread(target=lambda: racing.add_done_callback(lambda: fired.append(1)))
-        adder.start()
-        racing.set_result(None)
-        adder.join()
-        assert fired == [1]
-
 
 def test_env_rendezvous_falls_back_to_mpi_only_inside_an_mpi_job(monkeypatch):
     from commlib.torch.distributed import rendezvous

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import api
-from ...coordinator.requests import AUTO_NAME_MARK, Handle, Kind
+from ...coordinator.requests import Handle, Kind
 
 
 def runtime():
@@ -25,14 +25,23 @@ def config():
     return runtime().config
 
 
-def unique_name(prefix: str, count: int) -> str:
-    """A request name used once: commlib negotiates it in full and keeps no cache entry for it."""
-    return f"{prefix.rstrip('.')}{AUTO_NAME_MARK}{count}"
+def barrier(name: str, process_set=None, wait: bool = False) -> Handle:
+    """A barrier over ``process_set`` (None: every rank) under ``name``; returns its handle, complete when
+    ``wait`` (the calling thread drives it)."""
+    return api._plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), name, wait=wait,
+                             process_set=process_set)
 
 
-def barrier_async(name: str, process_set=None) -> Handle:
-    """Start a barrier over ``process_set`` (None: every rank) under ``name``; returns its handle."""
-    return api._plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), name, process_set=process_set)
+def workers_communicator():
+    """MPI's world as commlib's runtime will see it: the workers' communicator when the job has summation
+    servers (the roll call commlib's ``init()`` runs, done once per process and kept), else COMM_WORLD's
+    duplicate. Collective over COMM_WORLD the first time."""
+    from mpi4py import MPI
+
+    from ...config import Config
+    from ...server import discovery
+
+    return discovery.job(MPI.COMM_WORLD, discovery.WORKER, Config.load().start_timeout_s).own
 
 
 def point_to_point(process_set=None):

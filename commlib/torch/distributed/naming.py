@@ -1,9 +1,9 @@
-"""Naming scopes: calls issued from a thread other than the program's count in a sequence of their own.
+"""Naming scopes: the calls of the backend's own worker threads count in a sequence of their own.
 
-A group names its k-th call ``<group>.<scope>k`` (:mod:`.process_group`). Calls from one thread come in the
-same order on every rank; calls from two threads running at once may interleave differently on each rank,
-so a thread that issues calls alongside the program's (the completer running futures' callbacks, the DDP
-hooks' worker, the compression worker) names them in a scope of its own.
+A group names its k-th call ``<group>.<scope><k mod 64>`` (:mod:`.process_group`). Calls from one thread come
+in the same order on every rank; calls from two threads running at once may interleave differently on each
+rank, so a thread of the backend that issues calls alongside the program's, in an order of its own that is
+the same on every rank (the DDP hooks' worker, the compression worker), names them in a scope of its own.
 """
 
 from __future__ import annotations

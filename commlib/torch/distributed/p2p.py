@@ -9,7 +9,6 @@ and tag in order, as torch requires.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -51,14 +50,6 @@ class Transfer:
         if self._error is not None:
             raise self._error
         return None
-
-    def add_done_callback(self, callback) -> None:
-        """Rare (a future of a send or receive): a thread of its own waits and calls back."""
-        def wait_then_call():
-            self.wait()
-            callback()
-
-        threading.Thread(target=wait_then_call, name="commlib-torch-p2p", daemon=True).start()
 
 
 class AnySourceReceive(Transfer):

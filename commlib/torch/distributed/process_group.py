@@ -18,12 +18,15 @@ requests on that set, and commlib's coordinator negotiates, fuses and runs them 
 | ``send``, ``recv``, ``recv_anysource`` | MPI point-to-point on the group's own communicator (:mod:`.p2p`) |
 
 Names. commlib matches requests by name; c10d matches calls by their order on a group. The k-th call on a
-group is named ``<group>.<scope>k`` on every rank (every rank calls in the same order), so two ranks that
-disagree about that call (shapes, dtypes, ops, a broadcast's root, the call itself) get commlib's error on
-every rank, naming each rank's value, instead of waiting for each other. Calls issued from another thread
-than the program's, whose order relative to the program's calls may differ between ranks, count in a scope
-of their own (:func:`naming_scope`): the completer's (futures' callbacks), the DDP hooks' worker, the
-compression worker. The names are never reused, so commlib does not cache their negotiation.
+group is named ``<group>.<scope><k mod 64>`` on every rank (every rank calls in the same order), so two
+ranks that disagree about that call (shapes, dtypes, ops, a broadcast's root, the call itself) get
+commlib's error on every rank, naming each rank's value, instead of waiting for each other. A name comes
+back every 64 calls: where its request is the same as last time (a training loop's calls repeat), commlib's
+negotiation cache serves it; a call whose name is still in flight (64 calls outstanding) waits for it. Calls from futures' callbacks count
+in the program's order, as c10d's contract asks (every rank issues a group's calls in one order; gloo pairs
+them by that order too). The backend's own threads that issue calls while the program may issue others,
+the DDP hooks' worker and the compression worker, name theirs in a scope of their own
+(:mod:`.naming`), in an order that is the same on every rank.
 
 A lossy compressor given in the options (``Compression.topk(...)``, ``.powersgd()``, ...) runs on the group's
 compression worker, one call after the other, through commlib's compressor interface
@@ -39,6 +42,7 @@ contiguous tensor as its bytes.
 from __future__ import annotations
 
 import datetime
+import functools
 import queue
 import threading
 from typing import Sequence
@@ -59,6 +63,7 @@ from .p2p import AnySourceReceive, Transfer
 from .work import Work, raising_torch_errors
 
 RedOp = TorchReduceOp.RedOpType
+_SLOTS = 64  # a group's names in one scope: call k is named k mod _SLOTS (see the module docstring)
 _COMMLIB_OPS = {RedOp.SUM: cl.Sum, RedOp.AVG: cl.Average, RedOp.PRODUCT: cl.Product, RedOp.MIN: cl.Min,
                 RedOp.MAX: cl.Max, RedOp.PREMUL_SUM: cl.Sum}
 _BITWISE = {RedOp.BAND: np.bitwise_and, RedOp.BOR: np.bitwise_or, RedOp.BXOR: np.bitwise_xor}
@@ -124,6 +129,7 @@ class ProcessGroupCommlib(ProcessGroup):
         self._timeout_s = timeout_s  # None: commlib's deadline alone bounds waits
         self._owns_commlib = owns_commlib
         self._counts: dict = {}   # naming scope -> requests named so far
+        self._in_flight: dict = {}  # name -> the handle of its last asynchronous call
         self._compress_worker = None
         self._lock = threading.Lock()
         # made now, by every rank of the group: a communicator's duplicate is collective, and a send involves two
@@ -165,19 +171,33 @@ class ProcessGroupCommlib(ProcessGroup):
 
     # ---- naming ---------------------------------------------------------------------------------------
 
-    def _name(self, call: str = "") -> str:
+    def _name(self) -> str:
         """The name of this group's next request in this thread's scope (see the module docstring)."""
         scope = naming.scope()
         with self._lock:
             count = self._counts.get(scope, 0)
             self._counts[scope] = count + 1
-        return internals.unique_name(f"{self._prefix}{scope}", count)
+        return f"{self._prefix}{scope}{count % _SLOTS}"
 
     def _work(self, handles, finish, what: str, timeout=None) -> Work:
         limit = self._timeout_s
         if timeout is not None and timeout.total_seconds() > 0:
             limit = timeout.total_seconds()
         return Work(handles, finish, f"{what} on process group {self._prefix[:-1]}", limit)
+
+    def _start(self, submit, *args, **kwargs):
+        """commlib's ``submit`` (an ``*_async`` function) for this call; when the caller waits for it at once
+        (c10d's ``asyncOp`` is False: ``dist.all_reduce(t)`` without ``async_op``), its synchronous form
+        instead, which drives the collective in this thread (the asynchronous one hands it to commlib's
+        background thread, which first gathers submissions for a cycle: about a millisecond per call)."""
+        name = self._name()
+        previous = self._in_flight.pop(name, None)
+        if previous is not None and not previous.done():  # the name's last call: _SLOTS calls ago
+            previous.wait()
+        if getattr(_calls, "synchronous", False):
+            return _Completed(_SYNCHRONOUS[submit](*args, name=name, **kwargs))
+        handle = self._in_flight[name] = submit(*args, name=name, **kwargs)
+        return handle
 
     def _compression(self, array):
         """The compression of a float32 SUM/AVG of ``array``: the group's option, else
@@ -216,7 +236,7 @@ class ProcessGroupCommlib(ProcessGroup):
         compression = self._compression(array) if op in (cl.Sum, cl.Average) else None
         if isinstance(compression, Compressor):
             return self._compressed(array, op, factor, compression), lambda: None
-        handle = cl.allreduce_async_(array, op=op, name=self._name(), prescale_factor=factor,
+        handle = self._start(cl.allreduce_async_, array, op=op, prescale_factor=factor,
                                      algorithm=self.options.algorithm, compression=compression or cl.Compression.none,
                                      process_set=self._set)
         return handle, lambda: None
@@ -226,7 +246,7 @@ class ProcessGroupCommlib(ProcessGroup):
         if array.dtype.kind not in "iub":
             raise TypeError(f"{call}: {kind.name} needs an integer or bool tensor, not {array.dtype}")
         flat = array.reshape(-1)
-        handle = cl.allgather_async(flat, name=self._name(), process_set=self._set)
+        handle = self._start(cl.allgather_async, flat, process_set=self._set)
 
         def finish():
             gathered = handle.result().reshape(self._size, -1)
@@ -310,7 +330,7 @@ class ProcessGroupCommlib(ProcessGroup):
         if kind in _BITWISE:  # every rank's blocks gathered, combined here, this rank's row kept
             if array.dtype.kind not in "iub":
                 raise TypeError(f"{what}: {kind.name} needs an integer or bool tensor, not {array.dtype}")
-            handle = cl.allgather_async(array.reshape(-1), name=self._name(), process_set=self._set)
+            handle = self._start(cl.allgather_async, array.reshape(-1), process_set=self._set)
 
             def done_bitwise(results):
                 gathered = results[0].reshape(self._size, self._size, -1)[:, self._rank]
@@ -319,7 +339,7 @@ class ProcessGroupCommlib(ProcessGroup):
                 return [output]
 
             return self._work([handle], done_bitwise, what, opts.timeout)
-        handle = cl.reducescatter_async(array, op=_COMMLIB_OPS[kind], name=self._name(), process_set=self._set,
+        handle = self._start(cl.reducescatter_async, array, op=_COMMLIB_OPS[kind], process_set=self._set,
                                         prescale_factor=factor)
 
         def done(results):
@@ -335,7 +355,8 @@ class ProcessGroupCommlib(ProcessGroup):
         handles = []
         for tensor in tensors:
             data = _bytes(tensor, "broadcast")
-            handle = cl.broadcast_async_(data, root_rank=self._ranks[opts.rootRank], name=self._name(), process_set=self._set)
+            handle = self._start(cl.broadcast_async_, data, root_rank=self._ranks[opts.rootRank],
+                                 process_set=self._set)
             handles.append(handle)
         return self._work(handles, lambda _r: list(tensors), "broadcast", opts.timeout)
 
@@ -380,7 +401,7 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def _gather_bytes(self, tensor, call: str):
         data = _bytes(tensor, call)
-        handle = cl.allgather_async(data, name=self._name(), process_set=self._set)
+        handle = self._start(cl.allgather_async, data, process_set=self._set)
         return handle
 
     def all_to_all_single(self, output, inp, output_splits, input_splits, opts=None):
@@ -396,7 +417,7 @@ class ProcessGroupCommlib(ProcessGroup):
             row_bytes = output.numel() // max(output.shape[0], 1) * output.element_size()
         data = _bytes(inp, "all_to_all_single")
         splits = np.array([int(s) * row_bytes for s in input_splits], np.int64)
-        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
+        handle = self._start(cl.alltoall_async, data, splits=splits, process_set=self._set)
 
         def done(results):
             received, _ = results[0]
@@ -416,7 +437,7 @@ class ProcessGroupCommlib(ProcessGroup):
         parts = [_bytes(t, "all_to_all") for t in inputs]
         data = np.concatenate(parts) if parts else np.zeros(0, np.uint8)
         splits = np.array([p.size for p in parts], np.int64)
-        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
+        handle = self._start(cl.alltoall_async, data, splits=splits, process_set=self._set)
 
         def done(results):
             _scatter_into(results[0][0], outputs)
@@ -430,7 +451,7 @@ class ProcessGroupCommlib(ProcessGroup):
         data = _bytes(inputs[0], "gather")
         splits = np.zeros(self._size, np.int64)
         splits[root] = data.size
-        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
+        handle = self._start(cl.alltoall_async, data, splits=splits, process_set=self._set)
 
         def done(results):
             if self._rank == root:
@@ -451,7 +472,7 @@ class ProcessGroupCommlib(ProcessGroup):
         else:
             data = np.zeros(0, np.uint8)
             splits = np.zeros(self._size, np.int64)
-        handle = cl.alltoall_async(data, splits=splits, name=self._name(), process_set=self._set)
+        handle = self._start(cl.alltoall_async, data, splits=splits, process_set=self._set)
 
         def done(results):
             _bytes(output, "scatter")[...] = results[0][0]
@@ -461,7 +482,7 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        handle = internals.barrier_async(self._name(), self._set)
+        handle = self._start(_barrier, self._set)
         return self._work([handle], lambda _r: [], "barrier", opts.timeout)
 
     # ---- point to point ---------------------------------------------------------------------------------
@@ -555,11 +576,63 @@ class ProcessGroupCommlib(ProcessGroup):
         return Work(handles, lambda _r: [t for w in works for t in w.result()], what)
 
 
+_calls = threading.local()  # .synchronous: the c10d call running in this thread is waited for at once
+_calls.synchronous = False
+
+
+def _barrier(process_set, name: str):
+    return internals.barrier(name, process_set)
+
+
+def _barrier_now(process_set, name: str):
+    return internals.barrier(name, process_set, wait=True).result()
+
+
+_SYNCHRONOUS = {cl.allreduce_async_: cl.allreduce_, cl.broadcast_async_: cl.broadcast_, cl.allgather_async: cl.allgather,
+                cl.reducescatter_async: cl.reducescatter, cl.alltoall_async: cl.alltoall, _barrier: _barrier_now}
+
+
+def _c10d_call(method):
+    """``method`` (a c10d call of the group): notes whether the caller waits at once (its options'
+    ``asyncOp``), and raises torch's error where commlib refuses to start it (it already lost a peer)."""
+    method = raising_torch_errors(method)
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        opts = kwargs.get("opts", args[-1] if args else None)
+        before = getattr(_calls, "synchronous", False)
+        _calls.synchronous = getattr(opts, "asyncOp", True) is False
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _calls.synchronous = before
+
+    return call
+
+
 for _call in ("allreduce", "allreduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_single",
               "reduce_scatter_single_coalesced", "broadcast", "allgather", "allgather_coalesced", "all_gather_single",
-              "all_gather_single_coalesced", "all_to_all_single", "alltoall", "gather", "scatter", "barrier", "send",
-              "recv", "recv_anysource"):
+              "all_gather_single_coalesced", "all_to_all_single", "alltoall", "gather", "scatter", "barrier"):
+    setattr(ProcessGroupCommlib, _call, _c10d_call(getattr(ProcessGroupCommlib, _call)))
+for _call in ("send", "recv", "recv_anysource"):
     setattr(ProcessGroupCommlib, _call, raising_torch_errors(getattr(ProcessGroupCommlib, _call)))
+
+
+class _Completed:
+    """The handle of a collective that ran synchronously: its result."""
+
+    def __init__(self, result):
+        self._result = result
+
+    @staticmethod
+    def done() -> bool:
+        return True
+
+    def wait(self) -> None:
+        pass
+
+    def result(self):
+        return self._result
 ProcessGroupCommlib._reduce_scatter_base = ProcessGroupCommlib.reduce_scatter_single
 ProcessGroupCommlib._allgather_base = ProcessGroupCommlib.all_gather_single
 ProcessGroupCommlib.alltoall_base = ProcessGroupCommlib.all_to_all_single
@@ -608,10 +681,10 @@ class _GroupExchange(Exchange):
         self._group = group
 
     def allreduce(self, array, name):
-        return cl.allreduce_async_(array, op=cl.Sum, name=self._group._name(), process_set=self.process_set)
+        return self._group._start(cl.allreduce_async_, array, op=cl.Sum, process_set=self.process_set)
 
     def allgather(self, array, name):
-        return cl.allgather_async(array, name=self._group._name(), process_set=self.process_set)
+        return self._group._start(cl.allgather_async, array, process_set=self.process_set)
 
     def wait(self, handle):
         return cl.synchronize(handle)
@@ -634,9 +707,6 @@ class _WorkHandle:
 
     def result(self):
         return self._work.result()
-
-    def add_done_callback(self, callback) -> None:
-        self._work.get_future().add_done_callback(lambda _f: callback())
 
 
 def _scatter_into(data: np.ndarray, tensors: Sequence[torch.Tensor]) -> None:

@@ -2,7 +2,8 @@
 
 ``init_process_group`` without a store reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``
 (torchrun sets them); MPI launchers set none of them. When some are missing and MPI launched the process,
-this rendezvous takes the rank and size from MPI's world and has rank 0 host the store: rank 0 starts a
+this rendezvous takes the rank and size from MPI's world (its workers, when the job also runs commlib's
+summation servers) and has rank 0 host the store: rank 0 starts a
 ``TCPStore`` on a free port and tells the others its addresses over MPI; each connects to the first one
 that answers with rank 0's token. So ``dist.init_process_group("commlib")`` (or ``"gloo"``) runs unchanged
 under ``mpiexec -n 4 python train.py``. Everywhere else (all four variables set, or no MPI launcher)
@@ -42,11 +43,11 @@ def wrap(torch_env_handler):
 def _from_mpi(query: dict, timeout: datetime.timedelta):
     """Yield (store, rank, world_size) for MPI's world (a generator, as torch's handlers are)."""
     import torch.distributed as dist
-    from mpi4py import MPI
 
     from ...server.tcp import local_addresses
+    from .internals import workers_communicator
 
-    comm = MPI.COMM_WORLD
+    comm = workers_communicator()  # a job's summation servers are not torch ranks
     rank, size = comm.Get_rank(), comm.Get_size()
     for key, mine in (("rank", rank), ("world_size", size)):
         if key in query and int(query[key]) != mine:

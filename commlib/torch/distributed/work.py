@@ -6,12 +6,14 @@ thread gets there first:
 
 - ``wait()`` drives commlib in the calling thread (no hand-off to another thread: the fast path of a
   synchronous ``dist.all_reduce``), finishes, and raises the collective's error if it failed;
-- ``get_future()`` returns a torch Future that completes on its own, as DDP needs: the handles' done
-  callback queues the Work for the *completer*, one thread of the backend that finishes it and sets the
-  future's result (or exception). Completing a future runs its ``then`` callbacks in that thread, so they
-  may start more collectives and even wait for them (PyTorch's PowerSGD hook does): a future asked for
-  from the completer thread itself is completed there at once, by driving its collective in place, since
-  nothing else would complete it while the completer waits.
+- ``get_future()`` returns a torch Future that completes on its own, as DDP needs: the Work is queued for
+  the *completer*, one thread of the backend that waits for queued Works in turn (driving commlib as any
+  waiting thread does, without the background thread's gathering cycle), finishes them and sets their
+  futures' results (or exceptions). Everything queued was submitted already, on every rank, so waiting in
+  turn never waits for something not yet started. Completing a future runs its ``then`` callbacks in that
+  thread, so they may start more collectives and even wait for them (PyTorch's PowerSGD hook does): a
+  future asked for from the completer thread itself is completed there at once, by driving its collective
+  in place, since nothing else would complete it while the completer waits.
 
 A peer lost within the process group's timeout (commlib's :class:`~commlib.errors.PeerLostError`) surfaces
 as :class:`CollectiveTimeoutError`, a ``torch.distributed.DistBackendError`` (torch's type for a failed
@@ -31,7 +33,6 @@ import torch
 import torch.distributed as dist
 
 from ...errors import PeerLostError
-from . import naming
 
 
 class CollectiveTimeoutError(dist.DistBackendError):
@@ -72,7 +73,7 @@ _PENDING, _OK, _FAILED = 0, 1, 2
 
 class Work(dist.Work):
     """One c10d call of the ``commlib`` backend in flight. ``handles``: commlib handles (or anything with
-    ``done``, ``wait``, ``result`` and ``add_done_callback``); ``finish(results)`` turns their results into
+    ``done``, ``wait`` and ``result``); ``finish(results)`` turns their results into
     the call's result, a list of tensors (it may copy into the caller's tensors); ``what`` names the call
     in errors; ``timeout`` (seconds, or None) bounds ``wait()`` as the process group's timeout."""
 
@@ -145,12 +146,9 @@ class Work(dist.Work):
                 self._future = torch.futures.Future()
         if new:
             if self._state != _PENDING or _in_completer():
-                try:
-                    self.wait()
-                except Exception:  # noqa: BLE001 - on the future now
-                    pass
+                self._complete()
             else:
-                _on_done(self._handles, lambda: completer().put(self))
+                completer().put(self)
         return self._future
 
     # ---- internals ------------------------------------------------------------------------------------
@@ -198,9 +196,11 @@ class Work(dist.Work):
             self._future.set_result(self._value)
 
     def _complete(self) -> None:
-        """In the completer thread: the handles are done."""
-        self._settle()
-        self._complete_future()
+        """Wait (driving commlib in this thread), finish, and complete the future."""
+        try:
+            self.wait()
+        except Exception:  # noqa: BLE001 - the future holds it now
+            pass
 
 
 class _Done:
@@ -217,39 +217,16 @@ class _Done:
     def result() -> Any:
         return None
 
-    @staticmethod
-    def add_done_callback(callback) -> None:
-        callback()
-
 
 def completed(value: list, what: str) -> Work:
     """A Work that is done already (a call with nothing to communicate)."""
     return Work([], lambda _results: value, what)
 
 
-def _on_done(handles: list, callback: Callable[[], None]) -> None:
-    """Call ``callback()`` once every handle is done."""
-    if not handles:
-        callback()
-        return
-    remaining = [len(handles)]
-    lock = threading.Lock()
-
-    def one_done():
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            callback()
-
-    for handle in handles:
-        handle.add_done_callback(one_done)
-
-
 # ---- the completer thread --------------------------------------------------------------------------------
 
 class _Completer(threading.Thread):
-    """Finishes Works whose futures were asked for, in the order their handles completed."""
+    """Completes the futures of Works, one Work after the other, in the order their futures were asked for."""
 
     def __init__(self):
         super().__init__(name="commlib-torch-completer", daemon=True)
@@ -260,7 +237,6 @@ class _Completer(threading.Thread):
 
     def run(self) -> None:
         _local.completer = True
-        naming.enter("cb.")
         while True:
             work = self.queue.get()
             try:
