@@ -168,8 +168,8 @@ def first_line(detail: str) -> str:
 
 
 def report(results: dict, args, names: list[str], started: str) -> str:
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                                           capture_output=True, text=True).stdout.strip()
     import torch
 
     lines = [f"# PyTorch's DistributedTest on commlib and gloo", "",
@@ -210,6 +210,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=180, help="seconds before a test's ranks are killed")
     parser.add_argument("--output", help="write the report (markdown) here")
     parser.add_argument("--json", help="write every outcome here")
+    parser.add_argument("--commit", help="the commit the code is a copy of (run from a copy, the tree may "
+                                         "change meanwhile: the spawned ranks import it afresh per test)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--names", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
