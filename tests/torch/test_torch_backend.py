@@ -1,7 +1,7 @@
 """The torch.distributed backend ``commlib`` against gloo and against references, call by call.
 
 ``workers/torch_backend_ops.py`` runs every c10d call (all_reduce with every ReduceOp and dtype, broadcast,
-all_gather in both forms, reduce_scatter in both forms, all_to_all in both forms with uneven splits, reduce,
+all_gather in both forms and coalesced, reduce_scatter in both forms, all_to_all in both forms with uneven splits, reduce,
 gather, scatter, barrier, send/recv, isend/irecv, batch_isend_irecv, recv from any source, the object
 collectives, subgroups) at sizes 0, 1, fewer than the ranks, not divisible and 1000, once on commlib and once
 on gloo, each rank checking every result against a reference it computes. Here: commlib must match its

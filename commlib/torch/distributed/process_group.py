@@ -378,7 +378,12 @@ class ProcessGroupCommlib(ProcessGroup):
         return self._work(handles, done, "all_gather", opts.timeout)
 
     def allgather_coalesced(self, outputs, inputs, opts=None):
-        return self.allgather(outputs, inputs, opts)
+        """``outputs[r][i]`` receives rank r's ``inputs[i]`` (all_gather's lists, transposed)."""
+        if len(outputs) != self._size:
+            raise ValueError(f"all_gather_coalesced: {len(outputs)} output lists for a group of {self._size} ranks")
+        per_input = [[outputs[r][i] for r in range(self._size)] for i in range(len(inputs))]
+        work = self.allgather(per_input, inputs, opts)
+        return work
 
     def all_gather_single(self, output, inp, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()

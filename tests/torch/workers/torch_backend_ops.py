@@ -274,6 +274,17 @@ for dtype in (torch.float32, torch.int64, torch.complex64):
 
 case("barrier", lambda: dist.barrier())
 
+
+def gather_coalesced():
+    outs = [[torch.empty(4), torch.empty(0, dtype=torch.int64), torch.empty(7, dtype=torch.int64)] for _ in range(SIZE)]
+    dist.all_gather_coalesced(outs, [value(RANK, 4, torch.float32), value(RANK, 0, torch.int64),
+                                     value(RANK, 7, torch.int64)])
+    return outs
+
+
+case("all_gather_coalesced", gather_coalesced,
+     lambda: [[value(r, 4, torch.float32), value(r, 0, torch.int64), value(r, 7, torch.int64)] for r in range(SIZE)])
+
 # ---- point to point ---------------------------------------------------------------------------------------
 
 if SIZE > 1:
