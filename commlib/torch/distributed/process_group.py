@@ -487,7 +487,7 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else dist.BarrierOptions()
-        handle = self._start(_barrier, self._set)
+        handle = self._start(cl.barrier_async, self._set)
         return self._work([handle], lambda _r: [], "barrier", opts.timeout)
 
     # ---- point to point ---------------------------------------------------------------------------------
@@ -515,13 +515,12 @@ class ProcessGroupCommlib(ProcessGroup):
         transport = self._transport()
         data = _bytes(tensors[0], "recv")
         transfer = AnySourceReceive(transport, data, tag, internals.config().timeout_s)
-        work = Work([transfer], None, "recv from any rank", self._timeout_s)
 
-        def done(_results):
+        def done(_results):  # runs once the receive is done: the Work below exists by then
             work.source = transfer.source
             return list(tensors)
 
-        work._finish = done
+        work = Work([transfer], done, "recv from any rank", self._timeout_s)
         return work
 
     # ---- groups and lifetime ----------------------------------------------------------------------------
@@ -585,16 +584,8 @@ _calls = threading.local()  # .synchronous: the c10d call running in this thread
 _calls.synchronous = False
 
 
-def _barrier(process_set, name: str):
-    return internals.barrier(name, process_set)
-
-
-def _barrier_now(process_set, name: str):
-    return internals.barrier(name, process_set, wait=True).result()
-
-
 _SYNCHRONOUS = {cl.allreduce_async_: cl.allreduce_, cl.broadcast_async_: cl.broadcast_, cl.allgather_async: cl.allgather,
-                cl.reducescatter_async: cl.reducescatter, cl.alltoall_async: cl.alltoall, _barrier: _barrier_now}
+                cl.reducescatter_async: cl.reducescatter, cl.alltoall_async: cl.alltoall, cl.barrier_async: cl.barrier}
 
 
 def _c10d_call(method):
