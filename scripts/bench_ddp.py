@@ -14,8 +14,8 @@ ranks; H > 1: emulated hosts, commlib.testing.cluster, links shaped to ``--rate`
   wire (``COMMLIB_TORCH_COMPRESSION=fp16``: the backend's option) and against commlib's
   ``fp16_wrapper(allreduce_hook)`` on the commlib backend;
 - ``--servers``: 4 worker hosts x 1 rank plus 4 hosts of summation servers (an MPMD job: ``python -m
-  commlib.server`` on the server hosts, whose presence lets ``auto`` send through them) against gloo on the
-  same 4 worker hosts;
+  commlib.server`` on the server hosts, whose presence lets ``auto`` send through them; and with
+  ``COMMLIB_ALGORITHM=ps``, every bucket through them) against gloo on the same 4 worker hosts;
 - ``--fsdp``: FSDP2 (``fully_shard`` per layer) on 2 hosts x 1 rank, gloo against commlib.
 
 Each row runs ``--jobs`` rounds; each round runs every variant once, in an order that rotates from round to
@@ -53,6 +53,7 @@ VARIANTS = {
     "gloo + torch fp16 hook": ("gloo", ["--hook", "torch-fp16"], {}),
     "commlib + fp16 option": ("commlib", [], {"COMMLIB_TORCH_COMPRESSION": "fp16"}),
     "commlib + commlib fp16 hook": ("commlib", ["--hook", "commlib-fp16"], {}),
+    "commlib, algorithm ps": ("commlib", [], {"COMMLIB_ALGORITHM": "ps"}),
     "gloo fsdp2": ("gloo", ["--fsdp"], {}),
     "commlib fsdp2": ("commlib", ["--fsdp"], {}),
 }
@@ -202,7 +203,7 @@ def main() -> int:
         print("\n".join(new), flush=True)
     if args.servers:
         with ServerLauncher(4, 4, args.rate) as launcher:
-            runs = run_row(launcher, ["gloo", "commlib"], args, base_env, servers=True)
+            runs = run_row(launcher, ["gloo", "commlib", "commlib, algorithm ps"], args, base_env, servers=True)
         new = row_lines("4x1 workers + 4 server hosts (emulated)", "servers", runs,
                         link_bound_s(4, args.rate, GRADIENT_BYTES, servers=True))
         lines += new
