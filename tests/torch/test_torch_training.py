@@ -14,16 +14,20 @@ import pytest
 import torch
 
 from mpirun import run_mpi, run_on_cluster
-from torch_jobs import CLUSTER_ENV, WORKERS
+from torch_jobs import CLUSTER_ENV
 
-WORKER = WORKERS / "torch_train.py"
+WORKER = "torch_train.py"
 VARIANTS = ["ddp", "no_sync", "unused", "static_graph", "bucket_view", "fsdp2", "mesh2d"]
+
+
+def _cases(ranks: int) -> list[str]:
+    """The cases that must pass on every rank (a 2-D mesh needs an even number of ranks)."""
+    return ["init", *(v for v in VARIANTS if v != "mesh2d" or ranks % 2 == 0), "save", "shutdown"]
 
 
 def _check(tmp_path, ranks: int, run) -> None:
     for backend in ("commlib", "gloo"):
-        out = run(backend, str(tmp_path / backend))
-        assert out.count("trained") >= ranks, out[-3000:]
+        run(backend, str(tmp_path / backend))
     for rank in range(ranks):
         ours = torch.load(tmp_path / f"commlib.{rank}.pt")
         theirs = torch.load(tmp_path / f"gloo.{rank}.pt")
@@ -43,7 +47,8 @@ def _check(tmp_path, ranks: int, run) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_ddp_and_fsdp2_match_gloo(tmp_path, ranks):
-    _check(tmp_path, ranks, lambda backend, out: run_mpi(ranks, WORKER, backend, out, *VARIANTS, timeout=300))
+    _check(tmp_path, ranks, lambda backend, out: run_mpi(ranks, WORKER, backend, out, *VARIANTS, timeout=300,
+                                                         cases=_cases(ranks)))
 
 
 @pytest.mark.cluster
@@ -51,4 +56,4 @@ def test_ddp_and_fsdp2_match_gloo(tmp_path, ranks):
 def test_ddp_and_fsdp2_match_gloo_across_hosts(tmp_path, make_cluster):
     cluster = make_cluster([2, 2])
     _check(tmp_path, 4, lambda backend, out: run_on_cluster(cluster, WORKER, backend, out, *VARIANTS, timeout=400,
-                                                            env=CLUSTER_ENV))
+                                                            env=CLUSTER_ENV, cases=_cases(4)))

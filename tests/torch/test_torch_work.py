@@ -23,40 +23,51 @@ import time
 
 import pytest
 
-from mpirun import job_env, run_mpi
-from torch_jobs import CLUSTER_ENV, WORKERS
+from mpirun import check_report, job_env, run_mpi, worker_path
+from torch_jobs import CLUSTER_ENV
+
+# A cut link (as tests/transport/test_failures.py, whose reasons hold here): the bounds are the feature (a
+# lost peer is reported once the group's timeout has passed), not a speed, so each is far from what load can
+# reach. A rank raises within the timeout plus commlib's grace for a peer's notice (1 s); RAISE_SLACK_S is
+# thirty times that. It raises no earlier than the timeout after its wait began, which began at most one
+# call (milliseconds) before the cut: EARLY_S is far above that.
+TIMEOUT_S = 5.0
+RAISE_SLACK_S = 30.0
+EARLY_S = TIMEOUT_S / 2
+#: the job ends within this after the cut: the raise, commlib's exit path, MPI_Abort
+EXIT_WITHIN_S = TIMEOUT_S + 60.0
+#: a second call fails at once with the recorded loss; one that waited again would take a whole timeout
+AGAIN_WITHIN_S = TIMEOUT_S
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_work_rules_errors_and_options(ranks):
-    out = run_mpi(ranks, WORKERS / "torch_work.py", timeout=240)
-    assert "torch_work OK" in out, out[-3000:]
+    run_mpi(ranks, "torch_work.py", timeout=240)
 
 
 @pytest.mark.mpi
 def test_init_process_group_under_mpiexec():
-    out = run_mpi(3, WORKERS / "torch_launch.py", timeout=120)
-    assert all(f"launched rank {r} of 3 on commlib" in out for r in range(3)), out[-3000:]
+    run_mpi(3, "torch_launch.py", timeout=120)
 
 
 @pytest.mark.mpi
 def test_init_process_group_under_torchrun(tmp_path):
     """torchrun starts plain processes: the backend builds MPI's world from torch's store (its PMI bridge)."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", str(WORKERS / "torch_launch.py")]
+    cmd = [torchrun, "--standalone", "--nproc-per-node", "2", str(worker_path("torch_launch.py"))]
     env = {k: v for k, v in job_env().items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
-    assert all(f"launched rank {r} of 2 on commlib" in out for r in range(2)), out[-3000:]
+    check_report(out, range(2), what="torchrun's job")
 
 
 @pytest.mark.cluster
 def test_cut_link_raises_within_the_group_timeout(make_cluster, tmp_path):
-    timeout_s, slack_s = 5.0, 4.0
     cluster = make_cluster([1, 1])
-    cmd = cluster.mpiexec_args() + [sys.executable, str(WORKERS / "torch_link_cut.py"), str(timeout_s), str(tmp_path)]
+    cmd = cluster.mpiexec_args() + [sys.executable, str(worker_path("torch_link_cut.py")), str(TIMEOUT_S),
+                                    str(tmp_path)]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env(CLUSTER_ENV),
                            start_new_session=True)
     try:
@@ -67,7 +78,7 @@ def test_cut_link_raises_within_the_group_timeout(make_cluster, tmp_path):
         subprocess.run(["ip", "link", "set", f"{cluster.name}-h1", "down"], check=True)
         cut = time.time()
         try:
-            out, _ = job.communicate(timeout=timeout_s + 20)
+            out, _ = job.communicate(timeout=EXIT_WITHIN_S)
         except subprocess.TimeoutExpired:
             out = None
     finally:
@@ -77,15 +88,16 @@ def test_cut_link_raises_within_the_group_timeout(make_cluster, tmp_path):
     results = {r: json.loads((tmp_path / f"result.{r}").read_text()) for r in range(2)
                if (tmp_path / f"result.{r}").exists()}
     report = "\n".join(f"rank {r}: {res['type']} at +{res['time'] - cut:.1f} s ranks={res['ranks']} "
-                       f"again={res['again']}: {res['message'][:300]}" for r, res in sorted(results.items()))
-    assert out is not None, f"the job still ran after the cut:\n{report}"
+                       f"again={res['again']} ({res['again_s']:.3f} s): {res['message'][:300]}"
+                       for r, res in sorted(results.items()))
+    assert out is not None, f"the job still ran {EXIT_WITHIN_S} s after the cut:\n{report}"
     assert set(results) == {0, 1}, f"ranks without a failure:\n{report}\n{(out or '')[-3000:]}"
     for r, res in results.items():
         took = res["time"] - cut
         assert res["type"] == "CollectiveTimeoutError" and res["backend_error"], report
-        assert took <= timeout_s + slack_s, f"rank {r} raised at +{took:.1f} s\n{report}"
+        assert TIMEOUT_S - EARLY_S <= took <= TIMEOUT_S + RAISE_SLACK_S, f"rank {r} raised at +{took:.1f} s\n{report}"
         assert 1 - r in res["ranks"], f"rank {r} did not name the lost rank\n{report}"
-        assert res["again"] == "CollectiveTimeoutError" and res["again_s"] < 1.0, report
+        assert res["again"] == "CollectiveTimeoutError" and res["again_s"] < AGAIN_WITHIN_S, report
 
 
 # ---- in process --------------------------------------------------------------------------------------------

@@ -1,9 +1,4 @@
-"""What the torch backend's tests share: where their workers are, and the environment of a job on emulated
-hosts."""
-
-from pathlib import Path
-
-WORKERS = Path(__file__).resolve().parent / "workers"
+"""What the torch backend's tests share: the environment of a job on emulated hosts."""
 
 #: On emulated hosts: MPI's traffic over the hosts' links (UCX would use shared memory), and gloo on the
 #: hosts' interface (it would advertise the loopback address its host name resolves to).

@@ -1,18 +1,19 @@
-"""Worker for tests/torch/test_torch_backend.py: every torch.distributed call on one backend, each a named
-case whose result every rank checks against a reference it computes itself (every rank's input is a
-function of the rank, so each rank knows them all).
+"""Worker for tests/torch/test_torch_backend.py: every torch.distributed call on one backend, each call
+recorded with its result, which every rank checks against a reference it computes itself (every rank's
+input is a function of the rank, so each rank knows them all).
 
     python torch_backend_ops.py BACKEND OUT        (under mpiexec or on an emulated cluster)
 
-BACKEND is ``commlib`` or ``gloo``. Writes ``OUT.RANK.pt``: {case: {"value": what the call produced,
-"error": "Type: message" or None, "ok": whether it matched the reference, "why": what differed}}. The test
-reads both backends' files: commlib must pass every case (or refuse it as gloo does), and give gloo's
-values wherever gloo has one.
+BACKEND is ``commlib`` or ``gloo``. The named cases (tests/spmd.py) are the kinds of call (all_reduce,
+reduce, reduce_scatter, ...); a call that fails or differs from its reference does not fail its case (gloo
+refuses some calls): it is recorded, and ``save`` writes ``OUT.RANK.pt``: {call: {"value": what the call
+produced, "error": "Type: message" or None, "ok": whether it matched the reference, "why": what
+differed}}. The test reads both backends' files: commlib must pass every call (or refuse it as gloo does),
+and give gloo's values wherever gloo has one.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import commlib.torch  # noqa: F401 - registers the backend and the MPI rendezvous (gloo too)
+import spmd
 
 RedOp = dist.ReduceOp
 OPS = {"SUM": RedOp.SUM, "AVG": RedOp.AVG, "PRODUCT": RedOp.PRODUCT, "MIN": RedOp.MIN, "MAX": RedOp.MAX,
@@ -29,8 +31,7 @@ REDUCE_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, to
 MOVE_DTYPES = [torch.float32, torch.float64, torch.int16, torch.bfloat16, torch.complex64, torch.bool]
 
 backend, out = sys.argv[1], sys.argv[2]
-dist.init_process_group(backend)
-RANK, SIZE = dist.get_rank(), dist.get_world_size()
+RANK, SIZE = spmd.rank_and_size()
 results: dict[str, dict] = {}
 
 
@@ -104,7 +105,7 @@ def same(got, want) -> str:
     return "" if ok else f"expected {want.flatten()[:8].tolist()}, got {got.flatten()[:8].tolist()}"
 
 
-def case(name: str, run, expected=None) -> None:
+def record(name: str, run, expected=None) -> None:
     """Run ``run()`` (returning the result) and record it against ``expected`` (a value, or a function of
     nothing that returns it; None: only that it completes)."""
     try:
@@ -121,22 +122,31 @@ def sizes() -> list[int]:
     return sorted({0, 1, max(SIZE - 1, 1), 7, 1000})
 
 
+@spmd.case
+def init():
+    dist.init_process_group(backend)
+    assert (dist.get_rank(), dist.get_world_size()) == (RANK, SIZE)
+
+
 # ---- reductions -------------------------------------------------------------------------------------------
 
-for op in [*OPS, "PREMUL_SUM"]:
-    for dtype in REDUCE_DTYPES:
-        for n in sizes():
-            label = f"all_reduce/{op}/{str(dtype)[6:]}/n{n}"
-            source = "SUM" if op == "PREMUL_SUM" else op
+@spmd.case
+def all_reduce():
+    for op in [*OPS, "PREMUL_SUM"]:
+        for dtype in REDUCE_DTYPES:
+            for n in sizes():
+                label = f"all_reduce/{op}/{str(dtype)[6:]}/n{n}"
+                source = "SUM" if op == "PREMUL_SUM" else op
 
-            def run(op=op, dtype=dtype, n=n, source=source):
-                t = value(RANK, n, dtype, source)
-                redop = dist._make_nccl_premul_sum(2.0) if op == "PREMUL_SUM" else OPS[op]
-                dist.all_reduce(t, op=redop)
-                return t
+                def run(op=op, dtype=dtype, n=n, source=source):
+                    t = value(RANK, n, dtype, source)
+                    redop = dist._make_nccl_premul_sum(2.0) if op == "PREMUL_SUM" else OPS[op]
+                    dist.all_reduce(t, op=redop)
+                    return t
 
-            case(label, run, lambda op=op, dtype=dtype, n=n, source=source: reduced(
-                [value(r, n, dtype, source) for r in range(SIZE)], op, 2.0 if op == "PREMUL_SUM" else 1.0))
+                record(label, run, lambda op=op, dtype=dtype, n=n, source=source: reduced(
+                      [value(r, n, dtype, source) for r in range(SIZE)], op, 2.0 if op == "PREMUL_SUM" else 1.0))
+
 
 def _async(tensors, op, group=None):
     """Start every all_reduce, then wait for them all."""
@@ -146,96 +156,108 @@ def _async(tensors, op, group=None):
     return tensors
 
 
-for n in (0, 7, 1000):
-    case(f"all_reduce_async_many/n{n}", lambda n=n: _async([value(RANK, n, torch.float32, salt=k) for k in range(12)],
-                                                          RedOp.SUM),
-         lambda n=n: [reduced([value(r, n, torch.float32, salt=k) for r in range(SIZE)], "SUM") for k in range(12)])
-    case(f"all_reduce_complex/n{n}", lambda n=n: _async([value(RANK, n, torch.complex64)], RedOp.SUM),
-         lambda n=n: [sum(value(r, n, torch.complex64) for r in range(SIZE))])
+@spmd.case
+def all_reduce_async():
+    for n in (0, 7, 1000):
+        record(f"all_reduce_async_many/n{n}", lambda n=n: _async([value(RANK, n, torch.float32, salt=k) for k in range(12)],
+                                                                RedOp.SUM),
+               lambda n=n: [reduced([value(r, n, torch.float32, salt=k) for r in range(SIZE)], "SUM") for k in range(12)])
+        record(f"all_reduce_complex/n{n}", lambda n=n: _async([value(RANK, n, torch.complex64)], RedOp.SUM),
+               lambda n=n: [sum(value(r, n, torch.complex64) for r in range(SIZE))])
 
-for root in range(SIZE):
-    for op in ("SUM", "MAX", "PRODUCT", "BOR"):
-        for dtype in (torch.float32, torch.int64):
-            for n in (0, 1, 7, 1000):
-                if op == "BOR" and dtype.is_floating_point:
-                    continue
 
-                def run_reduce(root=root, op=op, dtype=dtype, n=n):
-                    t = value(RANK, n, dtype, op)
-                    dist.reduce(t, dst=root, op=OPS[op])
-                    return t if RANK == root else None
+@spmd.case
+def reduce():
+    for root in range(SIZE):
+        for op in ("SUM", "MAX", "PRODUCT", "BOR"):
+            for dtype in (torch.float32, torch.int64):
+                for n in (0, 1, 7, 1000):
+                    if op == "BOR" and dtype.is_floating_point:
+                        continue
 
-                case(f"reduce/root{root}/{op}/{str(dtype)[6:]}/n{n}", run_reduce,
-                     (lambda root=root, op=op, dtype=dtype, n=n: reduced([value(r, n, dtype, op) for r in range(SIZE)], op)
-                      if RANK == root else None))
+                    def run_reduce(root=root, op=op, dtype=dtype, n=n):
+                        t = value(RANK, n, dtype, op)
+                        dist.reduce(t, dst=root, op=OPS[op])
+                        return t if RANK == root else None
 
-for op in [*OPS, "PREMUL_SUM"]:
-    for dtype in (torch.float32, torch.float16, torch.int32, torch.uint8):
-        for n in (0, 1, 7, 300):
-            source = "SUM" if op == "PREMUL_SUM" else op
-            redop = (lambda: dist._make_nccl_premul_sum(2.0)) if op == "PREMUL_SUM" else (lambda op=op: OPS[op])
-            factor = 2.0 if op == "PREMUL_SUM" else 1.0
+                    record(f"reduce/root{root}/{op}/{str(dtype)[6:]}/n{n}", run_reduce,
+                           (lambda root=root, op=op, dtype=dtype, n=n: reduced([value(r, n, dtype, op) for r in range(SIZE)], op)
+                            if RANK == root else None))
 
-            def want(op=op, dtype=dtype, n=n, source=source, factor=factor):
-                blocks = [torch.stack([value(r, n, dtype, source, salt=100 * b) for b in range(SIZE)]) for r in range(SIZE)]
-                return reduced(blocks, op, factor)[RANK]
 
-            def run_rs_list(dtype=dtype, n=n, source=source, redop=redop):
-                out_t = torch.zeros(n, dtype=dtype)
-                dist.reduce_scatter(out_t, [value(RANK, n, dtype, source, salt=100 * b) for b in range(SIZE)], op=redop())
-                return out_t
+@spmd.case
+def reduce_scatter():
+    for op in [*OPS, "PREMUL_SUM"]:
+        for dtype in (torch.float32, torch.float16, torch.int32, torch.uint8):
+            for n in (0, 1, 7, 300):
+                source = "SUM" if op == "PREMUL_SUM" else op
+                redop = (lambda: dist._make_nccl_premul_sum(2.0)) if op == "PREMUL_SUM" else (lambda op=op: OPS[op])
+                factor = 2.0 if op == "PREMUL_SUM" else 1.0
 
-            def run_rs_tensor(dtype=dtype, n=n, source=source, redop=redop):
-                out_t = torch.zeros(n, dtype=dtype)
-                whole = torch.cat([value(RANK, n, dtype, source, salt=100 * b) for b in range(SIZE)])
-                dist.reduce_scatter_tensor(out_t, whole, op=redop())
-                return out_t
+                def want(op=op, dtype=dtype, n=n, source=source, factor=factor):
+                    blocks = [torch.stack([value(r, n, dtype, source, salt=100 * b) for b in range(SIZE)]) for r in range(SIZE)]
+                    return reduced(blocks, op, factor)[RANK]
 
-            case(f"reduce_scatter/{op}/{str(dtype)[6:]}/n{n}", run_rs_list, want)
-            case(f"reduce_scatter_tensor/{op}/{str(dtype)[6:]}/n{n}", run_rs_tensor, want)
+                def run_rs_list(dtype=dtype, n=n, source=source, redop=redop):
+                    out_t = torch.zeros(n, dtype=dtype)
+                    dist.reduce_scatter(out_t, [value(RANK, n, dtype, source, salt=100 * b) for b in range(SIZE)], op=redop())
+                    return out_t
+
+                def run_rs_tensor(dtype=dtype, n=n, source=source, redop=redop):
+                    out_t = torch.zeros(n, dtype=dtype)
+                    whole = torch.cat([value(RANK, n, dtype, source, salt=100 * b) for b in range(SIZE)])
+                    dist.reduce_scatter_tensor(out_t, whole, op=redop())
+                    return out_t
+
+                record(f"reduce_scatter/{op}/{str(dtype)[6:]}/n{n}", run_rs_list, want)
+                record(f"reduce_scatter_tensor/{op}/{str(dtype)[6:]}/n{n}", run_rs_tensor, want)
+
 
 # ---- data movement ----------------------------------------------------------------------------------------
 
-for dtype in MOVE_DTYPES:
-    for n in sizes():
-        for root in range(SIZE):
-            def run_bcast(dtype=dtype, n=n, root=root):
-                t = value(RANK, n, dtype)
-                dist.broadcast(t, src=root)
-                return t
+@spmd.case
+def broadcast_gather_scatter():
+    for dtype in MOVE_DTYPES:
+        for n in sizes():
+            for root in range(SIZE):
+                def run_bcast(dtype=dtype, n=n, root=root):
+                    t = value(RANK, n, dtype)
+                    dist.broadcast(t, src=root)
+                    return t
 
-            case(f"broadcast/root{root}/{str(dtype)[6:]}/n{n}", run_bcast, lambda dtype=dtype, n=n, root=root: value(root, n, dtype))
+                record(f"broadcast/root{root}/{str(dtype)[6:]}/n{n}", run_bcast, lambda dtype=dtype, n=n, root=root: value(root, n, dtype))
 
-        def run_gather_list(dtype=dtype, n=n):
-            outs = [torch.empty(n, dtype=dtype) for _ in range(SIZE)]
-            dist.all_gather(outs, value(RANK, n, dtype))
-            return outs
-
-        def run_gather_tensor(dtype=dtype, n=n):
-            whole = torch.empty(SIZE * n, dtype=dtype)
-            dist.all_gather_into_tensor(whole, value(RANK, n, dtype))
-            return whole
-
-        case(f"all_gather/{str(dtype)[6:]}/n{n}", run_gather_list, lambda dtype=dtype, n=n: [value(r, n, dtype) for r in range(SIZE)])
-        case(f"all_gather_into_tensor/{str(dtype)[6:]}/n{n}", run_gather_tensor,
-             lambda dtype=dtype, n=n: torch.cat([value(r, n, dtype) for r in range(SIZE)]))
-
-        for root in range(SIZE):
-            def run_gather(dtype=dtype, n=n, root=root):
-                outs = [torch.empty(n, dtype=dtype) for _ in range(SIZE)] if RANK == root else None
-                dist.gather(value(RANK, n, dtype), outs, dst=root)
+            def run_gather_list(dtype=dtype, n=n):
+                outs = [torch.empty(n, dtype=dtype) for _ in range(SIZE)]
+                dist.all_gather(outs, value(RANK, n, dtype))
                 return outs
 
-            def run_scatter(dtype=dtype, n=n, root=root):
-                t = torch.empty(n, dtype=dtype)
-                pieces = [value(root, n, dtype, salt=10 * r) for r in range(SIZE)] if RANK == root else None
-                dist.scatter(t, pieces, src=root)
-                return t
+            def run_gather_tensor(dtype=dtype, n=n):
+                whole = torch.empty(SIZE * n, dtype=dtype)
+                dist.all_gather_into_tensor(whole, value(RANK, n, dtype))
+                return whole
 
-            case(f"gather/root{root}/{str(dtype)[6:]}/n{n}", run_gather,
-                 lambda dtype=dtype, n=n, root=root: [value(r, n, dtype) for r in range(SIZE)] if RANK == root else None)
-            case(f"scatter/root{root}/{str(dtype)[6:]}/n{n}", run_scatter,
-                 lambda dtype=dtype, n=n, root=root: value(root, n, dtype, salt=10 * RANK))
+            record(f"all_gather/{str(dtype)[6:]}/n{n}", run_gather_list, lambda dtype=dtype, n=n: [value(r, n, dtype) for r in range(SIZE)])
+            record(f"all_gather_into_tensor/{str(dtype)[6:]}/n{n}", run_gather_tensor,
+                   lambda dtype=dtype, n=n: torch.cat([value(r, n, dtype) for r in range(SIZE)]))
+
+            for root in range(SIZE):
+                def run_gather(dtype=dtype, n=n, root=root):
+                    outs = [torch.empty(n, dtype=dtype) for _ in range(SIZE)] if RANK == root else None
+                    dist.gather(value(RANK, n, dtype), outs, dst=root)
+                    return outs
+
+                def run_scatter(dtype=dtype, n=n, root=root):
+                    t = torch.empty(n, dtype=dtype)
+                    pieces = [value(root, n, dtype, salt=10 * r) for r in range(SIZE)] if RANK == root else None
+                    dist.scatter(t, pieces, src=root)
+                    return t
+
+                record(f"gather/root{root}/{str(dtype)[6:]}/n{n}", run_gather,
+                       lambda dtype=dtype, n=n, root=root: [value(r, n, dtype) for r in range(SIZE)] if RANK == root else None)
+                record(f"scatter/root{root}/{str(dtype)[6:]}/n{n}", run_scatter,
+                       lambda dtype=dtype, n=n, root=root: value(root, n, dtype, salt=10 * RANK))
+
 
 
 def rows(src: int, dst: int) -> int:
@@ -243,36 +265,42 @@ def rows(src: int, dst: int) -> int:
     return (src + 2 * dst) % 3
 
 
-for dtype in (torch.float32, torch.int64, torch.complex64):
-    width = 3
+@spmd.case
+def all_to_all():
+    for dtype in (torch.float32, torch.int64, torch.complex64):
+        width = 3
 
-    def block(src, dst, dtype=dtype):
-        return value(src, rows(src, dst) * width, dtype, salt=7 * dst).reshape(-1, width)
+        def block(src, dst, dtype=dtype):
+            return value(src, rows(src, dst) * width, dtype, salt=7 * dst).reshape(-1, width)
 
-    def run_a2a_list(dtype=dtype):
-        outs = [torch.empty(rows(s, RANK), width, dtype=dtype) for s in range(SIZE)]
-        dist.all_to_all(outs, [block(RANK, d) for d in range(SIZE)])
-        return outs
+        def run_a2a_list(dtype=dtype):
+            outs = [torch.empty(rows(s, RANK), width, dtype=dtype) for s in range(SIZE)]
+            dist.all_to_all(outs, [block(RANK, d) for d in range(SIZE)])
+            return outs
 
-    def run_a2a_uneven(dtype=dtype):
-        inp = torch.cat([block(RANK, d) for d in range(SIZE)])
-        out_t = torch.empty(sum(rows(s, RANK) for s in range(SIZE)), width, dtype=dtype)
-        dist.all_to_all_single(out_t, inp, [rows(s, RANK) for s in range(SIZE)], [rows(RANK, d) for d in range(SIZE)])
-        return out_t
+        def run_a2a_uneven(dtype=dtype):
+            inp = torch.cat([block(RANK, d) for d in range(SIZE)])
+            out_t = torch.empty(sum(rows(s, RANK) for s in range(SIZE)), width, dtype=dtype)
+            dist.all_to_all_single(out_t, inp, [rows(s, RANK) for s in range(SIZE)], [rows(RANK, d) for d in range(SIZE)])
+            return out_t
 
-    def run_a2a_even(dtype=dtype):
-        inp = value(RANK, 2 * SIZE * width, dtype).reshape(2 * SIZE, width)
-        out_t = torch.empty_like(inp)
-        dist.all_to_all_single(out_t, inp)
-        return out_t
+        def run_a2a_even(dtype=dtype):
+            inp = value(RANK, 2 * SIZE * width, dtype).reshape(2 * SIZE, width)
+            out_t = torch.empty_like(inp)
+            dist.all_to_all_single(out_t, inp)
+            return out_t
 
-    case(f"all_to_all/{str(dtype)[6:]}", run_a2a_list, lambda: [block(s, RANK) for s in range(SIZE)])
-    case(f"all_to_all_single_uneven/{str(dtype)[6:]}", run_a2a_uneven, lambda: torch.cat([block(s, RANK) for s in range(SIZE)]))
-    case(f"all_to_all_single_even/{str(dtype)[6:]}", run_a2a_even,
-         lambda dtype=dtype: torch.cat([value(s, 2 * SIZE * width, dtype).reshape(2 * SIZE, width)[2 * RANK:2 * RANK + 2]
-                                        for s in range(SIZE)]))
+        record(f"all_to_all/{str(dtype)[6:]}", run_a2a_list, lambda: [block(s, RANK) for s in range(SIZE)])
+        record(f"all_to_all_single_uneven/{str(dtype)[6:]}", run_a2a_uneven, lambda: torch.cat([block(s, RANK) for s in range(SIZE)]))
+        record(f"all_to_all_single_even/{str(dtype)[6:]}", run_a2a_even,
+               lambda dtype=dtype: torch.cat([value(s, 2 * SIZE * width, dtype).reshape(2 * SIZE, width)[2 * RANK:2 * RANK + 2]
+                                              for s in range(SIZE)]))
 
-case("barrier", lambda: dist.barrier())
+
+
+@spmd.case
+def barrier():
+    record("barrier", lambda: dist.barrier())
 
 
 def gather_coalesced():
@@ -282,12 +310,18 @@ def gather_coalesced():
     return outs
 
 
-case("all_gather_coalesced", gather_coalesced,
-     lambda: [[value(r, 4, torch.float32), value(r, 0, torch.int64), value(r, 7, torch.int64)] for r in range(SIZE)])
+@spmd.case
+def all_gather_coalesced():
+    record("all_gather_coalesced", gather_coalesced,
+           lambda: [[value(r, 4, torch.float32), value(r, 0, torch.int64), value(r, 7, torch.int64)] for r in range(SIZE)])
+
 
 # ---- point to point ---------------------------------------------------------------------------------------
 
-if SIZE > 1:
+@spmd.case
+def point_to_point():
+    if SIZE == 1:
+        spmd.skip("needs 2 ranks")
     nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
 
     def ring_blocking():
@@ -325,10 +359,11 @@ if SIZE > 1:
         dist.send(torch.full((2,), float(RANK)), 0)
         return None
 
-    case("send_recv_ring", ring_blocking, lambda: value(prv, 5, torch.float32))
-    case("isend_irecv_ring", ring_async, lambda: value(prv, 6, torch.int64))
-    case("batch_isend_irecv_ring", ring_batch, lambda: value(prv, 4, torch.float64))
-    case("recv_any_source", any_source, lambda: [(r, float(r)) for r in range(1, SIZE)] if RANK == 0 else None)
+    record("send_recv_ring", ring_blocking, lambda: value(prv, 5, torch.float32))
+    record("isend_irecv_ring", ring_async, lambda: value(prv, 6, torch.int64))
+    record("batch_isend_irecv_ring", ring_batch, lambda: value(prv, 4, torch.float64))
+    record("recv_any_source", any_source, lambda: [(r, float(r)) for r in range(1, SIZE)] if RANK == 0 else None)
+
 
 # ---- objects ------------------------------------------------------------------------------------------------
 
@@ -350,11 +385,17 @@ def objects_expected():
     return [made, made[SIZE - 1], made if RANK == 0 else None, {"to": RANK}]
 
 
-case("objects", objects, objects_expected)
+@spmd.case
+def objects_everywhere():
+    record("objects", objects, objects_expected)
+
 
 # ---- subgroups ------------------------------------------------------------------------------------------------
 
-if SIZE >= 2:
+@spmd.case
+def subgroups():
+    if SIZE == 1:
+        spmd.skip("needs 2 ranks")
     members = list(range(1, SIZE)) if SIZE > 2 else [0, 1]
     group = dist.new_group(members)
     again = dist.new_group(members)  # a second group of the same ranks: its own calls, commlib's set shared
@@ -372,17 +413,27 @@ if SIZE >= 2:
             return [reduced([value(r, 9, torch.float32) for r in members], "SUM"), value(members[-1], 4, torch.int64),
                     [value(r, 3, torch.float32) for r in members]]
 
-        case("subgroup", lambda: in_group(group), in_group_expected)
-        case("subgroup_same_ranks", lambda: in_group(again), in_group_expected)
+        record("subgroup", lambda: in_group(group), in_group_expected)
+        record("subgroup_same_ranks", lambda: in_group(again), in_group_expected)
     if SIZE % 2 == 0:
         mine, _ = dist.new_subgroups(group_size=2)
         pair = [RANK - RANK % 2, RANK - RANK % 2 + 1]
-        case("new_subgroups", lambda: _async([value(RANK, 5, torch.float32)], RedOp.SUM, mine)[0],
-             lambda: reduced([value(r, 5, torch.float32) for r in pair], "SUM"))
+        record("new_subgroups", lambda: _async([value(RANK, 5, torch.float32)], RedOp.SUM, mine)[0],
+               lambda: reduced([value(r, 5, torch.float32) for r in pair], "SUM"))
 
 
-dist.barrier()
-torch.save(results, f"{out}.{RANK}.pt")
-failed = [name for name, r in results.items() if not r["ok"]]
-print(f"rank {RANK} {backend}: {len(results) - len(failed)} of {len(results)} cases match their reference", flush=True)
-dist.destroy_process_group()
+@spmd.case
+def save():
+    dist.barrier()
+    torch.save(results, f"{out}.{RANK}.pt")
+    failed = [name for name, r in results.items() if not r["ok"]]
+    print(f"rank {RANK} {backend}: {len(results) - len(failed)} of {len(results)} calls match their reference", flush=True)
+
+
+@spmd.case
+def shutdown():
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    spmd.main()

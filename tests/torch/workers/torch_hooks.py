@@ -3,24 +3,25 @@ and against numpy.
 
     mpiexec -n N python torch_hooks.py BACKEND       (gloo or commlib)
 
-Cases (each on every rank; a failure names the case and the rank and aborts the job):
-- fp16: DDP training with ``fp16_wrapper(allreduce_hook)`` ends within float16 rounding of PyTorch's
-  ``fp16_compress_hook``; one bucket through it equals numpy's rule (each rank's values divided by the ranks,
-  rounded to float16, summed) within a float16 rounding per addition.
-- bf16: the same bucket with ``bf16_wrapper`` against numpy and ml_dtypes (PyTorch's bf16 hook refuses CPU).
-- powersgd: ``compress_wrapper(allreduce_hook, Compression.powersgd(rank=1, start_step=2))`` against
+Named cases on every rank (tests/spmd.py):
+- fp16_training_vs_torch: DDP training with ``fp16_wrapper(allreduce_hook)`` ends within float16 rounding of
+  PyTorch's ``fp16_compress_hook``;
+- fp16_bucket_vs_numpy, bf16_bucket_vs_numpy: one bucket through ``fp16_wrapper``/``bf16_wrapper`` equals
+  numpy's rule (each rank's values divided by the ranks, rounded to the wire type, summed) within a rounding
+  per addition (PyTorch's bf16 hook refuses CPU tensors, so bf16 is checked against numpy and ml_dtypes);
+- powersgd_vs_torch: ``compress_wrapper(allreduce_hook, Compression.powersgd(rank=1, start_step=2))`` against
   PyTorch's ``powerSGD_hook`` (rank 1, start_powerSGD_iter=2) on gradients that are rank one with a shared
-  left factor (which both approximate exactly): both give the dense average, step after step.
-- topk: three steps of top-k with error feedback on a bucket against numpy's top-k and residuals.
-- dgc, onebit, topk under fp16: DDP trains with each, every rank keeps the same parameters, and the loss falls.
-Prints ``torch_hooks OK`` on rank 0.
+  left factor (which both approximate exactly): both give the dense average, step after step;
+- topk_vs_numpy: three steps of top-k with error feedback on a bucket against numpy's top-k and residuals;
+- dgc_trains, onebit_trains, topk_fp16_trains: DDP trains with each, every rank keeps the same parameters,
+  and the loss falls.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -30,20 +31,23 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 import commlib as cl
+import spmd
 from commlib.torch import hooks
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workers"))
-from worker import run  # noqa: E402 - tests/workers/worker.py: a failing rank aborts the job
 
 backend = sys.argv[1]
 torch.set_num_threads(1)
-dist.init_process_group(backend)
-RANK, SIZE = dist.get_rank(), dist.get_world_size()
+RANK, SIZE = spmd.rank_and_size()
 
 
 def check(name: str, condition: bool, detail="") -> None:
     if not condition:
-        raise AssertionError(f"case {name} on rank {RANK} ({backend}): {detail}")
+        raise AssertionError(f"{name} ({backend}): {detail}")
+
+
+@spmd.case
+def init():
+    dist.init_process_group(backend)
+    assert (dist.get_rank(), dist.get_world_size()) == (RANK, SIZE)
 
 
 class Bucket:
@@ -96,24 +100,37 @@ def same_everywhere(name: str, params: torch.Tensor) -> None:
     check(name, all(torch.equal(e, every[0]) for e in every), "ranks' parameters differ")
 
 
-def wire_cases():
+@spmd.case
+def fp16_training_vs_torch():
     ours, _ = train(lambda d: d.register_comm_hook(hooks.State(), hooks.fp16_wrapper(hooks.allreduce_hook)))
     theirs, _ = train(lambda d: d.register_comm_hook(None, default_hooks.fp16_compress_hook))
     check("fp16 vs torch", torch.allclose(ours, theirs, rtol=1e-3, atol=1e-4), (ours - theirs).abs().max())
+
+
+def check_wire_bucket(name: str, wrapper, wire_type) -> None:
     n = 1000
-    for name, wrapper, wire_type in (("fp16", hooks.fp16_wrapper, np.float16), ("bf16", hooks.bf16_wrapper,
-                                                                               ml_dtypes.bfloat16)):
-        mine = torch.from_numpy(grads(RANK, n))
-        got = wrapper(hooks.allreduce_hook)(hooks.State(), Bucket(mine)).wait()
-        rounded = [(grads(r, n) / np.float32(SIZE)).astype(wire_type).astype(np.float32) for r in range(SIZE)]
-        want = np.sum(rounded, axis=0, dtype=np.float32)
-        # the sum travels in half precision too: a rounding per addition at most (gloo adds in float16)
-        unit = 2.0 ** -10 if wire_type is np.float16 else 2.0 ** -7
-        bound = SIZE * unit * np.sum(np.abs(rounded), axis=0) + 1e-6
-        check(name, np.all(np.abs(got.numpy() - want) <= bound), np.abs(got.numpy() - want).max())
+    mine = torch.from_numpy(grads(RANK, n))
+    got = wrapper(hooks.allreduce_hook)(hooks.State(), Bucket(mine)).wait()
+    rounded = [(grads(r, n) / np.float32(SIZE)).astype(wire_type).astype(np.float32) for r in range(SIZE)]
+    want = np.sum(rounded, axis=0, dtype=np.float32)
+    # the sum travels in half precision too: a rounding per addition at most (gloo adds in float16)
+    unit = 2.0 ** -10 if wire_type is np.float16 else 2.0 ** -7
+    bound = SIZE * unit * np.sum(np.abs(rounded), axis=0) + 1e-6
+    check(name, np.all(np.abs(got.numpy() - want) <= bound), np.abs(got.numpy() - want).max())
 
 
-def powersgd_case():
+@spmd.case
+def fp16_bucket_vs_numpy():
+    check_wire_bucket("fp16", hooks.fp16_wrapper, np.float16)
+
+
+@spmd.case
+def bf16_bucket_vs_numpy():
+    check_wire_bucket("bf16", hooks.bf16_wrapper, ml_dtypes.bfloat16)
+
+
+@spmd.case
+def powersgd_vs_torch():
     """One Linear without bias, loss = (W x) . a: its gradient a x^T has rank one with a shared left factor."""
     direction = torch.linspace(-1.0, 1.0, 16)
 
@@ -140,7 +157,8 @@ def powersgd_case():
     check("powersgd vs dense", torch.allclose(ours, plain, rtol=1e-4, atol=1e-5), (ours - plain).abs().max())
 
 
-def topk_case():
+@spmd.case
+def topk_vs_numpy():
     n, ratio = 2048, 0.1
     k = min(n, max(1, math.ceil(ratio * n)))
     compressor = cl.Compression.topk(ratio)
@@ -162,25 +180,37 @@ def topk_case():
         check("topk vs numpy", np.allclose(got.numpy(), want, rtol=1e-6, atol=1e-6), (step, np.abs(got.numpy() - want).max()))
 
 
-def training_cases():
-    for name, make in (("dgc", lambda: hooks.compress_wrapper(hooks.allreduce_hook, cl.Compression.dgc())),
-                       ("onebit", lambda: hooks.compress_wrapper(hooks.allreduce_hook, cl.Compression.onebit())),
-                       ("topk fp16", lambda: hooks.compress_wrapper(hooks.fp16_wrapper(hooks.allreduce_hook),
-                                                                   cl.Compression.topk(0.2)))):
-        params, losses = train(lambda d, make=make: d.register_comm_hook(hooks.State(), make()), steps=8)
-        same_everywhere(name, params)
-        check(name, losses[-1] < losses[0], losses)
+def check_trains(name: str, make) -> None:
+    params, losses = train(lambda d: d.register_comm_hook(hooks.State(), make()), steps=8)
+    same_everywhere(name, params)
+    check(name, losses[-1] < losses[0], losses)
 
 
-def main():
-    wire_cases()
-    powersgd_case()
-    topk_case()
-    training_cases()
+@spmd.case
+def dgc_trains():
+    check_trains("dgc", lambda: hooks.compress_wrapper(hooks.allreduce_hook, cl.Compression.dgc()))
+
+
+@spmd.case
+def onebit_trains():
+    check_trains("onebit", lambda: hooks.compress_wrapper(hooks.allreduce_hook, cl.Compression.onebit()))
+
+
+@spmd.case
+def topk_fp16_trains():
+    check_trains("topk fp16", lambda: hooks.compress_wrapper(hooks.fp16_wrapper(hooks.allreduce_hook),
+                                                             cl.Compression.topk(0.2)))
+
+
+@spmd.case
+def shutdown():
+    # DDP's modules live in reference cycles: collected now, while the interpreter runs, and not by the
+    # collection at exit, where a gloo thread that drops a Python callback is killed as it takes the GIL
+    # (std::terminate: "terminate called without an active exception")
+    gc.collect()
     dist.barrier()
-    if RANK == 0:
-        print("torch_hooks OK", flush=True)
     dist.destroy_process_group()
 
 
-run(main)
+if __name__ == "__main__":
+    spmd.main()

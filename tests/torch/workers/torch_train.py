@@ -2,12 +2,13 @@
 
     python torch_train.py BACKEND OUT [VARIANT ...]     (under mpiexec or on an emulated cluster)
 
-Each variant trains a small model a few steps from a seeded start on per-rank data and saves its final
-parameters to ``OUT.RANK.pt`` ({variant: {name: tensor}}); the test compares commlib's against gloo's.
+Each variant is a named case (tests/spmd.py) that trains a small model a few steps from a seeded start on
+per-rank data; the case ``save`` writes every variant's final parameters to ``OUT.RANK.pt`` ({variant:
+{name: tensor}}), and the test compares commlib's against gloo's.
 Variants: ``ddp`` (default init_sync, several buckets), ``no_sync`` (gradient accumulation), ``unused``
 (find_unused_parameters, a branch some steps skip), ``static_graph``, ``bucket_view``
 (gradient_as_bucket_view), ``fsdp2`` (fully_shard per layer on a DeviceMesh), ``mesh2d`` (a 2-D
-DeviceMesh, 4 ranks: collectives along each dimension).
+DeviceMesh on an even number of ranks: collectives along each dimension; skipped on an odd one).
 """
 
 from __future__ import annotations
@@ -19,13 +20,20 @@ import torch.distributed as dist
 from torch import nn
 
 import commlib.torch  # noqa: F401 - registers the backend and the MPI rendezvous (gloo too)
+import spmd
 
 backend, out, *variants = sys.argv[1:]
 variants = variants or ["ddp", "no_sync", "unused", "static_graph", "bucket_view", "fsdp2"]
 torch.set_num_threads(1)
-dist.init_process_group(backend)
-RANK, SIZE = dist.get_rank(), dist.get_world_size()
+RANK, SIZE = spmd.rank_and_size()
 STEPS = 4
+results = {}
+
+
+@spmd.case
+def init():
+    dist.init_process_group(backend)
+    assert (dist.get_rank(), dist.get_world_size()) == (RANK, SIZE)
 
 
 class Net(nn.Module):
@@ -101,24 +109,43 @@ def train_fsdp2() -> dict:
 def mesh2d() -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
+    if SIZE % 2:
+        spmd.skip("a 2-D mesh of two rows needs an even number of ranks")
     mesh = init_device_mesh("cpu", (2, SIZE // 2), mesh_dim_names=("rows", "cols"))
     found = {}
     for dim in ("rows", "cols"):
         t = torch.full((3,), float(RANK))
-        dist.all_reduce(t, group=mesh.get_group(dim))
+        group = mesh.get_group(dim)
+        dist.all_reduce(t, group=group)
+        members = dist.get_process_group_ranks(group)
+        assert len(members) == (2 if dim == "rows" else SIZE // 2) and RANK in members, (dim, members)
+        assert torch.all(t == sum(members)), (dim, members, t)
         found[dim] = t
     return found
 
 
-results = {}
-for variant in variants:
-    if variant == "fsdp2":
-        results[variant] = train_fsdp2()
-    elif variant == "mesh2d":
-        if SIZE % 2 == 0:
-            results[variant] = mesh2d()
-    else:
-        results[variant] = train_ddp(variant)
-    print(f"rank {RANK} {backend}: {variant} trained", flush=True)
-torch.save(results, f"{out}.{RANK}.pt")
-dist.destroy_process_group()
+def variant_case(name: str, train) -> None:
+    def run():
+        results[name] = train()
+    run.__name__ = name
+    spmd.case(run)
+
+
+for _name in ("ddp", "no_sync", "unused", "static_graph", "bucket_view"):
+    variant_case(_name, lambda name=_name: train_ddp(name))
+variant_case("fsdp2", train_fsdp2)
+variant_case("mesh2d", mesh2d)
+
+
+@spmd.case
+def save():
+    torch.save(results, f"{out}.{RANK}.pt")
+
+
+@spmd.case
+def shutdown():
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    spmd.main(["init", *variants, "save", "shutdown"])

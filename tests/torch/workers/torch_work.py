@@ -2,16 +2,15 @@
 
     mpiexec -n N python torch_work.py
 
-Each check is a named case on every rank; a failure names the case and the rank and aborts the job.
-Prints ``torch_work OK`` on rank 0 at the end.
+Each check is a named case on every rank (tests/spmd.py); every case ends with a barrier, so the next
+starts together.
 """
 
 from __future__ import annotations
 
 import datetime
-import sys
+import functools
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,20 +19,34 @@ import torch.distributed as dist
 import commlib as cl
 from commlib.errors import ConfigError
 from commlib.torch.distributed import Options
+import spmd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workers"))
-from worker import run  # noqa: E402 - tests/workers/worker.py: a failing rank aborts the job
-
-dist.init_process_group("commlib", timeout=datetime.timedelta(seconds=60))
-RANK, SIZE = dist.get_rank(), dist.get_world_size()
+RANK, SIZE = spmd.rank_and_size()
 total = SIZE * (SIZE + 1) / 2  # the sum of rank + 1 over the ranks
 
 
 def check(name: str, condition: bool, detail="") -> None:
     if not condition:
-        raise AssertionError(f"case {name} on rank {RANK}: {detail}")
+        raise AssertionError(f"{name}: {detail}")
 
 
+def case(func):
+    """A named case that ends with a barrier of the world."""
+    @functools.wraps(func)
+    def run():
+        func()
+        dist.barrier()
+
+    return spmd.case(run)
+
+
+@spmd.case
+def init():
+    dist.init_process_group("commlib", timeout=datetime.timedelta(seconds=60))
+    assert (dist.get_rank(), dist.get_world_size()) == (RANK, SIZE)
+
+
+@case
 def async_wait():
     t = torch.full((5,), RANK + 1.0)
     work = dist.all_reduce(t, async_op=True)
@@ -42,6 +55,7 @@ def async_wait():
     check("async_wait", work.result()[0] is t and torch.all(t == total), t)
 
 
+@case
 def future_chain():
     t = torch.full((3,), RANK + 1.0)
     fut = dist.all_reduce(t, async_op=True).get_future()
@@ -49,17 +63,24 @@ def future_chain():
     check("future_chain", torch.all(doubled.wait() == 2 * total), doubled.value())
 
 
+@case
 def future_before_completion():
-    """Rank 0 calls late: the others' futures complete by themselves (no wait on the Work)."""
-    if RANK == 0:
-        time.sleep(0.3)
+    """Rank 0 calls only after the others saw their futures pending: they complete by themselves, without
+    a wait on the Work (rank 0 waits for a barrier on a second group, which the others enter after their
+    check)."""
+    later = dist.new_group(list(range(SIZE)))
     t = torch.ones(4)
-    fut = dist.all_reduce(t, async_op=True).get_future()
-    if RANK != 0:
+    if RANK == 0:
+        dist.barrier(group=later)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+    else:
+        fut = dist.all_reduce(t, async_op=True).get_future()
         check("future_before_completion", not fut.done(), "done before rank 0 called")
+        dist.barrier(group=later)
     check("future_before_completion", torch.all(fut.wait()[0] == SIZE))
 
 
+@case
 def nested_collective_in_callback():
     """A callback that runs a collective and waits for it (PyTorch's PowerSGD hook does) must not deadlock."""
     first = torch.ones(2)
@@ -73,15 +94,17 @@ def nested_collective_in_callback():
     check("nested_collective_in_callback", torch.all(result == SIZE * SIZE), result)
 
 
+@case
 def poll_until_done():
     work = dist.all_reduce(torch.ones(1000), async_op=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a backstop for "never completes", far above any load, not a speed
     while not work.is_completed():
         check("poll_until_done", time.monotonic() < deadline, "never completed without wait()")
         time.sleep(0.001)
     check("poll_until_done", work.is_success())
 
 
+@case
 def many_in_flight():
     tensors = [torch.full((17,), float(k)) for k in range(40)]
     works = [dist.all_reduce(t, async_op=True) for t in tensors]
@@ -90,6 +113,7 @@ def many_in_flight():
         check("many_in_flight", torch.all(t == k * SIZE), (k, t))
 
 
+@case
 def mismatch_is_an_error_everywhere():
     t = torch.ones(3 + RANK)
     try:
@@ -103,6 +127,7 @@ def mismatch_is_an_error_everywhere():
     check("mismatch", torch.all(after == SIZE))
 
 
+@case
 def error_on_the_work():
     t = torch.ones(2, dtype=torch.float32 if RANK == 0 else torch.float64)
     work = dist.all_reduce(t, async_op=True)
@@ -122,6 +147,7 @@ def error_on_the_work():
         check("error_on_the_work", SIZE == 1, "no error")
 
 
+@case
 def options():
     values = torch.full((1000,), 1.0 + RANK / 7)
     fp16 = dist.new_group(list(range(SIZE)), pg_options=Options(compression="fp16"))
@@ -152,6 +178,7 @@ def options():
             check("options errors", False, f"Options({bad}) accepted")
 
 
+@case
 def send_recv_future():
     if SIZE == 1:
         return
@@ -167,14 +194,10 @@ def send_recv_future():
         check("send_recv_future", torch.equal(got, torch.arange(4.0)), got)
 
 
-def main():
-    for case in (async_wait, future_chain, future_before_completion, nested_collective_in_callback, poll_until_done,
-                 many_in_flight, mismatch_is_an_error_everywhere, error_on_the_work, options, send_recv_future):
-        case()
-        dist.barrier()
-    if RANK == 0:
-        print("torch_work OK", flush=True)
+@spmd.case
+def shutdown():
     dist.destroy_process_group()
 
 
-run(main)
+if __name__ == "__main__":
+    spmd.main()
