@@ -2,7 +2,7 @@
 torch wheel) on the ``commlib`` backend and on gloo, and compare.
 
     python scripts/torch_distributed_test.py [--backends commlib,gloo] [--world-size 2] [-k SUBSTRING ...]
-        [--subset ci] [--timeout 180] [--output docs/results/torch_distributed_test.md] [--json FILE]
+        [--subset ci] [--tests-from FILE] [--timeout 180] [--output docs/results/torch_distributed_test.md] [--json FILE]
 
 PyTorch's own driver (test/distributed/test_distributed_spawn.py in pytorch/pytorch, not in the wheel)
 makes a test class from ``TestDistBackend`` and ``DistributedTest._DistTestBase`` whose ``setUp`` spawns
@@ -206,6 +206,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default="commlib,gloo")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("-k", action="append", default=[], help="run the tests whose name contains this")
+    parser.add_argument("--tests-from", help="run the tests named in this file (one a line), e.g. those that "
+                                             "did not skip in an earlier run")
     parser.add_argument("--subset", choices=["ci"], help="the representative subset CI runs")
     parser.add_argument("--timeout", type=int, default=180, help="seconds before a test's ranks are killed")
     parser.add_argument("--output", help="write the report (markdown) here")
@@ -224,6 +226,9 @@ def main(argv=None) -> int:
         names = [n for n in names if n in CI_SUBSET]
     if args.k:
         names = [n for n in names if any(k in n for k in args.k)]
+    if args.tests_from:
+        wanted = set(Path(args.tests_from).read_text().split())
+        names = [n for n in names if n in wanted]
     results = {}
     logs = Path(tempfile.mkdtemp(prefix="torch_distributed_test_"))
     for backend in args.backends.split(","):
