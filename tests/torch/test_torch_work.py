@@ -57,6 +57,7 @@ def test_init_process_group_under_torchrun(tmp_path):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--standalone", "--nproc-per-node", "2", str(worker_path("torch_launch.py"))]
     env = {k: v for k, v in job_env().items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    env["TMPDIR"] = str(tmp_path)  # torchrun leaves a torchelastic_* folder in the temporary directory
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
