@@ -50,8 +50,11 @@ setup(
         # commlib.ray (docs/launcher.md, Ray): RayExecutor on Ray; Ray Train's backend needs ray[train]
         "ray": ["ray[train]>=2.60"],
         # parameterized: Horovod's test_tensorflow2_keras.py, which scripts/horovod_compat_tf.py runs
-        "test": ["pytest", "hypothesis", "parameterized"],
+        # expecttest: PyTorch's DistributedTest (scripts/torch_distributed_test.py) imports it
+        "test": ["pytest", "hypothesis", "parameterized", "expecttest"],
     },
     entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main",
-                                     "commlib-server=commlib.server.__main__:main"]},
+                                     "commlib-server=commlib.server.__main__:main"],
+                  # torch calls these at the end of `import torch`: the "commlib" backend is known by name
+                  "torch.backends": ["commlib=commlib.torch.distributed.registration:autoload"]},
 )

@@ -713,10 +713,16 @@ def persistent_allreduce(name: str, op=Average, prescale_factor: float = 1.0, po
 
 # ---- barrier, join, handles ----------------------------------------------------------------------------
 
-def barrier(process_set=None) -> None:
+def barrier(process_set=None, name: str | None = None) -> None:
     """Wait until every rank (of ``process_set``) has reached the barrier."""
-    synchronize(_plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), None, wait=True,
+    synchronize(_plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), name, wait=True,
                               process_set=process_set))
+
+
+def barrier_async(process_set=None, name: str | None = None) -> Handle:
+    """Start a barrier; its handle is done once every rank (of ``process_set``) has reached it (what a
+    torch.distributed ``barrier(async_op=True)`` needs)."""
+    return _plain_handle(Kind.BARRIER, "barrier", np.zeros(0, np.uint8), name, process_set=process_set)
 
 
 def join(process_set=None) -> int:

@@ -148,6 +148,16 @@ def _optional_path(text: str) -> str | None:
     return str(text) or None
 
 
+WIRE_COMPRESSIONS = ("none", "fp16", "bf16")
+
+
+def _wire_compression(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in WIRE_COMPRESSIONS:
+        raise ValueError(f"{text!r} is not one of {', '.join(WIRE_COMPRESSIONS)}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class _Field:
     env: str
@@ -193,6 +203,7 @@ class Config:
     server_transport: str = "tcp"
     server_tcp_congestion: str = "reno"
     server_tcp_rcvbuf: int = 512 << 10
+    torch_compression: str = "none"
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -386,12 +397,29 @@ FIELDS: dict[str, _Field] = {
                                 "summation servers over TCP: the receive buffer of a worker's connections "
                                 "to the servers, which bounds the answers in flight towards it (K/M/G "
                                 "suffix; 0: the kernel's autotuning; default 512K)"),
+    "torch_compression": _Field("COMMLIB_TORCH_COMPRESSION", _wire_compression,
+                                "the torch.distributed backend 'commlib': wire compression of float32 "
+                                "all_reduce (DDP's buckets) with SUM or AVG: none, fp16 or bf16 (float32 "
+                                "accumulation); a process group's options override it (default none)"),
     "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
                         "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
     "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,
                             "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
                             "worker; 'none' (the default): never"),
 }
+
+
+# ---- the MPI launcher ----------------------------------------------------------------------------------
+#: Variables an MPI launcher sets in every process it starts: MPICH's hydra and Slurm's PMI-2 (PMI_*), PMIx
+#: (Slurm, Open MPI 5), Open MPI's own. A process without any was started some other way (torchrun,
+#: multiprocessing): MPI would make it a world of its own.
+MPI_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_FD", "PMI_PORT", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def mpi_launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by an MPI launcher (mpiexec, commlib-run, srun with PMI)."""
+    environ = os.environ if environ is None else environ
+    return any(environ.get(name) for name in MPI_LAUNCHER_VARIABLES)
 
 
 # ---- settings for other processes (commlib-run and its elastic driver) ----------------------------------

@@ -104,8 +104,9 @@ class Launcher:
         if self.cluster is not None:
             self.cluster.down()
 
-    def run(self, python: Path, mpiexec: Path, args: list[str], env: dict, timeout: float) -> str:
-        command = [str(python), str(TRAIN), *args]
+    def run(self, python: Path, mpiexec: Path, args: list[str], env: dict, timeout: float,
+            script: Path = TRAIN) -> str:
+        command = [str(python), str(script), *args]
         if self.cluster is not None:
             return self.cluster.mpiexec(command, timeout=timeout, env=env, mpiexec=str(mpiexec)).stdout
         done = subprocess.run([str(mpiexec), "-n", str(self.ranks), *command], env=env, capture_output=True,

@@ -32,3 +32,4 @@ from .push_pull import declare, push_pull, push_pull_async, push_pull_async_inpl
 from .sync_batch_norm import SyncBatchNorm
 from .tensors import DeviceNotSupportedError
 from . import elastic  # noqa: E402 (hvd.elastic.run, TorchState, ElasticSampler)
+from . import distributed  # noqa: E402 (registers the torch.distributed backend "commlib")

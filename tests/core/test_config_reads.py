@@ -47,6 +47,11 @@ ALLOWED = {
     ("torch/util.py", "env"): "Horovod's test helper horovod.common.util.env: sets the variables its caller "
                               "names for a block and puts back what was there; interprets no value (init() "
                               "reads them through config.py)",
+    ("torch/distributed/rendezvous.py", "handler"): "torch's env:// variables (RANK, WORLD_SIZE, MASTER_ADDR, "
+                                                    "MASTER_PORT): whether torch's own handler can run; reads "
+                                                    "no COMMLIB_*/HOROVOD_* value",
+    ("torch/distributed/pmi.py", "start"): "sets PMI_FD/PMI_RANK/PMI_SIZE for MPI_Init in a process torchrun "
+                                           "started (the backend's PMI bridge); reads no value",
 }
 
 
