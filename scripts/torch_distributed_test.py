@@ -2,7 +2,7 @@
 torch wheel) on the ``commlib`` backend and on gloo, and compare.
 
     python scripts/torch_distributed_test.py [--backends commlib,gloo] [--world-size 2] [-k SUBSTRING ...]
-        [--subset ci] [--tests-from FILE] [--timeout 180] [--output docs/results/torch_distributed_test.md] [--json FILE]
+        [--subset ci] [--tests-from FILE] [--timeout 180] [--output docs/results/torch_distributed_test.md] [--json FILE] [--logs DIR]
 
 PyTorch's own driver (test/distributed/test_distributed_spawn.py in pytorch/pytorch, not in the wheel)
 makes a test class from ``TestDistBackend`` and ``DistributedTest._DistTestBase`` whose ``setUp`` spawns
@@ -212,6 +212,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=int, default=180, help="seconds before a test's ranks are killed")
     parser.add_argument("--output", help="write the report (markdown) here")
     parser.add_argument("--json", help="write every outcome here")
+    parser.add_argument("--logs", help="write each backend's log in this folder (default: a new folder in /tmp)")
     parser.add_argument("--commit", help="the commit the code is a copy of (run from a copy, the tree may "
                                          "change meanwhile: the spawned ranks import it afresh per test)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -230,7 +231,8 @@ def main(argv=None) -> int:
         wanted = set(Path(args.tests_from).read_text().split())
         names = [n for n in names if n in wanted]
     results = {}
-    logs = Path(tempfile.mkdtemp(prefix="torch_distributed_test_"))
+    logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="torch_distributed_test_"))
+    logs.mkdir(parents=True, exist_ok=True)
     for backend in args.backends.split(","):
         begin = time.monotonic()
         results[backend] = run_backend(backend, names, args.world_size, args.timeout, logs / f"{backend}.log")

@@ -24,7 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "torch_distributed_te
 def test_distributed_test_subset_passes_on_commlib(tmp_path):
     out = tmp_path / "outcomes.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--backends", "commlib", "--subset", "ci", "--timeout", "120",
-                           "--json", str(out)], capture_output=True, text=True, timeout=1200)
+                           "--json", str(out), "--logs", str(tmp_path)], capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     outcomes = json.loads(out.read_text())["commlib"]
     assert len(outcomes) == 22, sorted(outcomes)  # every name of the subset is one of the suite's tests
