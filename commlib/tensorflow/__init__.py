@@ -26,6 +26,6 @@ from .collectives import (
 from .compression import Compression
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
-from .gradients import DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape
+from .optimizer import DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape
 from .mpi_ops import _allreduce, _grouped_allreduce, _grouped_reducescatter, _reducescatter  # noqa: F401
 from .util import _executing_eagerly  # noqa: F401

@@ -15,7 +15,7 @@ from __future__ import annotations
 import commlib as _cl
 
 from .collectives import Compression, Handle, _same
-from .tensors import as_array, as_tensor
+from .bridge import as_array, as_tensor
 
 __all__ = ["declare", "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace"]
 
