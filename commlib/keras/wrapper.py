@@ -9,7 +9,7 @@ from typing import Callable
 import commlib as _cl
 
 from ..compression import Compression
-from ..frameworks import check_predivide, predivide_factors, resolve_op
+from ..frameworks import check_predivide, excluded, predivide_factors, resolve_op
 from . import backend as _backend
 
 
@@ -38,12 +38,15 @@ class GradientOptions:
 
 def reducer(reduce: Callable, options: GradientOptions) -> Callable:
     """``reduced(grads, scale=1.0)``: ``grads`` (None entries stay None) reduced in one grouped call, the
-    result multiplied by ``scale``."""
+    result multiplied by ``scale``; on a rank outside ``options.process_set``, its own ``grads`` (times
+    ``scale``), as Horovod's wrappers pass them through there."""
     def reduced(grads, scale=1.0):
         grads = list(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         if not present:
             return grads
+        if excluded(options.process_set):
+            return grads if scale == 1.0 else [None if g is None else g * scale for g in grads]
         out = list(grads)
         values = reduce([grads[i] for i in present], op=options.op, compression=options.compression,
                         prescale_factor=options.prescale, postscale_factor=options.postscale * scale,
