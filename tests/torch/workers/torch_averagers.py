@@ -1,7 +1,7 @@
 """HierarchicalModelAverager on process sets: its averages against numpy, and a lost peer.
 
     python torch_averagers.py check
-    python torch_averagers.py lose DIR
+    python torch_averagers.py lose DIR RANKS
 
 ``check``: the averager with ``{2: g, 4: size()}`` (``g`` is ``local_size()`` where the ranks span several
 hosts, else half the ranks, else 1) and one step of warm-up, over 9 steps of deterministic local updates,
@@ -12,8 +12,10 @@ prints ``case NAME ok rank R``.
 
 ``lose``: averages every step (``{1: local_size(), 2: size()}``) until a call fails (the test stops a rank or
 cuts a host's link); each rank writes ``DIR/ready.RANK`` (its pid) once the loop runs, and
-``DIR/result.RANK`` (JSON: the wall time, the exception's type, ``ranks``, its message) when a call fails,
-then raises it again, so the process ends through commlib's exit path.
+``DIR/result.RANK`` (JSON: the wall time, the exception's type, ``ranks``, its message) when a call fails.
+It then waits (at most 30 s) until every rank of RANKS (comma-separated: the live ones) has written its
+result, so that no rank's exit takes a slower one down before it has raised, and raises again, so the
+process ends through commlib's exit path.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def check(rank: int, size: int) -> None:
         print(f"case duplicate_group_then_recovers ok rank {rank}", flush=True)
 
 
-def lose(rank: int, size: int, folder: str) -> None:
+def lose(rank: int, size: int, folder: str, live: list[int]) -> None:
     def mark(name: str, data: str) -> None:
         path = os.path.join(folder, f"{name}.{rank}")
         with open(path + ".tmp", "w") as f:
@@ -130,6 +132,10 @@ def lose(rank: int, size: int, folder: str) -> None:
                                    "ranks": list(getattr(exc, "ranks", ())), "message": str(exc),
                                    "step": averager.step}))
         print(f"rank {rank} failed at step {averager.step}: {type(exc).__name__}: {exc}", flush=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(os.path.exists(os.path.join(folder, f"result.{r}"))
+                                                      for r in live):
+            time.sleep(0.05)
         raise
 
 
@@ -140,7 +146,7 @@ def main():
         check(rank, size)
         cl.shutdown()
     else:
-        lose(rank, size, sys.argv[2])
+        lose(rank, size, sys.argv[2], [int(r) for r in sys.argv[3].split(",")])
 
 
 if __name__ == "__main__":
