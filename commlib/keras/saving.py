@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..compression import Compression
 from .optimizer import distribute
-from .wrapper import GradientOptions
+from .wrapper import GradientOptions, is_distributed
 
 
 def load_model(keras, filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none):
@@ -21,6 +21,6 @@ def load_model(keras, filepath, custom_optimizers=None, custom_objects=None, com
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects or None)
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and not hasattr(optimizer, "_commlib_options"):
+    if optimizer is not None and not is_distributed(optimizer):
         distribute(optimizer, GradientOptions(compression=compression), in_place=True)
     return model

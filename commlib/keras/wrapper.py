@@ -88,3 +88,8 @@ def wrap(optimizer, mixin: type, options: GradientOptions, name: str | None = No
         wrapped = Distributed.from_config(config)
     wrapped._commlib_options = options
     return wrapped
+
+
+def is_distributed(optimizer) -> bool:
+    """True when ``optimizer`` came from :func:`wrap` (its gradients are reduced already)."""
+    return hasattr(optimizer, "_commlib_options")
