@@ -7,8 +7,9 @@
 hosts, else half the ranks, else 1) and one step of warm-up, over 9 steps of deterministic local updates,
 against the same schedule computed in numpy for every rank; a group of ranks the user registered already
 is a ProcessSetError on every rank, and once it is removed the averager works; ``close()`` removes the
-averager's sets, so an averager of the same groups can follow. Each check is a named case: every rank
-prints ``case NAME ok rank R``.
+averager's sets, so an averager of the same groups can follow. The checks are named cases
+(tests/spmd.py): ``averages`` and ``duplicate_group_then_recovers`` (skipped where the small group is 1 or
+all ranks).
 
 ``lose``: averages every step (``{1: local_size(), 2: size()}``) until a call fails (the test stops a rank or
 cuts a host's link); each rank writes ``DIR/ready.RANK`` (its pid) once the loop runs, and
@@ -30,7 +31,7 @@ import torch
 
 import commlib as cl
 import commlib.torch as hvd
-from worker import run
+import spmd
 
 SHAPES = [((3, 4), np.float32), ((5,), np.float64), ((1,), np.float32)]
 
@@ -74,7 +75,14 @@ def small_group(size: int) -> int:
     return size // 2 if size % 2 == 0 else 1
 
 
-def check(rank: int, size: int) -> None:
+@spmd.case
+def init():
+    cl.init()
+
+
+@spmd.case
+def averages():
+    rank, size = cl.rank(), cl.size()
     g, warmup, steps = small_group(size), 1, 9
     schedule = {2: g, 4: size}
     params = [torch.nn.Parameter(torch.from_numpy(a.copy())) for a in initial(rank)]
@@ -91,25 +99,32 @@ def check(rank: int, size: int) -> None:
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), \
             f"parameter {i} after {steps} steps of {schedule}: {got} != {want} (groups of {g})"
     averager.close()
-    print(f"case averages_{schedule[2]}_{size} ok rank {rank}", flush=True)
 
-    if 1 < g < size:  # a set of the same ranks exists already: a clear error on every rank, then it works
-        mine = cl.add_process_set(range(0, g))
-        try:
-            hvd.HierarchicalModelAverager(schedule)
-        except cl.ProcessSetError as exc:
-            assert f"group of ranks {list(range(0, g))}" in str(exc), exc
-        else:
-            raise AssertionError("an averager over a group the user registered was accepted")
-        cl.remove_process_set(mine)
-        again = hvd.HierarchicalModelAverager(schedule)  # close() took back the sets: the same groups again
-        params = [torch.full((2,), float(rank))]
-        again.step = 2  # a step of the small groups
-        again.average_parameters(params)
-        first = rank // g * g
-        assert torch.equal(params[0], torch.full((2,), float(np.mean(range(first, first + g))))), params
-        again.close()
-        print(f"case duplicate_group_then_recovers ok rank {rank}", flush=True)
+
+@spmd.case
+def duplicate_group_then_recovers():
+    """A set of the same ranks exists already: a clear error on every rank, then it works."""
+    rank, size = cl.rank(), cl.size()
+    g = small_group(size)
+    if not 1 < g < size:
+        spmd.skip(f"the small group is {g} of {size} ranks")
+    schedule = {2: g, 4: size}
+    mine = cl.add_process_set(range(0, g))
+    spmd.expect_error(cl.ProcessSetError, f"group of ranks {list(range(0, g))}",
+                      lambda: hvd.HierarchicalModelAverager(schedule), "an averager over a registered group")
+    cl.remove_process_set(mine)
+    again = hvd.HierarchicalModelAverager(schedule)  # close() took back the sets: the same groups again
+    params = [torch.full((2,), float(rank))]
+    again.step = 2  # a step of the small groups
+    again.average_parameters(params)
+    first = rank // g * g
+    assert torch.equal(params[0], torch.full((2,), float(np.mean(range(first, first + g))))), params
+    again.close()
+
+
+@spmd.case
+def shutdown():
+    cl.shutdown()
 
 
 def lose(rank: int, size: int, folder: str, live: list[int]) -> None:
@@ -139,18 +154,9 @@ def lose(rank: int, size: int, folder: str, live: list[int]) -> None:
         raise
 
 
-def main():
-    cl.init()
-    rank, size = cl.rank(), cl.size()
-    if sys.argv[1] == "check":
-        check(rank, size)
-        cl.shutdown()
-    else:
-        lose(rank, size, sys.argv[2], [int(r) for r in sys.argv[3].split(",")])
-
-
 if __name__ == "__main__":
-    if sys.argv[1] == "lose":
-        main()  # the failure must end this process through commlib's exit path, not worker.run's abort
+    if sys.argv[1] == "lose":  # the failure must end this process through commlib's exit path
+        cl.init()
+        lose(cl.rank(), cl.size(), sys.argv[2], [int(r) for r in sys.argv[3].split(",")])
     else:
-        run(main)
+        spmd.main()
