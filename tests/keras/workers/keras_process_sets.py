@@ -4,18 +4,17 @@ expects), also with backward_passes_per_step=2 summing two passes.
 
     python keras_process_sets.py ENTRY [ENTRY ...]
 
-Every rank prints ``case NAME ok rank R`` for each check that passed.
+The checks are named cases per rank (tests/spmd.py): ``ENTRY.passes1`` and ``ENTRY.passes2``.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import numpy as np
 
-from worker import run
+import spmd
 
 
 def check(hvd, keras, evens, rank: int, passes: int) -> None:
@@ -36,27 +35,38 @@ def check(hvd, keras, evens, rank: int, passes: int) -> None:
     assert np.isclose(got, want), f"rank {rank} (evens {evens.ranks}), {passes} pass(es): {got} != {want}"
 
 
-def main():
-    entries = sys.argv[1:]
-    first = importlib.import_module(entries[0])
-    size = int(os.environ.get("PMI_SIZE") or os.environ["OMPI_COMM_WORLD_SIZE"])
-    evens, odds = first.ProcessSet(range(0, size, 2)), first.ProcessSet(range(1, size, 2))
-    first.init(process_sets=[evens, odds])
-    rank = first.rank()
-    flavour = "tf-keras" if os.environ.get("TF_USE_LEGACY_KERAS") == "1" else "keras3"
-    for entry in entries:
-        hvd = importlib.import_module(entry)
-        if entry == "commlib.tensorflow.keras":
-            import tensorflow as tf
+def keras_of(entry: str):
+    if entry == "commlib.tensorflow.keras":
+        import tensorflow as tf
 
-            keras = tf.keras
-        else:
-            import keras
-        for passes in (1, 2):
-            check(hvd, keras, evens, rank, passes)
-            print(f"case {entry}[{flavour}].passes{passes} ok rank {rank}", flush=True)
-    first.shutdown()
+        return tf.keras
+    import keras
+
+    return keras
+
+
+SETS = {}
+
+
+@spmd.case
+def init():
+    first = importlib.import_module(sys.argv[1])
+    size = spmd.rank_and_size()[1]
+    SETS["evens"], odds = first.ProcessSet(range(0, size, 2)), first.ProcessSet(range(1, size, 2))
+    first.init(process_sets=[SETS["evens"], odds])
+
+
+def entry_cases(entry: str) -> None:
+    for passes in (1, 2):
+        def run_check(passes=passes):
+            hvd = importlib.import_module(entry)
+            check(hvd, keras_of(entry), SETS["evens"], hvd.rank(), passes)
+        run_check.__name__ = f"{entry}.passes{passes}"
+        spmd.case(run_check)
 
 
 if __name__ == "__main__":
-    run(main)
+    for name in sys.argv[1:]:
+        entry_cases(name)
+    spmd.case(importlib.import_module(sys.argv[1]).shutdown)
+    spmd.main()
