@@ -20,7 +20,7 @@ import torch
 
 from ..geo import _DEFAULT, GeoSGD as _GeoCore
 from .local_optimizer import LocalOptimizerWrapper
-from .tensors import DeviceNotSupportedError
+from .bridge import DeviceNotSupportedError
 
 
 class GeoSGD(LocalOptimizerWrapper):
