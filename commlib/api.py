@@ -42,6 +42,11 @@ class _State:
     lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
     settings: dict | None = None  # init()'s settings, for a runtime rebuilt over survivors (commlib.elastic)
 
+    def __init__(self):
+        #: the job's layout (workers and summation servers) by user communicator, for the life of the
+        #: process: found by the first runtime on it, reused by the next (the servers take part once)
+        self.layouts: dict = {}
+
 
 _state = _State()
 
@@ -79,7 +84,7 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
     if "timeout" in settings:
         timeout = settings.pop("timeout")
         settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    _state.runtime = Runtime(comm, **settings)
+    _state.runtime = Runtime(comm, layouts=_state.layouts, **settings)
     _state.settings = dict(settings)
     atexit.register(_leave)
     for process_set in process_sets or ():

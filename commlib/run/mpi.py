@@ -141,6 +141,7 @@ def _settings(launch: Launch) -> dict[str, str]:
     settings = dict(launch.settings)
     if launch.nics:
         settings.setdefault("NCCL_SOCKET_IFNAME", ",".join(launch.nics))
+        settings.setdefault("COMMLIB_NETWORK_INTERFACE", ",".join(launch.nics))  # where summation servers listen
     if launch.tcp:
         settings.setdefault("NCCL_IB_DISABLE", "1")
     return settings
