@@ -147,18 +147,15 @@ def _roll_call(comm: "MPI.Comm", mine: bytes, kind: type, timeout_s: float, tag:
         reports: dict[int, bytes] = {0: mine}
         malformed: dict[int, str] = {}
         while len(reports) + len(malformed) < size and (deadline is None or time.monotonic() <= deadline):
-            got = mpi_messages.receive(comm, tag, status, limit)
+            got = mpi_messages.take(comm, tag, status, kind)
             if got is None:
                 time.sleep(1e-3)
                 continue
-            source, data = got
-            try:
-                if data is None:
-                    raise protocol.ProtocolError(f"longer than a {kind.__name__}'s {limit} bytes")
-                kind.decode(data)
-                reports[source] = data
-            except protocol.ProtocolError as exc:
-                malformed[source] = str(exc)
+            source, message = got
+            if isinstance(message, protocol.ProtocolError):
+                malformed[source] = str(message)
+            else:
+                reports[source] = message.encode()
         missing = [r for r in range(size) if r not in reports]
         table = protocol.pack_table([reports.get(r, b"") for r in range(size)], missing)
         MPI.Request.Waitall([mpi_messages.post(comm, table, r, tag) for r in range(1, size)])

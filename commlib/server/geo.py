@@ -118,13 +118,13 @@ class GeoStore:
     def _headers(self) -> bool:
         moved = False
         while True:
-            got = mpi_messages.receive(self.comm, protocol.TAG_GEO, self.status, GeoMessage.LAYOUT.max_size)
+            got = mpi_messages.take(self.comm, protocol.TAG_GEO, self.status, GeoMessage)
             if got is None:
                 return moved
             moved = True
-            source, data = got
+            source, msg = got
             try:
-                msg = self._admit(source, data)
+                msg = self._admit(source, msg)
             except protocol.ProtocolError as exc:
                 self.dropped += 1
                 log.error("commlib server %d: dropped a malformed Geo-SGD message from rank %d: %s", self.index,
@@ -144,14 +144,13 @@ class GeoStore:
             elif msg.kind == "leave":
                 self._leave(key, msg.worker)
 
-    def _admit(self, source: int, data: bytes | None) -> GeoMessage:
-        """The message ``data`` from rank ``source``, if the protocol allows it from there."""
+    def _admit(self, source: int, msg: GeoMessage | protocol.ProtocolError) -> GeoMessage:
+        """``msg`` (as decoded) from rank ``source``, if the protocol allows it from there."""
         worker = self.worker_of_rank.get(source)
         if worker is None:
             raise protocol.ProtocolError("a Geo-SGD message from a rank that is not a worker")
-        if data is None:
-            raise protocol.ProtocolError(f"a Geo-SGD header longer than {GeoMessage.LAYOUT.max_size} bytes")
-        msg = GeoMessage.decode(data)
+        if isinstance(msg, protocol.ProtocolError):
+            raise msg
         if msg.worker != worker or (msg.kind == "open" and worker != 0):
             raise protocol.ProtocolError(f"a Geo-SGD {msg.kind} of {msg.key!r} naming worker {msg.worker} from "
                                          f"worker {worker} (only worker 0 opens a table)")

@@ -223,7 +223,7 @@ class GeoClient:
                 return False
             moved = False
             while True:
-                got = mpi_messages.receive(self.comm, protocol.TAG_GEO_REPLY, self._status, GeoReply.LAYOUT.max_size)
+                got = mpi_messages.take(self.comm, protocol.TAG_GEO_REPLY, self._status, GeoReply)
                 if got is None:
                     break
                 moved = True
@@ -257,19 +257,15 @@ class GeoClient:
         with self._lock:
             return not (self._sends or self._recvs or any(t.outstanding for t in self._tables.values()))
 
-    def _reply(self, source: int, data: bytes | None) -> None:
+    def _reply(self, source: int, reply: GeoReply | protocol.ProtocolError) -> None:
         """A server's answer (under the lock): post the receive of its values into the table's
         ``merged`` (the next message on TAG_GEO_VALUES from that server), or note what it says."""
         if source not in self.servers:
             log.error("commlib: dropped a Geo-SGD reply from rank %d, which is not a server", source)
             return
         server = self.servers.index(source)
-        try:
-            if data is None:
-                raise protocol.ProtocolError(f"a reply longer than {GeoReply.LAYOUT.max_size} bytes")
-            reply = GeoReply.decode(data)
-        except protocol.ProtocolError as exc:  # its values, if any, can no longer be matched: give up the server
-            self._malformed(server, str(exc))
+        if isinstance(reply, protocol.ProtocolError):  # its values, if any, can no longer be matched
+            self._malformed(server, str(reply))
             return
         self._heard[server] = time.monotonic()
         table = self._tables.get(reply.key)

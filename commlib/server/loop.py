@@ -169,16 +169,16 @@ class Server:
     def _headers(self) -> bool:
         moved = False
         while True:
-            got = mpi_messages.receive(self.comm, protocol.TAG_PUSH, self.status, protocol.Push.LAYOUT.max_size)
+            got = mpi_messages.take(self.comm, protocol.TAG_PUSH, self.status, protocol.Push)
             if got is None:
                 return moved
             moved = True
-            source, data = got
+            source, push = got
             try:
                 worker = self._sender(source)
-                if data is None:
-                    raise protocol.ProtocolError(f"a push header longer than {protocol.Push.LAYOUT.max_size} bytes")
-                push = self._admit(protocol.Push.decode(data), worker)
+                if isinstance(push, protocol.ProtocolError):
+                    raise push
+                push = self._admit(push, worker)
             except protocol.ProtocolError as exc:
                 self._drop(f"rank {source}", exc)
                 continue

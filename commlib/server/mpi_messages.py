@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from .protocol import Message, ProtocolError
+
 
 def receive(comm: "MPI.Comm", tag: int, status: "MPI.Status", limit: int,
             source: int = MPI.ANY_SOURCE) -> tuple[int, bytes | None] | None:
@@ -26,6 +28,23 @@ def receive(comm: "MPI.Comm", tag: int, status: "MPI.Status", limit: int,
     except MPI.Exception:  # longer than ``limit``: MPI has consumed it
         return sender, None
     return sender, (bytes(buf) if size <= limit else None)
+
+
+def take(comm: "MPI.Comm", tag: int, status: "MPI.Status", kind: type,
+         source: int = MPI.ANY_SOURCE) -> tuple[int, Message | ProtocolError] | None:
+    """The next message on ``tag`` (from ``source``), if one is in, decoded as ``kind`` (a
+    :class:`.protocol.Message`): ``(its sender, the message)``, or ``(its sender, the ProtocolError that
+    says why it is not one)``."""
+    got = receive(comm, tag, status, kind.LAYOUT.max_size, source)
+    if got is None:
+        return None
+    sender, data = got
+    try:
+        if data is None:
+            raise ProtocolError(f"a {kind.__name__} longer than its {kind.LAYOUT.max_size} bytes")
+        return sender, kind.decode(data)
+    except ProtocolError as exc:
+        return sender, exc
 
 
 def post(comm: "MPI.Comm", data: bytes, dest: int, tag: int, synchronous: bool = False) -> "MPI.Request":

@@ -125,21 +125,17 @@ class MpiPlane(DataPlane):
         client = self.client
         moved = False
         while True:
-            got = mpi_messages.receive(self.comm, protocol.TAG_ERROR, self.status, protocol.Refusal.LAYOUT.max_size)
+            got = mpi_messages.take(self.comm, protocol.TAG_ERROR, self.status, protocol.Refusal)
             if got is None:
                 return moved
             moved = True
-            source, data = got
+            source, refusal = got
             if source not in self.servers:
                 client.malformed(f"rank {source} of the job", "a refusal from a rank that is not a server")
                 continue
             server = self.servers.index(source)
-            try:
-                if data is None:
-                    raise protocol.ProtocolError(f"a refusal longer than {protocol.Refusal.LAYOUT.max_size} bytes")
-                refusal = protocol.Refusal.decode(data)
-            except protocol.ProtocolError as exc:
-                client.malformed(client.job.describe_server(server), str(exc))
+            if isinstance(refusal, protocol.ProtocolError):
+                client.malformed(client.job.describe_server(server), str(refusal))
                 continue
             with client.lock:
                 client.refused(server, refusal)

@@ -23,7 +23,7 @@ def test_hostile_mpi_messages_are_dropped_and_the_honest_workers_served(transpor
     assert out.count("hostile ok on worker") == 2, out[-3000:]
     dropped = [line for line in out.splitlines() if "dropped a malformed" in line]
     assert len(dropped) == 10, "\n".join(dropped)
-    for what in ("where a Push (kind 2) belongs", "a push header longer than", "names worker 0", "9 contributors",
+    for what in ("where a Push (kind 2) belongs", "a Push longer than", "names worker 0", "9 contributors",
                  "exceed a push's", "a bye notice that is not empty", "an exit notice that is not empty",
                  "where a GeoMessage (kind 5) belongs", "only worker 0 opens a table"):
         assert any(what in line for line in dropped), (what, dropped)

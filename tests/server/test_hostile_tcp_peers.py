@@ -5,7 +5,6 @@ sends, nothing is unpickled, nothing is allocated for what a header merely decla
 that connection saying why, and the honest workers' rounds are answered with the right sums."""
 
 import logging
-import pickle
 import socket
 import threading
 import time
@@ -19,6 +18,7 @@ from commlib.server.client import ServerClient, ServerError
 from commlib.server.discovery import Job
 from commlib.server.loop import Server
 from commlib.server.tcp_plane import TcpPlane
+from planted import planted
 
 SLOTS = iter(range(protocol.FIRST_SLOT, 1 << 30))
 
@@ -79,26 +79,17 @@ def closed_by_server(conn, within=10.0):
         return False
 
 
-class Planted:
-    """A pickle that, if ever loaded, leaves a file behind."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (str(self.path), "w"))
-
 
 def frames(tmp_path):
     """(what, the bytes a token-bearing worker 1 sends): each one the server must refuse."""
-    planted = pickle.dumps(Planted(tmp_path / "ran"))
+    pickled = planted(tmp_path / "ran")
     fields = dict(key="k", part=0, total=4, wire="float32", count=4, op=0, contributors=2, worker=1, slot=16)
 
     def framed(kind, header, size=0):
         return tcp.FRAME.pack(kind, len(header), size) + header
 
-    yield "a pickled push header", framed(tcp.PUSH, planted)
-    yield "a pickle in a frame of another kind", framed(7, planted)
+    yield "a pickled push header", framed(tcp.PUSH, pickled)
+    yield "a pickle in a frame of another kind", framed(7, pickled)
     yield "a 1 GiB header", tcp.FRAME.pack(tcp.PUSH, 1 << 30, 0)
     yield "a push of 1 TiB", framed(tcp.PUSH, protocol.Push(**fields).encode(), 1 << 40)
     yield "a server's frame sent to the server", framed(tcp.ANSWER, protocol.Answer(16).encode(), 16)
@@ -167,14 +158,14 @@ def test_a_worker_given_malformed_answers_fails_naming_the_server(tmp_path):
     """A 'server' that answers a push with a pickled header: the worker's tensor fails at once, naming
     the server and what was wrong; nothing is unpickled."""
     listeners, endpoint = tcp.listen(("127.0.0.1",))
-    planted = pickle.dumps(Planted(tmp_path / "ran"))
+    pickled = planted(tmp_path / "ran")
 
     def serve():
         conn, _ = listeners[0].accept()
         tcp.accept_hello(conn, endpoint, 0)
         message, size = tcp.recv_head(conn, (protocol.Push,))
         tcp.discard(conn, size)
-        conn.sendall(tcp.FRAME.pack(tcp.ANSWER, len(planted), 0) + planted)
+        conn.sendall(tcp.FRAME.pack(tcp.ANSWER, len(pickled), 0) + pickled)
         time.sleep(2)
         conn.close()
 

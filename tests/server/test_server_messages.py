@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from commlib.server import protocol
+from planted import planted
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -35,22 +36,13 @@ def test_every_message_kind_round_trips(message):
     assert type(message).decode(data) == message
 
 
-class Planted:
-    """A pickle that, if ever loaded, leaves a file behind."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (str(self.path), "w"))
-
 
 KINDS = sorted({type(m) for m in EXAMPLES}, key=lambda k: k.__name__)
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
 def test_a_pickle_never_decodes(kind, tmp_path):
-    for payload in (pickle.dumps(Planted(tmp_path / "ran")), pickle.dumps(EXAMPLES[0])):
+    for payload in (planted(tmp_path / "ran"), pickle.dumps(EXAMPLES[0])):
         with pytest.raises(protocol.ProtocolError):
             kind.decode(payload)
     assert not (tmp_path / "ran").exists()

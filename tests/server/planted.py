@@ -1,0 +1,16 @@
+"""A pickle that, if it is ever loaded, leaves a file behind: what the hostile-peer tests send."""
+
+import pickle
+
+
+class Planted:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def planted(path) -> bytes:
+    """The pickle's bytes; loading them creates ``path``."""
+    return pickle.dumps(Planted(path))
