@@ -31,6 +31,7 @@ from .process_sets import ProcessSet, _GlobalProcessSet, check_process_set
 if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import commlib` does not
     from .process_sets import Member
     from .runtime import Runtime
+    from .server.discovery import Job
 
 log = logging.getLogger("commlib")
 
@@ -45,7 +46,7 @@ class _State:
     def __init__(self):
         #: the job's layout (workers and summation servers) by user communicator, for the life of the
         #: process: found by the first runtime on it, reused by the next (the servers take part once)
-        self.layouts: dict = {}
+        self.layouts: dict[int, Job] = {}
 
 
 _state = _State()
