@@ -117,12 +117,8 @@ class GeoStore:
     # -- messages -----------------------------------------------------------------------------------------
     def _headers(self) -> bool:
         moved = False
-        while True:
-            got = mpi_messages.take(self.comm, protocol.TAG_GEO, self.status, GeoMessage)
-            if got is None:
-                return moved
+        for source, msg in mpi_messages.arrived(self.comm, protocol.TAG_GEO, self.status, GeoMessage):
             moved = True
-            source, msg = got
             try:
                 msg = self._admit(source, msg)
             except protocol.ProtocolError as exc:
@@ -143,6 +139,7 @@ class GeoStore:
                     self._answer(msg.key, msg.part, part, [(msg.worker, 0)])
             elif msg.kind == "leave":
                 self._leave(key, msg.worker)
+        return moved
 
     def _admit(self, source: int, msg: GeoMessage | protocol.ProtocolError) -> GeoMessage:
         """``msg`` (as decoded) from rank ``source``, if the protocol allows it from there."""

@@ -222,12 +222,9 @@ class GeoClient:
             if MPI.Is_finalized():
                 return False
             moved = False
-            while True:
-                got = mpi_messages.take(self.comm, protocol.TAG_GEO_REPLY, self._status, GeoReply)
-                if got is None:
-                    break
+            for source, reply in mpi_messages.arrived(self.comm, protocol.TAG_GEO_REPLY, self._status, GeoReply):
                 moved = True
-                self._reply(*got)
+                self._reply(source, reply)
             if self._recvs:
                 done = mpi_messages.test_some([r for r, *_ in self._recvs])
                 if done:

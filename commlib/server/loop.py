@@ -168,12 +168,8 @@ class Server:
 
     def _headers(self) -> bool:
         moved = False
-        while True:
-            got = mpi_messages.take(self.comm, protocol.TAG_PUSH, self.status, protocol.Push)
-            if got is None:
-                return moved
+        for source, push in mpi_messages.arrived(self.comm, protocol.TAG_PUSH, self.status, protocol.Push):
             moved = True
-            source, push = got
             try:
                 worker = self._sender(source)
                 if isinstance(push, protocol.ProtocolError):
@@ -183,6 +179,7 @@ class Server:
                 self._drop(f"rank {source}", exc)
                 continue
             self._start(push, source, worker)
+        return moved
 
     def _control(self) -> bool:
         moved = False

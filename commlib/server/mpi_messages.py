@@ -47,6 +47,15 @@ def take(comm: "MPI.Comm", tag: int, status: "MPI.Status", kind: type,
         return sender, exc
 
 
+def arrived(comm: "MPI.Comm", tag: int, status: "MPI.Status", kind: type):
+    """Every message on ``tag`` that is in, one after the other, as :func:`take` gives them."""
+    while True:
+        got = take(comm, tag, status, kind)
+        if got is None:
+            return
+        yield got
+
+
 def post(comm: "MPI.Comm", data: bytes, dest: int, tag: int, synchronous: bool = False) -> "MPI.Request":
     """Post the send of ``data`` (a header, or b"" for a notice); mpi4py keeps ``data`` alive until the
     request completes. ``synchronous``: completes only once the receiver has matched it."""

@@ -124,12 +124,8 @@ class MpiPlane(DataPlane):
         """A server refused a round: fail that tensor here, naming what the server said."""
         client = self.client
         moved = False
-        while True:
-            got = mpi_messages.take(self.comm, protocol.TAG_ERROR, self.status, protocol.Refusal)
-            if got is None:
-                return moved
+        for source, refusal in mpi_messages.arrived(self.comm, protocol.TAG_ERROR, self.status, protocol.Refusal):
             moved = True
-            source, refusal = got
             if source not in self.servers:
                 client.malformed(f"rank {source} of the job", "a refusal from a rank that is not a server")
                 continue
@@ -139,6 +135,7 @@ class MpiPlane(DataPlane):
                 continue
             with client.lock:
                 client.refused(server, refusal)
+        return moved
 
     def sent(self) -> list[Part]:
         return list(self.parts)
