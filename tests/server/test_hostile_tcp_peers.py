@@ -186,3 +186,15 @@ def test_a_worker_given_malformed_answers_fails_naming_the_server(tmp_path):
         listeners[0].close()
         thread.join(5)
     assert not (tmp_path / "ran").exists()
+
+
+def test_the_client_refuses_what_no_server_would_take():
+    from commlib.errors import CommlibError, ConfigError
+
+    job = Job(MPI.COMM_SELF, MPI.COMM_SELF, ("worker", "server"), ("here", "there"),
+              (None, tcp.Endpoint((("127.0.0.1", 9),), "0" * 16)))
+    with pytest.raises(ConfigError, match="COMMLIB_SERVER_PARTITION=536870912 exceeds"):
+        ServerClient(job, TcpPlane(), 512 << 20, timeout_s=1.0)
+    client = ServerClient(job, TcpPlane(), 1 << 20, timeout_s=1.0)
+    with pytest.raises(CommlibError, match="at most 1024: use a shorter name"):
+        client.push_pull_async(np.ones(4, np.float32), "n" * 1025)
