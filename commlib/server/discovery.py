@@ -92,7 +92,7 @@ def job(comm: "MPI.Comm", role: str, start_timeout_s: float = 0.0,
     process that started when another has not reached this call within ``start_timeout_s`` (0: wait
     forever), or when a server could not listen."""
     host = socket.gethostname()
-    me = protocol.Report(role, host, ",".join(tcp.local_addresses()))
+    me = protocol.Report(role, host, _fitting(tcp.local_addresses(), protocol.REPORT_ADDRESS_BYTES))
     reports = _roll_call(comm, me.encode(), protocol.Report, start_timeout_s, TAG_ROLL_CALL)
     roles = tuple(r.role for r in reports)
     hosts = tuple(r.host for r in reports)
@@ -120,6 +120,17 @@ def job(comm: "MPI.Comm", role: str, start_timeout_s: float = 0.0,
     else:
         own = full
     return Job(full, own, roles, hosts, endpoints)
+
+
+def _fitting(addresses: tuple[str, ...], limit: int) -> str:
+    """``addresses`` comma-separated, as many as fit in ``limit`` bytes (the first ones: loopback is last)."""
+    text = ""
+    for address in addresses:
+        longer = f"{text},{address}" if text else address
+        if len(longer) > limit:
+            break
+        text = longer
+    return text
 
 
 def worker_job(comm: "MPI.Comm", known: dict | None, start_timeout_s: float = 0.0) -> Job:

@@ -339,6 +339,8 @@ class GeoReply(Message):
 
 
 ROLES = ("worker", "server")
+#: The most bytes of addresses a roll call report carries (about 64 IPv4 addresses).
+REPORT_ADDRESS_BYTES = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,7 +352,8 @@ class Report(Message):
     host: str
     addresses: str
 
-    LAYOUT: ClassVar[Layout] = Layout(7, (("role", Choice(ROLES)), ("host", Text(255)), ("addresses", Text(1024))))
+    LAYOUT: ClassVar[Layout] = Layout(7, (("role", Choice(ROLES)), ("host", Text(255)),
+                                          ("addresses", Text(REPORT_ADDRESS_BYTES))))
 
     def check(self) -> None:
         _addresses(self.addresses, "report")
