@@ -1,20 +1,18 @@
 """commlib's public functions, named as in horovod.torch.
 
 Every collective is asynchronous underneath: ``*_async`` submits and returns a handle; the plain names
-submit and wait. Functions ending in ``_`` work in place. All of them act on the runtime that ``init()``
-created; that runtime is the library's only state (see :mod:`commlib.runtime`).
+submit and wait. Functions ending in ``_`` work in place; ``grouped_*`` take a list of tensors. Each
+collective's variants are one line over one implementation, from one description (:data:`COLLECTIVES`:
+its arguments and which variants it has), so that their arguments cannot drift. All of them act on the
+runtime that ``init()`` created (:mod:`commlib.lifecycle`, the one owner of the process's state).
 """
 
 from __future__ import annotations
 
-import atexit
-import datetime
-import logging
-import os
+import dataclasses
+import inspect
 import pickle
-import sys
-import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -25,147 +23,19 @@ from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
 from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
+from .lifecycle import (ABORT_GRACE_S, LOST_PEER_EXIT_STATUS, current, current_or_none,  # noqa: F401
+                        global_process_set, init, is_initialized, shutdown)
 from .ops import Average, ReduceOp, Sum, as_op
-from .process_sets import ProcessSet, _GlobalProcessSet, check_process_set
+from .process_sets import ProcessSet, check_process_set
 
 if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import commlib` does not
     from .process_sets import Member
     from .runtime import Runtime
-    from .server.discovery import Job
 
-log = logging.getLogger("commlib")
-
-
-class _State:
-    """Holds the runtime between init() and shutdown(); the single place commlib keeps state."""
-
-    runtime: Runtime | None = None
-    lost = None   # the PeerLostError a runtime of this process met: MPI must not be finalized
-    settings: dict | None = None  # init()'s settings, for a runtime rebuilt over survivors (commlib.elastic)
-
-    def __init__(self):
-        #: the job's layout (workers and summation servers) by user communicator, for the life of the
-        #: process: found by the first runtime on it, reused by the next (the servers take part once)
-        self.layouts: dict[int, Job] = {}
+_rt = current  # the runtime init() built, or the error that says to call init()
 
 
-_state = _State()
-
-
-def _rt() -> "Runtime":
-    runtime = _state.runtime
-    if runtime is None:
-        raise CommlibError("commlib is not initialized; call commlib.init() first")
-    return runtime
-
-
-#: The world as a process set (id 0): always registered while commlib is initialized.
-global_process_set = _GlobalProcessSet(lambda: _state.runtime.sets if _state.runtime is not None else None)
-
-
-# ---- lifecycle and topology ---------------------------------------------------------------------------
-
-def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings) -> None:
-    """Start commlib on ``comm`` (default MPI.COMM_WORLD); this initializes MPI (mpi4py) if needed.
-    ``process_sets``: sets to register at once (as ``add_process_set`` each, in order). ``settings``
-    override ``COMMLIB_*`` variables (e.g. ``algorithm="ring"``, ``num_streams=2``; see
-    docs/configuration.md). Calling it again while initialized does nothing; after ``shutdown()`` it
-    starts afresh.
-
-    ``timeout`` (seconds, or a ``datetime.timedelta`` as torch.distributed takes; ``COMMLIB_TIMEOUT``,
-    default 10 minutes) bounds every wait for a peer: past it the call raises ``PeerLostError`` naming the
-    peers (docs/failures.md).
-
-    Until ``shutdown()``, an exit hook runs the shutdown path if the process exits without it, so that the
-    other ranks learn at once that this rank left (their pending and later operations fail, naming it)."""
-    if _state.runtime is not None:
-        return
-    from .runtime import Runtime
-
-    if "timeout" in settings:
-        timeout = settings.pop("timeout")
-        settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    _state.runtime = Runtime(comm, layouts=_state.layouts, **settings)
-    _state.settings = dict(settings)
-    atexit.register(_leave)
-    for process_set in process_sets or ():
-        add_process_set(process_set)
-
-
-def shutdown() -> None:
-    """Stop commlib: pending operations fail with a clear error; ``init()`` may be called again."""
-    runtime, _state.runtime = _state.runtime, None
-    atexit.unregister(_leave)
-    if runtime is not None:
-        try:
-            runtime.close()
-        finally:
-            _after_loss(runtime)
-
-
-def _leave() -> None:
-    """The exit hook: the process exits without ``shutdown()``. Tell the other ranks, without waiting for
-    them (they may be waiting for this rank in their next collective)."""
-    runtime, _state.runtime = _state.runtime, None
-    if runtime is None:
-        return
-    try:
-        runtime.close(leaving=True)
-    except Exception as exc:  # exiting anyway: say why the others may not have been told
-        log.warning("commlib: could not tell the other ranks that rank %d is exiting: %r", runtime.rank, exc)
-    _after_loss(runtime)
-    if _state.lost is not None:
-        _exit_after_loss()
-
-
-#: The exit status of a process that lost a peer (the launcher then ends the rest of the job).
-LOST_PEER_EXIT_STATUS = 1
-
-
-def _after_loss(runtime) -> None:
-    """After a runtime that lost a peer: the process must not finalize MPI (MPI_Finalize, and freeing
-    what the lost peers still hold, would wait for them), so it ends without it at exit."""
-    lost = runtime.lost
-    if lost is not None and _state.lost is None:
-        _state.lost = lost
-        atexit.register(_exit_after_loss)
-
-
-#: How long the exit path waits before aborting the job, so that the other live ranks, which reach their
-#: own verdict within moments (or at once through this rank's notice), can report it before the launcher
-#: stops them.
-ABORT_GRACE_S = 1.0
-
-
-def _exit_after_loss() -> None:
-    """At exit after a lost peer: end the job with ``MPI_Abort(MPI_COMM_WORLD, 1)`` instead of reaching
-    mpi4py's MPI_Finalize (which would wait for the lost peers). The launcher ends every other rank it
-    can reach and exits (measured with hydra: a plain exit(1) left mpiexec waiting for the proxy behind
-    the cut link; MPI_Abort ended it at once). Other exit handlers registered before ``init()`` do not
-    run."""
-    log.error("commlib: ending the job (MPI_Abort, status %d) after a lost peer: %s",
-              LOST_PEER_EXIT_STATUS, _state.lost)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream: nothing more to say
-            pass
-    time.sleep(ABORT_GRACE_S)
-    try:
-        from mpi4py import MPI
-
-        from .transport.deadline import unlink_mapped_shared_memory
-
-        if MPI.Is_initialized() and not MPI.Is_finalized():
-            unlink_mapped_shared_memory()  # MPI_Abort leaves MPICH's node segments in /dev/shm
-            MPI.COMM_WORLD.Abort(LOST_PEER_EXIT_STATUS)
-    finally:
-        os._exit(LOST_PEER_EXIT_STATUS)
-
-
-def is_initialized() -> bool:
-    return _state.runtime is not None
-
+# ---- topology ------------------------------------------------------------------------------------------
 
 def rank() -> int:
     return _rt().rank
@@ -396,163 +266,6 @@ class _Exchange(Exchange):
         return synchronize(handle)
 
 
-# ---- allreduce -----------------------------------------------------------------------------------------
-
-def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0, algorithm: str | None = None,
-                    compression: WireCodec | None = Compression.none, process_set=None, priority: int = 0) -> Handle:
-    """Start reducing ``tensor`` across ranks into a new array; ``synchronize`` returns it.
-
-    ``op``: Sum, Average (default), Min, Max, Product. ``prescale_factor``/``postscale_factor`` multiply
-    before/after the reduction. ``algorithm`` forces one (see docs/algorithms.md). ``compression``
-    (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32; a lossy
-    compressor (Compression.topk(0.01), .dgc(), .powersgd(), ...; Sum/Average only, state kept per
-    ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes.
-    ``process_set``: reduce among that set's ranks only (default: every rank). ``priority``: among
-    allreduces ready at once, higher ones run first, and large ones in partitions (docs/coordinator.md,
-    "Priority scheduling"); every rank must give a tensor the same priority."""
-    return _allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor, algorithm,
-                             compression, wait=False, process_set=process_set, priority=priority)
-
-
-def allreduce_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-                     postscale_factor: float = 1.0, algorithm: str | None = None,
-                     compression: WireCodec | None = Compression.none, process_set=None,
-                     priority: int = 0) -> Handle:
-    """In-place version of :func:`allreduce_async`."""
-    return _allreduce_handle(tensor, True, op, name, prescale_factor, postscale_factor, algorithm,
-                             compression, wait=False, process_set=process_set, priority=priority)
-
-
-class PersistentAllreduce:
-    """One named in-place allreduce started again and again (a gradient, every step), as MPI's persistent
-    collectives: the arguments are checked once, and after the first start of an array of a given dtype
-    and shape the request's metadata is kept, so a start only checks that the array is still a writable
-    C-contiguous numpy array of that dtype and shape and queues it (``allreduce_async_`` with the same
-    arguments builds and looks up the request on every call). Anything else (another dtype or shape, a
-    device array, commlib re-initialized) takes ``allreduce_async_``'s full path, with its checks and
-    errors. Made by :func:`persistent_allreduce`."""
-
-    __slots__ = ("name", "_kwargs", "_runtime", "_meta", "_dtype", "_shape", "_process_set")
-
-    def __init__(self, name: str, kwargs: dict):
-        self.name = name
-        self._kwargs = kwargs
-        self._process_set = kwargs.get("process_set")
-        self._runtime = None
-        self._meta: Meta | None = None
-        self._dtype = None
-        self._shape = None
-
-    def start_(self, array) -> Handle:
-        """Start reducing ``array`` in place; returns the handle to ``synchronize``."""
-        runtime = _state.runtime
-        meta = self._meta
-        if (meta is None or runtime is not self._runtime or type(array) is not np.ndarray
-                or array.dtype is not self._dtype or array.shape != self._shape):
-            return self._first(array)
-        flags = array.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return self._first(array)
-        member = runtime.sets.member(self._process_set, self.name)  # a removed set is still an error
-        return member.coordinator.submit(Entry(meta, array, array, Handle(meta.name)))
-
-    def _first(self, array) -> Handle:
-        """The full path; keeps the request's metadata when it was a plain one."""
-        kwargs = self._kwargs
-        handle = _allreduce_handle(array, True, kwargs["op"], self.name, kwargs["prescale_factor"],
-                                   kwargs["postscale_factor"], None, None, wait=False,
-                                   process_set=self._process_set, priority=kwargs["priority"])
-        runtime = _state.runtime
-        self._meta = None
-        if type(array) is np.ndarray and type(kwargs["op"]) is ReduceOp:
-            meta = _plain_allreduce_meta(runtime, self.name, array, kwargs["op"], kwargs["prescale_factor"],
-                                         kwargs["postscale_factor"], kwargs["priority"])
-            if meta is not None:
-                self._runtime, self._meta, self._dtype, self._shape = runtime, meta, array.dtype, array.shape
-        return handle
-
-
-def persistent_allreduce(name: str, op=Average, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                         process_set=None, priority: int = 0) -> PersistentAllreduce:
-    """An in-place allreduce of ``name`` to start many times: ``request.start_(array)`` does what
-    ``allreduce_async_(array, op, name, prescale_factor, postscale_factor, process_set=process_set,
-    priority=priority)`` does, with less work per start (:class:`PersistentAllreduce`; no compression or
-    forced algorithm: use ``allreduce_async_`` for those). ``name`` is required: it is what makes the
-    repeated starts the same request on every rank."""
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"persistent_allreduce: name must be a non-empty string (it is what matches the request's "
-                        f"starts across ranks), not {type(name).__name__} {name!r}"[:300])
-    name = str(name)
-    if priority:
-        priority = _priority(priority, name)
-    prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", name)
-    postscale_factor = validation.check_scale_factor(postscale_factor, "postscale_factor", name)
-    return PersistentAllreduce(name, dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                          process_set=process_set, priority=priority))
-
-
-def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, algorithm: str | None = None,
-              compression: WireCodec | None = Compression.none, process_set=None) -> np.ndarray:
-    """Reduce ``tensor`` across ranks; returns a new array.
-
-    Example::
-
-        import commlib as cl, numpy as np
-        cl.init()
-        mean = cl.allreduce(np.full(4, cl.rank(), np.float32))   # every rank: the mean of the ranks
-    """
-    return synchronize(_allreduce_handle(tensor, False, op, name, prescale_factor, postscale_factor,
-                                         algorithm, compression, wait=True, process_set=process_set))
-
-
-def allreduce_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, algorithm: str | None = None,
-               compression: WireCodec | None = Compression.none, process_set=None) -> np.ndarray:
-    """Reduce ``tensor`` across ranks in place; returns it."""
-    return synchronize(_allreduce_handle(tensor, True, op, name, prescale_factor, postscale_factor,
-                                         algorithm, compression, wait=True, process_set=process_set))
-
-
-def _grouped(tensors: Sequence, inplace: bool, name, kwargs) -> Handle:
-    tensors = validation.check_tensor_list(tensors, validation.check_name(name, "grouped_allreduce") or
-                                           "grouped_allreduce")
-    _, _, base = _member_and_name(kwargs.get("process_set"), name, "grouped_allreduce")
-    parts = [_allreduce_handle(t, inplace, name=f"{base}.{i}", wait=False, **kwargs)
-             for i, t in enumerate(tensors)]
-    return Handle(base, parts=parts)
-
-
-def grouped_allreduce_async(tensors: Sequence, op=Average, name: str | None = None, prescale_factor=1.0,
-                            postscale_factor=1.0, algorithm=None, compression=Compression.none,
-                            process_set=None) -> Handle:
-    """Start allreducing a list of tensors together; ``synchronize`` returns the list of results."""
-    return _grouped(tensors, False, name, dict(op=op, prescale_factor=prescale_factor,
-                                               postscale_factor=postscale_factor, algorithm=algorithm,
-                                               compression=compression, process_set=process_set))
-
-
-def grouped_allreduce_async_(tensors: Sequence, op=Average, name: str | None = None, prescale_factor=1.0,
-                             postscale_factor=1.0, algorithm=None, compression=Compression.none,
-                             process_set=None, priority: int = 0) -> Handle:
-    """In-place version of :func:`grouped_allreduce_async`."""
-    return _grouped(tensors, True, name, dict(op=op, prescale_factor=prescale_factor,
-                                              postscale_factor=postscale_factor, algorithm=algorithm,
-                                              compression=compression, process_set=process_set,
-                                              priority=priority))
-
-
-def grouped_allreduce(tensors: Sequence, **kwargs) -> list:
-    return synchronize(grouped_allreduce_async(tensors, **kwargs))
-
-
-def grouped_allreduce_(tensors: Sequence, **kwargs) -> list:
-    return synchronize(grouped_allreduce_async_(tensors, **kwargs))
-
-
-# ---- other collectives -----------------------------------------------------------------------------------
-
 def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Sum, root=-1,
                   splits=None, wait=False, process_set=None, prescale=1.0, postscale=1.0,
                   staged: device.Staged | None = None) -> Handle:
@@ -595,35 +308,299 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
     return _submit(member, meta, array, output, splits, wait=wait)
 
 
+def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor,
+                      compression, priority: int = 0) -> Handle:
+    runtime = _rt()
+    if runtime.servers is None:
+        from .algorithms.ps import no_servers
+
+        raise CommlibError(no_servers("push_pull"))
+    from .engine import scale_factors
+
+    if priority:
+        priority = _priority(priority, name or "push_pull")
+    name = name or runtime.sets.world.auto_name("push_pull")
+    op = as_op(op)
+    if inplace:
+        output = _in_place(tensor, name, "push_pull")
+    else:
+        output = np.array(np.asarray(tensor), copy=True, order="C")
+    codec = None if compression is Compression.none or compression is None else compression
+    lossy = None
+    if codec is not None and not isinstance(codec, WireCodec):  # a lossy compressor, where one applies
+        from .compression import pushed
+
+        why = pushed.why_not(codec, output.dtype, op.name, name)
+        if why:
+            raise CommlibError(why)
+        lossy, codec = pushed.PushEncoder(codec), None
+    validation.check_contiguous(output, name)
+    validation.check_reducible(output, op, name)
+    validation.check_options(output.dtype, codec, prescale_factor, postscale_factor, name)
+    if lossy is None and _reduces_in_hosts(runtime, output.nbytes, codec):
+        # one push per host: the host's ranks meet first, so this goes through the coordinator (agreed order)
+        return _allreduce_handle(output, True, op, name, prescale_factor, postscale_factor, "ps", codec,
+                                 wait=False, priority=priority)
+    pre, post = scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
+    return runtime.servers.push_pull_async(output.reshape(-1), name, op.kernel_op, codec, pre, post,
+                                           result=output, lossy=lossy, priority=priority)
+
+
+def _reduces_in_hosts(runtime: "Runtime", nbytes: int, codec) -> bool:
+    """Whether ``ps`` reduces inside each host first for a world tensor of ``nbytes`` (the rule every rank
+    applies alike: commlib/algorithms/ps.py)."""
+    from .algorithms import ps
+
+    ctx = runtime.world_context
+    return ps.reduces_in_hosts(ctx.cost_model, nbytes, ps.shape_of(ctx), codec)
+
+
+def _through_servers(runtime: "Runtime", algorithm) -> bool:
+    """Whether an allreduce runs on the summation servers (``ps`` asked for, or the configured default)."""
+    return runtime.servers is not None and str(algorithm or runtime.config.algorithm).lower() == "ps"
+
+
+# ---- each collective: one implementation, one description, its variants ----------------------------------
+
+class Form(NamedTuple):
+    """How a variant runs its collective: in place (the ``_`` names), and whether the caller gets the
+    result (the plain names: the calling thread drives the collective) or a handle (``_async``)."""
+
+    in_place: bool
+    blocking: bool
+
+
+_ASYNC, _ASYNC_, _BLOCKING, _BLOCKING_ = Form(False, False), Form(True, False), Form(False, True), Form(True, True)
+
+
+def _finish(form: Form, handle: Handle):
+    return synchronize(handle) if form.blocking else handle
+
+
+def _allreduce(form: Form, tensor, op, name, prescale_factor, postscale_factor, algorithm, compression,
+               process_set, priority):
+    return _finish(form, _allreduce_handle(tensor, form.in_place, op, name, prescale_factor, postscale_factor,
+                                           algorithm, compression, wait=form.blocking, process_set=process_set,
+                                           priority=priority))
+
+
+def _allgather(form: Form, tensor, name, process_set):
+    return _finish(form, _plain_handle(Kind.ALLGATHER, "allgather", tensor, name, inplace=form.in_place,
+                                       wait=form.blocking, process_set=process_set))
+
+
+def _broadcast(form: Form, tensor, root_rank, name, process_set):
+    return _finish(form, _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=form.in_place,
+                                       root=root_rank, wait=form.blocking, process_set=process_set))
+
+
+def _reducescatter(form: Form, tensor, op, name, process_set, prescale_factor, postscale_factor):
+    return _finish(form, _plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, inplace=form.in_place,
+                                       op=op, wait=form.blocking, process_set=process_set,
+                                       prescale=prescale_factor, postscale=postscale_factor))
+
+
+def _alltoall(form: Form, tensor, splits, name, process_set):
+    return _finish(form, _plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, inplace=form.in_place,
+                                       splits=splits, wait=form.blocking, process_set=process_set))
+
+
+def _push_pull(form: Form, tensor, op, name, prescale_factor, postscale_factor, compression, priority):
+    return _finish(form, _push_pull_handle(tensor, form.in_place, op, name, prescale_factor, postscale_factor,
+                                           compression, priority))
+
+
+REQUIRED = inspect.Parameter.empty  # an argument without a default
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective as every variant of it takes it. ``arguments``: (name, default) after the tensor,
+    in order; ``run(form, tensor, *arguments)`` does it; ``in_place``: it has the ``_`` forms;
+    ``grouped``: the ``grouped_`` forms (a list of tensors, one handle). The variants are the one-line
+    functions below; tests/core/test_api_variants.py checks each against this description."""
+
+    name: str
+    run: Callable
+    arguments: tuple[tuple[str, Any], ...]
+    in_place: bool = False
+    grouped: bool = False
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.arguments)
+
+    def variants(self) -> dict[str, tuple[Form, bool]]:
+        """Every variant's name -> (its form, whether it is grouped)."""
+        forms = {"_async": _ASYNC, "": _BLOCKING}
+        if self.in_place:
+            forms.update({"_async_": _ASYNC_, "_": _BLOCKING_})
+        found = {f"{self.name}{suffix}": (form, False) for suffix, form in forms.items()}
+        if self.grouped:
+            found.update({f"grouped_{self.name}{suffix}": (form, True) for suffix, form in forms.items()})
+        return found
+
+
+def _grouped(form: Form, collective: Collective, tensors, *arguments):
+    """``collective`` on each of ``tensors`` (named ``<name>.<i>``), each submitted at once; one handle over
+    them all, whose result is the list of results (the blocking forms wait on it)."""
+    operation = f"grouped_{collective.name}"
+    values = dict(zip(collective.argument_names, arguments))
+    tensors = validation.check_tensor_list(tensors, validation.check_name(values["name"], operation) or operation)
+    _, _, base = _member_and_name(values.get("process_set"), values["name"], operation)
+    part = Form(form.in_place, False)
+    handle = Handle(base, parts=[collective.run(part, tensor, **{**values, "name": f"{base}.{i}"})
+                                 for i, tensor in enumerate(tensors)])
+    return _finish(form, handle)
+
+
+ALLREDUCE = Collective("allreduce", _allreduce, (
+    ("op", Average), ("name", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0), ("algorithm", None),
+    ("compression", Compression.none), ("process_set", None), ("priority", 0)), in_place=True, grouped=True)
+ALLGATHER = Collective("allgather", _allgather, (("name", None), ("process_set", None)), grouped=True)
+BROADCAST = Collective("broadcast", _broadcast, (("root_rank", REQUIRED), ("name", None), ("process_set", None)),
+                       in_place=True)
+REDUCESCATTER = Collective("reducescatter", _reducescatter, (
+    ("op", Average), ("name", None), ("process_set", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0)),
+    grouped=True)
+ALLTOALL = Collective("alltoall", _alltoall, (("splits", None), ("name", None), ("process_set", None)))
+PUSH_PULL = Collective("push_pull", _push_pull, (
+    ("op", Average), ("name", None), ("prescale_factor", 1.0), ("postscale_factor", 1.0),
+    ("compression", Compression.none), ("priority", 0)), in_place=True)
+
+#: The one description of every collective's variants.
+COLLECTIVES = (ALLREDUCE, ALLGATHER, BROADCAST, REDUCESCATTER, ALLTOALL, PUSH_PULL)
+
+
+# ---- allreduce -----------------------------------------------------------------------------------------
+
+def allreduce_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, algorithm: str | None = None,
+                    compression: WireCodec | None = Compression.none, process_set=None, priority: int = 0) -> Handle:
+    """Start reducing ``tensor`` across ranks into a new array; ``synchronize`` returns it.
+
+    ``op``: Sum, Average (default), Min, Max, Product. ``prescale_factor``/``postscale_factor`` multiply
+    before/after the reduction. ``algorithm`` forces one (see docs/algorithms.md). ``compression``
+    (Compression.fp16 / .bf16) sends float32 in half precision and accumulates in float32; a lossy
+    compressor (Compression.topk(0.01), .dgc(), .powersgd(), ...; Sum/Average only, state kept per
+    ``name``) or an object with Horovod's compress/decompress runs as docs/compression.md describes.
+    ``process_set``: reduce among that set's ranks only (default: every rank). ``priority``: among
+    allreduces ready at once, higher ones run first, and large ones in partitions (docs/coordinator.md,
+    "Priority scheduling"); every rank must give a tensor the same priority."""
+    return _allreduce(_ASYNC, tensor, op, name, prescale_factor, postscale_factor, algorithm, compression,
+                      process_set, priority)
+
+
+def allreduce_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                     postscale_factor: float = 1.0, algorithm: str | None = None,
+                     compression: WireCodec | None = Compression.none, process_set=None,
+                     priority: int = 0) -> Handle:
+    """In-place version of :func:`allreduce_async`."""
+    return _allreduce(_ASYNC_, tensor, op, name, prescale_factor, postscale_factor, algorithm, compression,
+                      process_set, priority)
+
+
+def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, algorithm: str | None = None,
+              compression: WireCodec | None = Compression.none, process_set=None, priority: int = 0) -> np.ndarray:
+    """Reduce ``tensor`` across ranks; returns a new array (the arguments: :func:`allreduce_async`).
+
+    Example::
+
+        import commlib as cl, numpy as np
+        cl.init()
+        mean = cl.allreduce(np.full(4, cl.rank(), np.float32))   # every rank: the mean of the ranks
+    """
+    return _allreduce(_BLOCKING, tensor, op, name, prescale_factor, postscale_factor, algorithm, compression,
+                      process_set, priority)
+
+
+def allreduce_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, algorithm: str | None = None,
+               compression: WireCodec | None = Compression.none, process_set=None,
+               priority: int = 0) -> np.ndarray:
+    """Reduce ``tensor`` across ranks in place; returns it."""
+    return _allreduce(_BLOCKING_, tensor, op, name, prescale_factor, postscale_factor, algorithm, compression,
+                      process_set, priority)
+
+
+def grouped_allreduce_async(tensors: Sequence, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, algorithm: str | None = None,
+                            compression: WireCodec | None = Compression.none, process_set=None,
+                            priority: int = 0) -> Handle:
+    """Start allreducing a list of tensors together; ``synchronize`` returns the list of results."""
+    return _grouped(_ASYNC, ALLREDUCE, tensors, op, name, prescale_factor, postscale_factor, algorithm,
+                    compression, process_set, priority)
+
+
+def grouped_allreduce_async_(tensors: Sequence, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                             postscale_factor: float = 1.0, algorithm: str | None = None,
+                             compression: WireCodec | None = Compression.none, process_set=None,
+                             priority: int = 0) -> Handle:
+    """In-place version of :func:`grouped_allreduce_async`."""
+    return _grouped(_ASYNC_, ALLREDUCE, tensors, op, name, prescale_factor, postscale_factor, algorithm,
+                    compression, process_set, priority)
+
+
+def grouped_allreduce(tensors: Sequence, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, algorithm: str | None = None,
+                      compression: WireCodec | None = Compression.none, process_set=None,
+                      priority: int = 0) -> list:
+    """Allreduce a list of tensors together; returns the list of results."""
+    return _grouped(_BLOCKING, ALLREDUCE, tensors, op, name, prescale_factor, postscale_factor, algorithm,
+                    compression, process_set, priority)
+
+
+def grouped_allreduce_(tensors: Sequence, op=Average, name: str | None = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0, algorithm: str | None = None,
+                       compression: WireCodec | None = Compression.none, process_set=None,
+                       priority: int = 0) -> list:
+    """In-place version of :func:`grouped_allreduce`."""
+    return _grouped(_BLOCKING_, ALLREDUCE, tensors, op, name, prescale_factor, postscale_factor, algorithm,
+                    compression, process_set, priority)
+
+
+# ---- allgather, broadcast, reducescatter, alltoall --------------------------------------------------------
+
 def allgather_async(tensor, name: str | None = None, process_set=None) -> Handle:
     """Start concatenating every rank's ``tensor`` along the first dimension (which may differ)."""
-    return _plain_handle(Kind.ALLGATHER, "allgather", tensor, name, process_set=process_set)
+    return _allgather(_ASYNC, tensor, name, process_set)
 
 
 def allgather(tensor, name: str | None = None, process_set=None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.ALLGATHER, "allgather", tensor, name, wait=True,
-                                     process_set=process_set))
+    """Concatenate every rank's ``tensor`` along the first dimension; returns a new array."""
+    return _allgather(_BLOCKING, tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors: Sequence, name: str | None = None, process_set=None) -> Handle:
+    """Start :func:`allgather` on each of ``tensors``; ``synchronize`` returns the list of results."""
+    return _grouped(_ASYNC, ALLGATHER, tensors, name, process_set)
+
+
+def grouped_allgather(tensors: Sequence, name: str | None = None, process_set=None) -> list:
+    """:func:`allgather` on each of ``tensors``; returns the list of results."""
+    return _grouped(_BLOCKING, ALLGATHER, tensors, name, process_set)
 
 
 def broadcast_async(tensor, root_rank: int, name: str | None = None, process_set=None) -> Handle:
     """Start copying ``root_rank``'s ``tensor`` to every rank, into a new array. ``root_rank`` is a
     world rank, also with a ``process_set`` (as in Horovod)."""
-    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=root_rank, process_set=process_set)
+    return _broadcast(_ASYNC, tensor, root_rank, name, process_set)
 
 
 def broadcast_async_(tensor: np.ndarray, root_rank: int, name: str | None = None, process_set=None) -> Handle:
-    return _plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True, root=root_rank,
-                         process_set=process_set)
+    """In-place version of :func:`broadcast_async`."""
+    return _broadcast(_ASYNC_, tensor, root_rank, name, process_set)
 
 
 def broadcast(tensor, root_rank: int, name: str | None = None, process_set=None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, root=root_rank, wait=True,
-                                     process_set=process_set))
+    """Copy ``root_rank``'s ``tensor`` to every rank; returns a new array."""
+    return _broadcast(_BLOCKING, tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor: np.ndarray, root_rank: int, name: str | None = None, process_set=None) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.BROADCAST, "broadcast", tensor, name, inplace=True,
-                                     root=root_rank, wait=True, process_set=process_set))
+    """In-place version of :func:`broadcast`."""
+    return _broadcast(_BLOCKING_, tensor, root_rank, name, process_set)
 
 
 def reducescatter_async(tensor, op=Average, name: str | None = None, process_set=None,
@@ -631,55 +608,110 @@ def reducescatter_async(tensor, op=Average, name: str | None = None, process_set
     """Start reducing ``tensor`` and giving each rank its block of the first dimension (earlier ranks
     take the extra rows, as Horovod). ``prescale_factor`` multiplies each rank's input, ``postscale_factor``
     the result; Average divides by the ranks in the postscale pass (integers truncated, as Horovod)."""
-    return _plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, process_set=process_set,
-                         prescale=prescale_factor, postscale=postscale_factor)
+    return _reducescatter(_ASYNC, tensor, op, name, process_set, prescale_factor, postscale_factor)
 
 
 def reducescatter(tensor, op=Average, name: str | None = None, process_set=None,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> np.ndarray:
-    return synchronize(_plain_handle(Kind.REDUCESCATTER, "reducescatter", tensor, name, op=op, wait=True,
-                                     process_set=process_set, prescale=prescale_factor,
-                                     postscale=postscale_factor))
+    """Reduce ``tensor``; returns this rank's block of the first dimension (:func:`reducescatter_async`)."""
+    return _reducescatter(_BLOCKING, tensor, op, name, process_set, prescale_factor, postscale_factor)
 
 
 def grouped_reducescatter_async(tensors: Sequence, op=Average, name: str | None = None, process_set=None,
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start :func:`reducescatter` on each of ``tensors``; ``synchronize`` returns the list of results."""
-    tensors = validation.check_tensor_list(tensors, validation.check_name(name, "grouped_reducescatter") or
-                                           "grouped_reducescatter")
-    _, _, base = _member_and_name(process_set, name, "grouped_reducescatter")
-    return Handle(base, parts=[
-        _plain_handle(Kind.REDUCESCATTER, "reducescatter", t, f"{base}.{i}", op=op, process_set=process_set,
-                      prescale=prescale_factor, postscale=postscale_factor) for i, t in enumerate(tensors)])
+    return _grouped(_ASYNC, REDUCESCATTER, tensors, op, name, process_set, prescale_factor, postscale_factor)
 
 
-def grouped_reducescatter(tensors: Sequence, **kwargs) -> list:
-    return synchronize(grouped_reducescatter_async(tensors, **kwargs))
-
-
-def grouped_allgather_async(tensors: Sequence, name: str | None = None, process_set=None) -> Handle:
-    """Start :func:`allgather` on each of ``tensors``; ``synchronize`` returns the list of results."""
-    tensors = validation.check_tensor_list(tensors, validation.check_name(name, "grouped_allgather") or
-                                           "grouped_allgather")
-    _, _, base = _member_and_name(process_set, name, "grouped_allgather")
-    return Handle(base, parts=[_plain_handle(Kind.ALLGATHER, "allgather", t, f"{base}.{i}", process_set=process_set)
-                               for i, t in enumerate(tensors)])
-
-
-def grouped_allgather(tensors: Sequence, name: str | None = None, process_set=None) -> list:
-    return synchronize(grouped_allgather_async(tensors, name, process_set=process_set))
+def grouped_reducescatter(tensors: Sequence, op=Average, name: str | None = None, process_set=None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+    """:func:`reducescatter` on each of ``tensors``; returns the list of results."""
+    return _grouped(_BLOCKING, REDUCESCATTER, tensors, op, name, process_set, prescale_factor, postscale_factor)
 
 
 def alltoall_async(tensor, splits=None, name: str | None = None, process_set=None) -> Handle:
     """Start sending ``splits[i]`` rows of ``tensor`` to rank i of the set (equal parts by default);
     ``synchronize`` returns ``(output, received_splits)``."""
-    return _plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, splits=splits, process_set=process_set)
+    return _alltoall(_ASYNC, tensor, splits, name, process_set)
 
 
 def alltoall(tensor, splits=None, name: str | None = None, process_set=None):
-    return synchronize(_plain_handle(Kind.ALLTOALL, "alltoall", tensor, name, splits=splits, wait=True,
-                                     process_set=process_set))
+    """:func:`alltoall_async` and wait: returns ``(output, received_splits)``."""
+    return _alltoall(_BLOCKING, tensor, splits, name, process_set)
 
+
+# ---- persistent allreduce ---------------------------------------------------------------------------
+
+class PersistentAllreduce:
+    """One named in-place allreduce started again and again (a gradient, every step), as MPI's persistent
+    collectives: the arguments are checked once, and after the first start of an array of a given dtype
+    and shape the request's metadata is kept, so a start only checks that the array is still a writable
+    C-contiguous numpy array of that dtype and shape and queues it (``allreduce_async_`` with the same
+    arguments builds and looks up the request on every call). Anything else (another dtype or shape, a
+    device array, commlib re-initialized) takes ``allreduce_async_``'s full path, with its checks and
+    errors. Made by :func:`persistent_allreduce`."""
+
+    __slots__ = ("name", "_kwargs", "_runtime", "_meta", "_dtype", "_shape", "_process_set")
+
+    def __init__(self, name: str, kwargs: dict):
+        self.name = name
+        self._kwargs = kwargs
+        self._process_set = kwargs.get("process_set")
+        self._runtime = None
+        self._meta: Meta | None = None
+        self._dtype = None
+        self._shape = None
+
+    def start_(self, array) -> Handle:
+        """Start reducing ``array`` in place; returns the handle to ``synchronize``."""
+        runtime = current_or_none()
+        meta = self._meta
+        if (meta is None or runtime is not self._runtime or type(array) is not np.ndarray
+                or array.dtype is not self._dtype or array.shape != self._shape):
+            return self._first(array)
+        flags = array.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return self._first(array)
+        member = runtime.sets.member(self._process_set, self.name)  # a removed set is still an error
+        return member.coordinator.submit(Entry(meta, array, array, Handle(meta.name)))
+
+    def _first(self, array) -> Handle:
+        """The full path; keeps the request's metadata when it was a plain one."""
+        kwargs = self._kwargs
+        handle = _allreduce_handle(array, True, kwargs["op"], self.name, kwargs["prescale_factor"],
+                                   kwargs["postscale_factor"], None, None, wait=False,
+                                   process_set=self._process_set, priority=kwargs["priority"])
+        runtime = current_or_none()
+        self._meta = None
+        if type(array) is np.ndarray and type(kwargs["op"]) is ReduceOp:
+            meta = _plain_allreduce_meta(runtime, self.name, array, kwargs["op"], kwargs["prescale_factor"],
+                                         kwargs["postscale_factor"], kwargs["priority"])
+            if meta is not None:
+                self._runtime, self._meta, self._dtype, self._shape = runtime, meta, array.dtype, array.shape
+        return handle
+
+
+def persistent_allreduce(name: str, op=Average, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                         process_set=None, priority: int = 0) -> PersistentAllreduce:
+    """An in-place allreduce of ``name`` to start many times: ``request.start_(array)`` does what
+    ``allreduce_async_(array, op, name, prescale_factor, postscale_factor, process_set=process_set,
+    priority=priority)`` does, with less work per start (:class:`PersistentAllreduce`; no compression or
+    forced algorithm: use ``allreduce_async_`` for those). ``name`` is required: it is what makes the
+    repeated starts the same request on every rank."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"persistent_allreduce: name must be a non-empty string (it is what matches the request's "
+                        f"starts across ranks), not {type(name).__name__} {name!r}"[:300])
+    name = str(name)
+    if priority:
+        priority = _priority(priority, name)
+    prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", name)
+    postscale_factor = validation.check_scale_factor(postscale_factor, "postscale_factor", name)
+    return PersistentAllreduce(name, dict(op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                          process_set=process_set, priority=priority))
+
+
+
+# ---- barrier, join, handles ----------------------------------------------------------------------------
 
 def barrier(process_set=None) -> None:
     """Wait until every rank (of ``process_set``) has reached the barrier."""
@@ -742,57 +774,6 @@ def num_servers() -> int:
     return servers.num_servers if servers is not None else 0
 
 
-def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor,
-                      compression, priority: int = 0) -> Handle:
-    runtime = _rt()
-    if runtime.servers is None:
-        from .algorithms.ps import NO_SERVERS
-
-        raise CommlibError(NO_SERVERS.replace("algorithm 'ps'", "push_pull"))
-    from .engine import _scale_factors
-
-    if priority:
-        priority = _priority(priority, name or "push_pull")
-    name = name or runtime.sets.world.auto_name("push_pull")
-    op = as_op(op)
-    if inplace:
-        output = _in_place(tensor, name, "push_pull")
-    else:
-        output = np.array(np.asarray(tensor), copy=True, order="C")
-    codec = None if compression is Compression.none or compression is None else compression
-    lossy = None
-    if codec is not None and not isinstance(codec, WireCodec):  # a lossy compressor, where one applies
-        from .compression import pushed
-
-        why = pushed.why_not(codec, output.dtype, op.name, name)
-        if why:
-            raise CommlibError(why)
-        lossy, codec = pushed.PushEncoder(codec), None
-    validation.check_contiguous(output, name)
-    validation.check_reducible(output, op, name)
-    validation.check_options(output.dtype, codec, prescale_factor, postscale_factor, name)
-    if lossy is None and _reduces_in_hosts(runtime, output.nbytes, codec):
-        # one push per host: the host's ranks meet first, so this goes through the coordinator (agreed order)
-        return _allreduce_handle(output, True, op, name, prescale_factor, postscale_factor, "ps", codec,
-                                 wait=False, priority=priority)
-    pre, post = _scale_factors(op, codec, prescale_factor, postscale_factor, runtime.size)
-    return runtime.servers.push_pull_async(output.reshape(-1), name, op.kernel_op, codec, pre, post,
-                                           result=output, lossy=lossy, priority=priority)
-
-
-def _reduces_in_hosts(runtime: "Runtime", nbytes: int, codec) -> bool:
-    """Whether ``ps`` reduces inside each host first for a world tensor of ``nbytes`` (the rule every rank
-    applies alike: commlib/algorithms/ps.py)."""
-    from .algorithms import ps
-
-    ctx = runtime.world_context
-    return ps.reduces_in_hosts(ctx.cost_model, nbytes, ps.shape_of(ctx), codec)
-
-
-def _through_servers(runtime: "Runtime", algorithm) -> bool:
-    """Whether an allreduce runs on the summation servers (``ps`` asked for, or the configured default)."""
-    return runtime.servers is not None and str(algorithm or runtime.config.algorithm).lower() == "ps"
-
 
 def push_pull_async(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none,
@@ -806,14 +787,14 @@ def push_pull_async(tensor, op=Average, name: str | None = None, prescale_factor
     (an int, BytePS's argument): this worker sends the partitions of a higher-priority tensor before those
     of lower-priority tensors still waiting to go (equal priorities in submission order); it changes the
     order only, never the result."""
-    return _push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor, compression, priority)
+    return _push_pull(_ASYNC, tensor, op, name, prescale_factor, postscale_factor, compression, priority)
 
 
 def push_pull_async_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                      postscale_factor: float = 1.0,
                      compression: WireCodec | None = Compression.none, priority: int = 0) -> Handle:
     """In-place version of :func:`push_pull_async`."""
-    return _push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor, compression, priority)
+    return _push_pull(_ASYNC_, tensor, op, name, prescale_factor, postscale_factor, compression, priority)
 
 
 def push_pull(tensor, op=Average, name: str | None = None, prescale_factor: float = 1.0,
@@ -827,13 +808,11 @@ def push_pull(tensor, op=Average, name: str | None = None, prescale_factor: floa
         cl.init()
         total = cl.push_pull(np.full(4, cl.rank(), np.float32), op=cl.Sum, name="x")   # [1, 1, 1, 1]
     """
-    return synchronize(_push_pull_handle(tensor, False, op, name, prescale_factor, postscale_factor,
-                                         compression, priority))
+    return _push_pull(_BLOCKING, tensor, op, name, prescale_factor, postscale_factor, compression, priority)
 
 
 def push_pull_(tensor: np.ndarray, op=Average, name: str | None = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, compression: WireCodec | None = Compression.none,
                priority: int = 0) -> np.ndarray:
     """In-place version of :func:`push_pull`."""
-    return synchronize(_push_pull_handle(tensor, True, op, name, prescale_factor, postscale_factor,
-                                         compression, priority))
+    return _push_pull(_BLOCKING_, tensor, op, name, prescale_factor, postscale_factor, compression, priority)

@@ -35,7 +35,7 @@ _COUNT = np.dtype(np.int64)
 PATIENT_BYTES = 8 << 20  # an allreduce at least this large across hosts waits patiently (Engine._bulk)
 
 
-def _scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
+def scale_factors(op: ReduceOp, codec: WireCodec | None, prescale: float, postscale: float,
                    size: int) -> tuple[float, float]:
     """The factors an algorithm applies before and after reducing: the user's, an Average's division, and
     with fp16 on the wire a division by the ranks first (so that no partial sum of in-range inputs can
@@ -61,6 +61,16 @@ class Engine:
         self.topology = topology
         self.config = config
         self.context = AlgorithmContext.create(transport, topology, config)
+        #: ``auto``'s plan per request while it learns (:meth:`plan_allreduce`): a small call's latency is
+        #: mostly decisions like these, and each plan follows the learner
+        self._learning_plans = BoundedCache(256)
+
+    def use_model(self, model) -> None:
+        """Decide from the cost model ``model`` from now on (``commlib-bench --calibrate`` fits one during
+        the job; equal on every rank): what was decided from the old one is forgotten."""
+        self.context.cost_model = model
+        select.forget_model(self.context)
+        self._learning_plans = BoundedCache(256)
 
     @property
     def fusion_inplace_bytes(self) -> int:
@@ -113,14 +123,11 @@ class Engine:
         check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
         algorithm = algorithm or self.config.algorithm
-        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
-            # remembered: a small call's latency is mostly decisions like these (the plan follows the learner)
             key = (dtype, count, kernel_op, pre, post, codec.name if codec is not None else None, name)
-            plans = ctx.tuning.get("engine.learning_plans")
-            if plans is None:
-                plans = ctx.tuning["engine.learning_plans"] = BoundedCache(256)
+            plans = self._learning_plans
             known = plans.get(key)
             if known is not None:
                 return known
@@ -157,8 +164,7 @@ class Engine:
         """Whether an allreduce of ``nbytes`` is a bulk transfer across hosts: the waits of commlib's own
         algorithms then sleep between polls, leaving the core to the framework
         (:func:`.transport.deadline.patiently`). Never MPI's own allreduce: MPI progresses its schedule
-        only inside a poll, and sleeping between polls made its 80 MiB call on 2 hosts at 1 Gbit/s take
-        720 or 1000 ms instead of 720."""
+        only inside a poll, so sleeping between polls slows its calls (docs/results/design_choices.md)."""
         return nbytes >= PATIENT_BYTES and self.topology.cross_size > 1
 
     def _waiting_as_needed(self, run: Callable, algorithm: str, nbytes: int) -> Callable:
@@ -180,7 +186,7 @@ class Engine:
         Average's division) applied. Every rank that computes it from the same contributions gets the
         same bits."""
         op = as_op(op)
-        pre, post = _scale_factors(op, None, prescale, postscale, self.size)
+        pre, post = scale_factors(op, None, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         out[...] = contributions[0]
         if pre != 1.0:
@@ -231,7 +237,7 @@ class Engine:
             for flat in flats:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
-        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         self.context.segment_bytes = choice.segment_bytes
         overflow = self._waiting_as_needed(together, choice.algorithm, total)(
             self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
@@ -243,7 +249,7 @@ class Engine:
         on fused calls): in one pass where the algorithm has a ``run_many``, else one call of the same
         algorithm each."""
         ctx = self.context
-        pre, post = _scale_factors(op, codec, prescale, postscale, self.size)
+        pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         together = spec.get(choice.algorithm).run_many
 

@@ -27,14 +27,12 @@ from typing import Mapping
 
 import numpy as np
 
-from . import api
+from . import api, lifecycle
+from .algorithms.ps import no_servers
 from .errors import CommlibError
 
 #: ``staleness`` not given: ``COMMLIB_GEO_STALENESS`` decides (``None`` is a value: unbounded).
 FROM_CONFIG = object()
-#: Why GeoSGD cannot run in a job without summation servers.
-NO_SERVERS = ("GeoSGD needs summation servers, and this job has none: launch them as extra ranks of the job, "
-              "e.g. mpiexec -n 4 python train.py : -n 2 python -m commlib.server (docs/servers.md)")
 
 
 class GeoSGD:
@@ -63,10 +61,10 @@ class GeoSGD:
 
     def __init__(self, params, k: int | None = None, staleness=FROM_CONFIG, average: bool = True,
                  overlap: bool = True, name: str = "geo"):
-        runtime = api._rt()
+        runtime = lifecycle.current()
         client = runtime.geo  # the runtime's Geo-SGD client (commlib.server.geo_client), None without servers
         if client is None:
-            raise CommlibError(NO_SERVERS)
+            raise CommlibError(no_servers("GeoSGD"))
         config = runtime.config
         self.k = config.geo_steps if k is None else int(k)
         if self.k < 1:

@@ -77,7 +77,7 @@ class ProcessSet:
     __str__ = __repr__
 
 
-class _GlobalProcessSet(ProcessSet):
+class GlobalProcessSet(ProcessSet):
     """The world (id 0). One object for every runtime: it reads the current one when asked."""
 
     def __init__(self, current: Callable[[], "ProcessSetTable | None"]):
@@ -153,6 +153,11 @@ class ProcessSetTable:
 
     def members(self) -> list[Member]:
         return list(self._members.values())
+
+    def by_id(self, process_set_id: int) -> ProcessSet | None:
+        """The registered set with this id (also one this rank is not in), or None; 0 is the world, which
+        has no ProcessSet here (``commlib.global_process_set`` is the world's)."""
+        return self._sets.get(process_set_id)
 
     def member(self, process_set, name: str = "") -> Member:
         """This rank's member of ``process_set`` (None or the global set: the world), or a clear error."""

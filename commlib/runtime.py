@@ -1,4 +1,5 @@
-"""The one state object: created by ``init()``, torn down by ``shutdown()``.
+"""What one ``init()`` builds: created by :mod:`commlib.lifecycle` (the one owner of the process's state),
+torn down by ``shutdown()``.
 
 It owns commlib's duplicate of the user's communicator (so commlib's traffic never collides with the
 user's own MPI calls), the topology, the timeline, and the process sets (:mod:`commlib.process_sets`):
@@ -10,6 +11,8 @@ MPI uninitialized (``mpi4py.rc`` can still be set).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from mpi4py import MPI
 
@@ -29,11 +32,36 @@ from .transport.control import ControlChannel
 from .transport.deadline import Deadline
 from .transport.mpi import KernelOps, MPITransport
 
+if TYPE_CHECKING:
+    from .algorithms.context import AlgorithmContext
+    from .server.client import ServerClient
+
 
 class Runtime:
-    """Everything ``init()`` creates. Build it with ``Runtime(comm, **settings)``; end it with ``close()``."""
+    """Everything ``init()`` creates, as typed fields. Build it with ``Runtime(comm, **settings)``; end it
+    with ``close()``. :mod:`commlib.lifecycle` holds the one instance (``lifecycle.current()``); the fields
+    below are the internal interface plug-ins and services may read (docs/architecture.md). A service that
+    keeps state per process adds a typed field here, made in ``__init__`` (or on first use) and closed in
+    ``close()``, rather than a module-level variable of its own."""
 
-    def __init__(self, comm: "MPI.Comm | None" = None, layouts: dict | None = None, **settings):
+    config: Config                 # the settings: init()'s over the environment (commlib.config)
+    comm: MPI.Comm                 # commlib's duplicate of the user's communicator (add/remove_process_set)
+    rank: int                      # this process's rank in ``comm`` (the world of commlib's ranks)
+    size: int
+    thread_multiple: bool          # MPI provides MPI_THREAD_MULTIPLE (process sets and servers need it)
+    job: discovery.Job             # which ranks of the launch are workers and which summation servers
+    topology: Topology             # the node layout of the world
+    deadline: Deadline             # every wait's limit (COMMLIB_TIMEOUT) and the first lost peer
+    timeline: Timeline | None      # the Chrome-trace writer, while a timeline is on
+    servers: ServerClient | None   # the summation servers' client (None: the job has none)
+    geo: GeoClient | None          # Geo-SGD's tables on the servers (commlib.geo; None: the job has none)
+    kernel_ops: KernelOps          # the user-defined MPI ops every set's and lane's transport shares
+    sets: ProcessSetTable          # the registered process sets; ``sets.world`` is the world's member
+    world_context: AlgorithmContext  # the world's first lane's context (push_pull asks its cost model)
+    metas: BoundedCache            # request metadata by call signature (the hot path's cache)
+
+    def __init__(self, comm: "MPI.Comm | None" = None, layouts: "dict[int, discovery.Job] | None" = None,
+                 **settings):
         try:
             self.config = Config.load(**settings)
             self.thread_multiple = self._thread_multiple(self.config)
@@ -41,7 +69,7 @@ class Runtime:
         except Exception as exc:  # the other ranks still come to the agreement below, and learn why
             own = exc
         # workers only: summation servers launched in the same job (commlib.server) are split off here;
-        # ``layouts`` (the caller's, by communicator) keeps the job's layout for the next runtime
+        # ``layouts`` (lifecycle's, by communicator) keeps the job's layout for the next runtime
         start_timeout = self.config.start_timeout_s if own is None else Config().start_timeout_s
         self.job = discovery.worker_job(comm if comm is not None else MPI.COMM_WORLD, layouts, start_timeout)
         self.comm = self.job.own.Dup()
@@ -67,7 +95,7 @@ class Runtime:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank,
                                      self.config.timeline_mark_cycles)
         self.servers = None
-        self.geo: GeoClient | None = None  # Geo-SGD's tables on the servers (commlib.geo)
+        self.geo = None
         if self.job.servers:
             if not self.thread_multiple:
                 self.comm.Free()
@@ -142,7 +170,7 @@ class Runtime:
     def lost(self):
         """The PeerLostError this runtime met (a wait timed out, or a coordinator gave up on a silent
         peer), else None. After one, the process must not finalize MPI (its teardown would wait for the
-        lost peers): see commlib.api's exit path."""
+        lost peers): see commlib.lifecycle's exit path."""
         if self.deadline.lost is not None:
             return self.deadline.lost
         for member in self.sets.members():

@@ -18,9 +18,15 @@ from . import cost as _cost
 from . import partition, ring
 from .cost import INF
 
-NO_SERVERS = ("algorithm 'ps' needs summation servers, and this job has none: launch them as extra ranks "
-              "of the job, e.g. mpiexec -n 4 python train.py : -n 2 python -m commlib.server "
-              "(docs/servers.md)")
+
+
+def no_servers(what: str) -> str:
+    """The error for ``what`` (a call, an algorithm) in a job without summation servers: how to start them."""
+    return (f"{what} needs summation servers, and this job has none: launch them as extra ranks of the job, "
+            "e.g. mpiexec -n 4 python train.py : -n 2 python -m commlib.server (docs/servers.md)")
+
+
+NO_SERVERS = no_servers("algorithm 'ps'")
 
 
 def requires(ctx, codec) -> str | None:
@@ -40,10 +46,10 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, *, prescale: float
 def shape_of(ctx) -> _cost.Shape:
     """What :func:`reduces_in_hosts` reads of ``ctx`` (a lane with servers): the nodes of the ranks and of
     the servers, the partition size and COMMLIB_SERVER_HOST_REDUCE; equal on every rank of the set."""
-    cached = ctx.tuning.get("ps.shape")
+    cached = ctx.server_shape
     if cached is None:
         config = ctx.config
-        cached = ctx.tuning["ps.shape"] = _cost.Shape(
+        cached = ctx.server_shape = _cost.Shape(
             node_of_rank=tuple(ctx.topology.node_of_rank), servers=tuple(ctx.servers.server_nodes),
             server_partition_bytes=config.server_partition_bytes, server_depth=ctx.servers.depth,
             server_host_reduce=config.server_host_reduce)
@@ -84,8 +90,7 @@ def host_cost(model, nbytes: float, shape, codec=None, seg: int = 0) -> float:
         return 0.0
     nodes = shape.node_groups()
     seg = seg or (1 << 20)
-    inside = (_cost._ring_half(model, shape, nodes, nbytes, None, seg, True)
-              + _cost._ring_half(model, shape, nodes, nbytes, None, seg, False))
+    inside = _cost.rings(model, shape, nodes, nbytes, None, seg)
     per_node = dataclasses.replace(shape, node_of_rank=tuple(sorted(set(shape.node_of_rank))))
     return inside + cost(model, nbytes, per_node, codec, seg)
 

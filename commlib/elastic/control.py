@@ -21,10 +21,10 @@ HOSTS_UPDATED = "hosts_updated"
 
 
 def directory() -> str | None:
-    """The driver's directory, or None outside the elastic driver (read through commlib's configuration)."""
-    from ..config import Config
+    """The driver's directory, or None outside the elastic driver (the runtime's settings)."""
+    from .. import lifecycle
 
-    return Config.load().elastic_dir
+    return lifecycle.config().elastic_dir
 
 
 def write_snapshot(path: str, data: bytes) -> None:

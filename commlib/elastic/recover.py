@@ -28,9 +28,9 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 
+from .. import lifecycle
 from . import control
 
 log = logging.getLogger("commlib.elastic")
@@ -39,21 +39,10 @@ log = logging.getLogger("commlib.elastic")
 DECISION_WAIT_S = 120.0
 
 
-class _Recovery:
-    generation = 0          # recoveries so far in this launch: names the rendezvous files
-    exit_hook = False       # the no-finalize exit hook is installed
-    failed = False          # an exception reached the top level (for the exit status)
-
-
-_recovery = _Recovery()
-
-
 def enabled() -> bool:
     """In-process recovery applies: under the elastic driver, which asked for it (hydra started with
-    ``-disable-auto-cleanup``)."""
-    from ..config import Config
-
-    return Config.load().recovers_in_process
+    ``-disable-auto-cleanup``; read from the runtime's settings)."""
+    return lifecycle.config().recovers_in_process
 
 
 def rebuild(error: BaseException) -> bool:
@@ -62,19 +51,17 @@ def rebuild(error: BaseException) -> bool:
     survivors left out ends here."""
     from mpi4py import MPI
 
-    from .. import api
-
     directory = control.directory()
     world = MPI.COMM_WORLD
     me = world.Get_rank()
-    runtime = api._state.runtime
+    runtime = lifecycle.current_or_none()
     members = _members(runtime, world)
     suspects = _suspects(error, runtime, world)
-    settings = dict(api._state.settings or {})
-    _abandon(runtime, _local(runtime, world, suspects))
+    lifecycle.abandon(_local(runtime, world, suspects))
     _install_exit_hook(directory, me)
-    generation = _recovery.generation
-    _recovery.generation += 1
+    record = lifecycle.elastic_record()
+    generation = record.generation
+    record.generation += 1
     _write(directory, f"report.{generation}.{me}",
            {"rank": me, "members": members, "suspects": suspects, "time": time.time(), "error": str(error)[:500]})
     log.warning("commlib elastic: rank %d reports a failed collective (%s); waiting for the survivors", me, error)
@@ -89,7 +76,7 @@ def rebuild(error: BaseException) -> bool:
               file=sys.stderr, flush=True)
         _exit(control.RESTART_EXIT_CODE)
     comm = world.Create_group(world.Get_group().Incl(survivors), tag=generation + 1)
-    api.init(comm=comm, **settings)
+    lifecycle.rebuild(comm)  # init()'s settings, over the survivors
     print(f"commlib elastic: rank {me} goes on as rank {comm.Get_rank()} of {comm.Get_size()} (lost world "
           f"ranks {sorted(set(members) - set(survivors))})", file=sys.stderr, flush=True)
     return True
@@ -122,68 +109,42 @@ def _local(runtime, world, world_ranks) -> list[int]:
     return [members.index(r) for r in world_ranks if r in members]
 
 
-def _abandon(runtime, lost) -> None:
-    """Stop the old runtime without a collective and without a message to ``lost`` (its ranks): its
-    threads end (every wait fails at once after the loss), its communicators are left alone (the dead
-    rank is in them). At most a few seconds."""
-    from .. import api
-
-    api._state.runtime = None
-    atexit.unregister(api._leave)
-    if runtime is None:
-        return
-    closer = threading.Thread(target=_close_quietly, args=(runtime, lost), daemon=True, name="commlib-abandon")
-    closer.start()
-    closer.join(timeout=5.0)
-
-
-def _close_quietly(runtime, lost) -> None:
-    try:
-        runtime.abandon(lost)
-    except Exception as exc:  # noqa: BLE001 - the runtime is being thrown away
-        log.debug("commlib elastic: closing the old runtime: %r", exc)
-
-
 def _install_exit_hook(directory: str, me: int) -> None:
     """After a recovery the process must end without MPI_Finalize; the driver reads the exit status
     from ``exit.<world rank>`` (mpiexec's own is the dead rank's)."""
-    if _recovery.exit_hook:
+    record = lifecycle.elastic_record()
+    if record.exit_hook:
         return
-    _recovery.exit_hook = True
+    record.exit_hook = True
     previous = sys.excepthook
 
     def excepthook(kind, value, traceback):
-        _recovery.failed = True
+        record.failed = True
         previous(kind, value, traceback)
 
     sys.excepthook = excepthook
 
     def at_exit():
-        _exit(1 if _recovery.failed else 0)
+        _exit(1 if record.failed else 0)
 
-    atexit.register(at_exit)  # runs before mpi4py's finalize, which was registered at import
-    _recovery.directory, _recovery.rank = directory, me
+    atexit.register(at_exit)  # runs before any MPI_Finalize (mpi4py's, or commlib's: registered earlier)
+    record.directory, record.world_rank = directory, me
 
 
 def exit_now(code: int) -> None:
     """End the process at once with ``code``, without MPI_Finalize (a peer may be gone); after a recovery
     the driver learns the status from the exit file."""
-    if _recovery.exit_hook:
+    if lifecycle.elastic_record().exit_hook:
         _exit(code)
     os._exit(code)
 
 
 def _exit(code: int) -> None:
-    from .. import api
-
-    runtime, api._state.runtime = api._state.runtime, None
-    if runtime is not None:
-        atexit.unregister(api._leave)
-        _abandon_quietly(runtime)
-    directory = getattr(_recovery, "directory", None)
-    if directory:
+    lifecycle.abandon()  # the process ends: tell the others, wait for no one
+    record = lifecycle.elastic_record()
+    if record.directory:
         try:
-            _write(directory, f"exit.{_recovery.rank}", {"code": code})
+            _write(record.directory, f"exit.{record.world_rank}", {"code": code})
         except OSError:
             pass
     for stream in (sys.stdout, sys.stderr):
@@ -192,19 +153,6 @@ def _exit(code: int) -> None:
         except Exception:  # noqa: BLE001
             pass
     os._exit(code)
-
-
-def _abandon_quietly(runtime) -> None:
-    closer = threading.Thread(target=lambda: _try_close(runtime), daemon=True)
-    closer.start()
-    closer.join(timeout=5.0)
-
-
-def _try_close(runtime) -> None:
-    try:
-        runtime.close(leaving=True)
-    except Exception:  # noqa: BLE001 - exiting anyway
-        pass
 
 
 def _write(directory: str, name: str, value) -> None:

@@ -69,7 +69,7 @@ def run(func: Callable) -> Callable:
 def _bcast(state: State, value: bool) -> bool:
     if control.directory() is None:
         return value
-    return bool(state._bcast_object(value, root_rank=0))
+    return bool(state.broadcast_object(value, root_rank=0))
 
 
 def _exit_for_restart(reason: str) -> None:

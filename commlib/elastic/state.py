@@ -55,6 +55,11 @@ class State:
         self._rank = get_rank or _default_rank
         self._reset_callbacks: list[Callable[[], None]] = []
 
+    def broadcast_object(self, obj, root_rank: int = 0):
+        """``obj`` from ``root_rank`` on every rank, through the plug-in's broadcast this state was given
+        (what the elastic loop agrees with)."""
+        return self._bcast_object(obj, root_rank=root_rank)
+
     def register_reset_callbacks(self, callbacks) -> None:
         """Functions to call after a reset (the job restarted with other hosts), e.g. to rescale the
         learning rate to the new number of ranks."""

@@ -15,7 +15,7 @@ except ImportError as _exc:  # say what to install instead of a bare ModuleNotFo
 from ..compression import Compression
 from ..errors import CollectiveError, CommlibError
 from ..ops import Average, Max, Min, Product, ReduceOp, Sum
-from ..process_sets import ProcessSet
+from ..api import ProcessSet
 from .basics import (add_process_set, cross_rank, cross_size, global_process_set, init, is_initialized,
                      local_rank, local_size, rank, remove_process_set, shutdown, size)
 from .collectives import (Handle, allgather, allreduce, allreduce_async, alltoall, barrier, broadcast,

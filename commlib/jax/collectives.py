@@ -39,11 +39,13 @@ from . import bridge
 
 # ---- process sets and arguments ------------------------------------------------------------------------
 
-def _set_kwargs(process_set) -> dict:
+def set_kwargs(process_set) -> dict:
+    """The ``process_set=`` argument for commlib's calls (none for the world)."""
     return {} if process_set is None else {"process_set": process_set}
 
 
-def _set_size(process_set) -> int:
+def set_size(process_set) -> int:
+    """The ranks in ``process_set`` (the world when None); an unregistered set is an error."""
     size = _cl.size() if process_set is None else process_set.size()
     if size is None:
         raise CommlibError(f"{process_set} is not registered; call commlib.jax.add_process_set first")
@@ -54,7 +56,8 @@ def _set_rank(process_set) -> int:
     return _cl.rank() if process_set is None else process_set.rank()
 
 
-def _reduce_op(op) -> ReduceOp:
+def reduce_op(op) -> ReduceOp:
+    """``op`` as a ReduceOp (Adasum is not one commlib.jax runs)."""
     if getattr(op, "name", None) == "Adasum" and not isinstance(op, ReduceOp):
         raise ValueError("op=Adasum is not available in commlib.jax; use Sum or Average")
     return as_op(op)
@@ -101,7 +104,7 @@ class _Reduce:
 
     def kwargs(self) -> dict:
         return dict(op=self.op, name=self.name, prescale_factor=self.prescale, postscale_factor=self.postscale,
-                    compression=self.compression, **_set_kwargs(self.process_set))
+                    compression=self.compression, **set_kwargs(self.process_set))
 
     def backward(self) -> "_Reduce":
         """The reduction the gradient runs: the same, under the name's ``.grad``, without a lossy
@@ -152,7 +155,7 @@ def allreduce(tensor, op=Average, name: str | None = None, prescale_factor: floa
         cj.init()
         mean = jax.jit(lambda x: cj.allreduce(x))(jnp.full(4, cj.rank(), jnp.float32))
     """
-    spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
+    spec = _Reduce(reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
     return _grouped_differentiable([jnp.asarray(tensor)], spec)[0]
 
 
@@ -162,7 +165,7 @@ def grouped_allreduce(tensors, op=Average, name: str | None = None, prescale_fac
     coordinator fuses them into as few buffers as its fusion threshold allows. Returns the same structure.
     Arguments as :func:`allreduce`; the arrays are named ``name.0``, ``name.1``, ... in leaf order."""
     leaves, treedef = jax.tree_util.tree_flatten(tensors)
-    spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
+    spec = _Reduce(reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
     return jax.tree_util.tree_unflatten(treedef, _grouped_differentiable([jnp.asarray(x) for x in leaves], spec))
 
 
@@ -170,15 +173,15 @@ def grouped_allreduce(tensors, op=Average, name: str | None = None, prescale_fac
 
 def _allgather_raw(x, name, process_set):
     if bridge.concrete(x):  # eagerly the first dimension may differ between ranks
-        return jnp.asarray(np.asarray(_cl.allgather(np.asarray(x), name=name, **_set_kwargs(process_set))))
-    n, size = _first_dim(x, "allgather", name), _set_size(process_set)
+        return jnp.asarray(np.asarray(_cl.allgather(np.asarray(x), name=name, **set_kwargs(process_set))))
+    n, size = _first_dim(x, "allgather", name), set_size(process_set)
     out = jax.ShapeDtypeStruct((n * size,) + tuple(np.shape(x)[1:]), jnp.result_type(x))
 
     def host(a):
         # Every rank's row count travels with the rows, so that every rank sees a count that differs
         # (the total alone can match by chance) and fails, naming the ranks.
         result, counts = _cl.grouped_allgather([a, np.array([n], np.int64)], name=name,
-                                               **_set_kwargs(process_set))
+                                               **set_kwargs(process_set))
         if np.any(counts != n):
             raise CommlibError(f"{name or 'allgather'}: inside jit every rank must gather the same first "
                                f"dimension; rows by rank: {counts.tolist()}. Gather outside jit for "
@@ -197,13 +200,13 @@ def _rows(n: int, size: int, rank: int) -> int:
 
 
 def _reducescatter_raw(x, spec: _Reduce):
-    n, size = _first_dim(x, "reducescatter", spec.name), _set_size(spec.process_set)
+    n, size = _first_dim(x, "reducescatter", spec.name), set_size(spec.process_set)
     out = jax.ShapeDtypeStruct((_rows(n, size, _set_rank(spec.process_set)),) + tuple(np.shape(x)[1:]),
                                jnp.result_type(x))
 
     def host(a):
         return [np.asarray(_cl.reducescatter(a, op=spec.op, name=spec.name, prescale_factor=spec.prescale,
-                                             postscale_factor=spec.postscale, **_set_kwargs(spec.process_set)))]
+                                             postscale_factor=spec.postscale, **set_kwargs(spec.process_set)))]
 
     def batched(xs, in_batched):
         return [jnp.moveaxis(_reducescatter_raw(jnp.moveaxis(xs[0], 0, 1), spec), 1, 0)], [True]
@@ -230,8 +233,8 @@ def reducescatter(tensor, op=Average, name: str | None = None, process_set=None,
     the extra rows). Gradient (Sum/Average, first dimension divisible by the ranks): the allgather of the
     cotangent, scaled as the forward pass scaled."""
     x = jnp.asarray(tensor)
-    spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), None, process_set)
-    n, size = _first_dim(x, "reducescatter", name), _set_size(process_set)
+    spec = _Reduce(reduce_op(op), name, float(prescale_factor), float(postscale_factor), None, process_set)
+    n, size = _first_dim(x, "reducescatter", name), set_size(process_set)
 
     def backward(ct):
         if spec.op not in (Sum, Average):
@@ -249,7 +252,7 @@ def reducescatter(tensor, op=Average, name: str | None = None, process_set=None,
 
 def _broadcast_raw(x, root_rank: int, name, process_set):
     def host(a):
-        return [np.asarray(_cl.broadcast(a, root_rank, name=name, **_set_kwargs(process_set)))]
+        return [np.asarray(_cl.broadcast(a, root_rank, name=name, **set_kwargs(process_set)))]
 
     def batched(xs, in_batched):
         return [_broadcast_raw(xs[0], root_rank, name, process_set)], in_batched
@@ -271,7 +274,7 @@ def broadcast(tensor, root_rank: int, name: str | None = None, process_set=None)
 
 def _alltoall_raw(x, name, process_set):
     def host(a):
-        output, _ = _cl.alltoall(a, name=name, **_set_kwargs(process_set))
+        output, _ = _cl.alltoall(a, name=name, **set_kwargs(process_set))
         return [np.asarray(output)]
 
     def batched(xs, in_batched):
@@ -286,13 +289,13 @@ def alltoall(tensor, splits=None, name: str | None = None, process_set=None):
     received_splits)``. Without it the first dimension is split equally (and must divide by the ranks).
     Gradient (equal splits): the alltoall of the cotangent."""
     x = jnp.asarray(tensor)
-    n, size = _first_dim(x, "alltoall", name), _set_size(process_set)
+    n, size = _first_dim(x, "alltoall", name), set_size(process_set)
     if splits is not None:
         if not bridge.concrete(x, *jax.tree_util.tree_leaves(splits)):
             raise ValueError(f"{name or 'alltoall'}: splits= needs concrete arrays (call it outside jit): the "
                              "received sizes decide the output shape, which jit must know when tracing")
         output, received = _cl.alltoall(np.asarray(x), splits=np.asarray(splits), name=name,
-                                        **_set_kwargs(process_set))
+                                        **set_kwargs(process_set))
         return jnp.asarray(output), jnp.asarray(received)
     if n % size:
         raise ValueError(f"{name or 'alltoall'}: a first dimension of {n} rows does not split equally over "
@@ -304,7 +307,7 @@ def alltoall(tensor, splits=None, name: str | None = None, process_set=None):
 def barrier(process_set=None) -> None:
     """Wait until every rank (of ``process_set``) gets here; inside ``jit``, in program order."""
     def host():
-        _cl.barrier(**_set_kwargs(process_set))
+        _cl.barrier(**set_kwargs(process_set))
         return []
 
     bridge.call(host, [], [])
@@ -352,7 +355,7 @@ def grouped_allreduce_async(tensors, op=Average, name: str | None = None, presca
     where the start and the synchronize are two ordered crossings. No gradient flows through it."""
     leaves, treedef = jax.tree_util.tree_flatten(tensors)
     leaves = [jnp.asarray(x) for x in leaves]
-    spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
+    spec = _Reduce(reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
 
     def start(*xs):
         return _cl.grouped_allreduce_async([np.array(x, order="C") for x in xs], **spec.kwargs())
@@ -386,7 +389,7 @@ def overlapped_allreduce(tensors, name: str, op=Average, prescale_factor: float 
     are in flight together under it."""
     leaves, treedef = jax.tree_util.tree_flatten(tensors)
     leaves = [jnp.asarray(x) for x in leaves]
-    spec = _Reduce(_reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
+    spec = _Reduce(reduce_op(op), name, float(prescale_factor), float(postscale_factor), compression, process_set)
     wire_only = compression is None or isinstance(compression, (NoCompression, WireCodec))
     if not leaves or bridge.concrete(*leaves) or not wire_only:
         return jax.tree_util.tree_unflatten(treedef, _grouped_raw(leaves, spec))

@@ -7,17 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import api as _cl
-from .collectives import _set_kwargs
+from .collectives import set_kwargs
 
 
 def broadcast_object(obj=None, root_rank: int = 0, name: str | None = None, process_set=None):
     """Return ``root_rank``'s picklable ``obj`` on every rank (eagerly; not inside ``jit``)."""
-    return _cl.broadcast_object(obj, root_rank=root_rank, name=name, **_set_kwargs(process_set))
+    return _cl.broadcast_object(obj, root_rank=root_rank, name=name, **set_kwargs(process_set))
 
 
 def allgather_object(obj, name: str | None = None, process_set=None) -> list:
     """Return the list of every rank's picklable ``obj``, in rank order (eagerly; not inside ``jit``)."""
-    return _cl.allgather_object(obj, name=name, **_set_kwargs(process_set))
+    return _cl.allgather_object(obj, name=name, **set_kwargs(process_set))
 
 
 def broadcast_parameters(params, root_rank: int = 0, name: str = "broadcast_parameters", process_set=None):
@@ -35,7 +35,7 @@ def broadcast_parameters(params, root_rank: int = 0, name: str = "broadcast_para
     for i, leaf in enumerate(leaves):
         array = np.array(leaf, copy=True, order="C")
         handles.append((array, _cl.broadcast_async_(array, root_rank, name=f"{name}.{i}",
-                                                    **_set_kwargs(process_set))))
+                                                    **set_kwargs(process_set))))
     out = []
     for leaf, (array, handle) in zip(leaves, handles):
         _cl.synchronize(handle)

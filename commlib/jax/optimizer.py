@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from ..compression import Compression
 from ..ops import Average
-from .collectives import _reduce_op, _set_size, grouped_allreduce, overlapped_allreduce
+from .collectives import reduce_op, set_size, grouped_allreduce, overlapped_allreduce
 
 try:
     import optax
@@ -39,14 +39,14 @@ def distributed_gradients(op=Average, compression=Compression.none, gradient_pre
     gradient's allreduce starts as soon as XLA has computed it and the step waits for all of them once,
     so communication overlaps the rest of the backward pass (:func:`commlib.jax.overlapped_allreduce`).
     False, or a lossy compressor: the pytree crosses as one grouped allreduce after the backward pass."""
-    op = _reduce_op(op)
+    op = reduce_op(op)
     f = float(gradient_predivide_factor)
     if f != 1.0 and op is not Average:
         raise ValueError(f"gradient_predivide_factor={f} needs op=Average (got op={op.name}); it splits the "
                          "averaging before and after the sum")
     if f != 1.0:
         from ..ops import Sum
-        kwargs = dict(op=Sum, prescale_factor=1.0 / f, postscale_factor=f / _set_size(process_set))
+        kwargs = dict(op=Sum, prescale_factor=1.0 / f, postscale_factor=f / set_size(process_set))
     else:
         kwargs = dict(op=op)
 

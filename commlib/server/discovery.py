@@ -17,8 +17,9 @@ servers, a second round the same way carries where each server listens for push_
 (:func:`.tcp.job_addresses`) and listens there only. Every message is fixed binary fields, received with
 its size bounded (:mod:`.mpi_messages`): nothing is unpickled.
 
-The :class:`Job` is kept for the life of the process by whoever called :func:`job` (a worker's runtime
-keeps it for the next ``init()``, so that a server takes part in this only once); nothing is kept here.
+The :class:`Job` is kept for the life of the process by whoever called :func:`job` (a worker's in
+:mod:`commlib.lifecycle`'s process record, for the next ``init()``, so that a server takes part in this
+only once); nothing is kept here.
 """
 
 from __future__ import annotations

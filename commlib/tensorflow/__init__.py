@@ -27,5 +27,7 @@ from .compression import Compression
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
 from .gradients import DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape
-from .mpi_ops import _allreduce, _grouped_allreduce, _grouped_reducescatter, _reducescatter  # noqa: F401
-from .util import _executing_eagerly  # noqa: F401
+# Horovod's underscore names, which horovod.tensorflow re-exports (scripts and Horovod's tests use them)
+from .bridge import executing_eagerly as _executing_eagerly  # noqa: F401
+from .mpi_ops import allreduce_op as _allreduce, grouped_allreduce_op as _grouped_allreduce  # noqa: F401
+from .mpi_ops import grouped_reducescatter_op as _grouped_reducescatter, reducescatter_op as _reducescatter  # noqa: F401

@@ -5,6 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 import commlib as _cl
+from .. import lifecycle
 from ..frameworks.basics import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_size,  # noqa: F401
                                  cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled, init,
                                  is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
@@ -21,7 +22,7 @@ def _set(process_set_id: int):
     """The registered process set with this id (also one this rank is not part of)."""
     if process_set_id == 0:
         return global_process_set
-    found = _cl.api._rt().sets._sets.get(process_set_id)
+    found = lifecycle.current().sets.by_id(process_set_id)
     if found is None:
         raise ValueError(f"process set {process_set_id} is not registered")
     return found

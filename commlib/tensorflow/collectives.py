@@ -55,7 +55,7 @@ def _dense(tensors: Sequence, op, prescale_factor, postscale_factor, name, proce
     out = [None] * len(tensors)
     for n, (key, members) in enumerate(by_wire.items()):
         part_name = name if len(by_wire) == 1 or name is None else f"{name}.{n}"
-        reduced = M._grouped_allreduce([sent[i] for i in members], part_name, op, prescale_factor,
+        reduced = M.grouped_allreduce_op([sent[i] for i in members], part_name, op, prescale_factor,
                                        postscale_factor, process_set, wires[key])
         for i, r in zip(members, reduced):
             around = plans[i][0]
@@ -63,7 +63,7 @@ def _dense(tensors: Sequence, op, prescale_factor, postscale_factor, name, proce
     return out
 
 
-def _excluded(process_set) -> bool:
+def excluded(process_set) -> bool:
     """True when ``process_set`` is a registered set this rank is not part of (the tensor passes through
     unchanged, as Horovod's gradient reductions do)."""
     return process_set is not None and process_set is not _cl.global_process_set and not process_set.included()
@@ -126,7 +126,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     plans = [split(compression, t.dtype)[0] for t in tensors]
     sent = [a.compress(t) if a is not None else (t, None) for t, a in zip(tensors, plans)]
-    out = M._grouped_reducescatter([s for s, _ in sent], name, resolve_op(op), ignore_name_scope, process_set,
+    out = M.grouped_reducescatter_op([s for s, _ in sent], name, resolve_op(op), ignore_name_scope, process_set,
                                    prescale_factor, postscale_factor)
     return [a.decompress(o, ctx) if a is not None else o for o, a, (_, ctx) in zip(out, plans, sent)]
 

@@ -17,7 +17,7 @@ def broadcast_variables(variables, root_rank: int, process_set=_cl.global_proces
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() else tf.no_op()
-    values = M._grouped_broadcast([v.read_value() if hasattr(v, "read_value") else v for v in variables],
+    values = M.grouped_broadcast_op([v.read_value() if hasattr(v, "read_value") else v for v in variables],
                                   int(root_rank), None, process_set)
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     return None if tf.executing_eagerly() else tf.group(*assigns)

@@ -15,7 +15,7 @@ import commlib as _cl
 from ..frameworks import (check_predivide, local_layer_variables, predivide_factors, resolve_op, set_size,
                           split_evenly)
 from .aggregation import variable_key as key
-from .collectives import _excluded, grouped_allreduce
+from .collectives import excluded, grouped_allreduce
 from .compression import Compression
 
 
@@ -51,7 +51,7 @@ class GradientReducer:
 
     def __call__(self, grads, sources=None, use_generic_names=False):
         grads = list(grads)
-        if _excluded(self.process_set):
+        if excluded(self.process_set):
             return grads
         if self.sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]

@@ -18,6 +18,7 @@ import tensorflow as tf
 import commlib as _cl
 
 from .. import adasum as _adasum
+from .. import lifecycle
 from ..frameworks import set_kwargs, set_rank, set_size
 from .bridge import executing_eagerly, numpy_dtype, op_name, run
 
@@ -32,7 +33,7 @@ def check_set(process_set, operation: str) -> None:
     if process_set is None or process_set is _cl.global_process_set:
         return
     try:
-        _cl.api._rt().sets.member(process_set, operation)
+        lifecycle.current().sets.member(process_set, operation)
     except _cl.ProcessSetError as exc:
         if "not registered" in str(exc) or "must be a ProcessSet" in str(exc):
             raise
@@ -72,7 +73,7 @@ def _reduce_arrays(arrays, op, name, prescale_factor, postscale_factor, compress
                                  postscale_factor=postscale_factor, **wire, **kwargs)
 
 
-def _grouped_allreduce(tensors: Sequence, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
+def grouped_allreduce_op(tensors: Sequence, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
                        process_set=None, compression=None, ignore_name_scope=False) -> list:
     """Allreduce dense tensors together (one collective, one graph op); differentiable for Sum, Average
     and Adasum."""
@@ -96,16 +97,16 @@ def _grouped_allreduce(tensors: Sequence, name=None, op=Sum, prescale_factor=1.0
                 raise NotImplementedError(f"the gradient of an allreduce with op={op!r} is not defined; "
                                           "only Sum, Average and Adasum are differentiable")
             dys = [tf.zeros_like(x) if dy is None else tf.convert_to_tensor(dy) for dy, x in zip(dys, xs)]
-            return _grouped_allreduce(dys, _grad_name(name, "grad"), op, prescale_factor, postscale_factor,
+            return grouped_allreduce_op(dys, _grad_name(name, "grad"), op, prescale_factor, postscale_factor,
                                       process_set)
         return outs, grad
 
     return list(reduce(*tensors))
 
 
-def _allreduce(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0, process_set=None,
+def allreduce_op(tensor, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0, process_set=None,
                compression=None, ignore_name_scope=False) -> tf.Tensor:
-    return _grouped_allreduce([tensor], name, op, prescale_factor, postscale_factor, process_set, compression)[0]
+    return grouped_allreduce_op([tensor], name, op, prescale_factor, postscale_factor, process_set, compression)[0]
 
 
 # --- allgather ------------------------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def grouped_allgather(tensors: Sequence, name=None, ignore_name_scope=False, pro
 
         def grad(*dys):
             dys = [tf.zeros_like(o) if dy is None else tf.convert_to_tensor(dy) for dy, o in zip(dys, outs)]
-            reduced = [_allreduce(dy, _grad_name(name, f"grad{i}"), Average, process_set=process_set)
+            reduced = [allreduce_op(dy, _grad_name(name, f"grad{i}"), Average, process_set=process_set)
                        for i, dy in enumerate(dys)]
             counts = grouped_allgather([tf.shape(x, out_type=tf.int64)[:1] for x in xs],
                                        _grad_name(name, "grad_rows"), process_set=process_set)
@@ -147,7 +148,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None) -> t
 
 # --- broadcast ------------------------------------------------------------------------------------------
 
-def _grouped_broadcast(tensors: Sequence, root_rank: int, name=None, process_set=None) -> list:
+def grouped_broadcast_op(tensors: Sequence, root_rank: int, name=None, process_set=None) -> list:
     check_set(process_set, "broadcast")
     tensors = [_tensor(t) for t in tensors]
     name = op_name(name, "broadcast")
@@ -165,7 +166,7 @@ def _grouped_broadcast(tensors: Sequence, root_rank: int, name=None, process_set
 
         def grad(*dys):
             dys = [tf.zeros_like(x) if dy is None else tf.convert_to_tensor(dy) for dy, x in zip(dys, xs)]
-            reduced = _grouped_allreduce(dys, _grad_name(name, "grad"), Average, process_set=process_set)
+            reduced = grouped_allreduce_op(dys, _grad_name(name, "grad"), Average, process_set=process_set)
             if _cl.rank() != root_rank:
                 return [r * 0 for r in reduced]
             return reduced
@@ -176,7 +177,7 @@ def _grouped_broadcast(tensors: Sequence, root_rank: int, name=None, process_set
 
 def broadcast(tensor, root_rank: int, name=None, ignore_name_scope=False, process_set=None) -> tf.Tensor:
     """``root_rank``'s ``tensor`` on every rank (``root_rank`` is a world rank, also with a process set)."""
-    return _grouped_broadcast([tensor], int(root_rank), name, process_set)[0]
+    return grouped_broadcast_op([tensor], int(root_rank), name, process_set)[0]
 
 
 def broadcast_(variables, root_rank: int, name=None, process_set=None) -> list:
@@ -184,7 +185,7 @@ def broadcast_(variables, root_rank: int, name=None, process_set=None) -> list:
     updated values."""
     single = not isinstance(variables, (list, tuple))
     variables = [variables] if single else list(variables)
-    values = _grouped_broadcast([v.read_value() if hasattr(v, "read_value") else v for v in variables],
+    values = grouped_broadcast_op([v.read_value() if hasattr(v, "read_value") else v for v in variables],
                                 int(root_rank), name, process_set) if variables else []
     assigned = [v.assign(x) for v, x in zip(variables, values)]
     if executing_eagerly():
@@ -225,7 +226,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 # --- reducescatter --------------------------------------------------------------------------------------
 
-def _grouped_reducescatter(tensors: Sequence, name=None, op=Sum, ignore_name_scope=False, process_set=None,
+def grouped_reducescatter_op(tensors: Sequence, name=None, op=Sum, ignore_name_scope=False, process_set=None,
                            prescale_factor=1.0, postscale_factor=1.0) -> list:
     check_set(process_set, "reducescatter")
     tensors = [_tensor(t) for t in tensors]
@@ -263,9 +264,9 @@ def _grouped_reducescatter(tensors: Sequence, name=None, op=Sum, ignore_name_sco
     return list(forward(*tensors))
 
 
-def _reducescatter(tensor, name=None, op=Sum, ignore_name_scope=False, process_set=None, prescale_factor=1.0,
+def reducescatter_op(tensor, name=None, op=Sum, ignore_name_scope=False, process_set=None, prescale_factor=1.0,
                    postscale_factor=1.0) -> tf.Tensor:
-    return _grouped_reducescatter([tensor], name, op, ignore_name_scope, process_set, prescale_factor,
+    return grouped_reducescatter_op([tensor], name, op, ignore_name_scope, process_set, prescale_factor,
                                   postscale_factor)[0]
 
 
@@ -288,3 +289,9 @@ def barrier(process_set=None) -> None:
 
 
 __all__ = ["Average", "Sum", "Min", "Max", "Product", "Adasum", "numpy_dtype"]
+
+
+# Horovod's names for the raw ops (horovod.tensorflow.mpi_ops; horovod.tensorflow re-exports some); commlib's
+# own modules call the public names above
+_allreduce, _grouped_allreduce, _reducescatter, _grouped_reducescatter, _grouped_broadcast = (
+    allreduce_op, grouped_allreduce_op, reducescatter_op, grouped_reducescatter_op, grouped_broadcast_op)

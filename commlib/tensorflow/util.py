@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import tensorflow as tf
-
-
-def _executing_eagerly() -> bool:
-    """True when TensorFlow runs eagerly (not while building a graph or a ``tf.function``)."""
-    return tf.executing_eagerly()
+from .bridge import executing_eagerly as _executing_eagerly  # noqa: F401  (Horovod's name)
 
 
 def vars_to_refs(variables):

@@ -63,8 +63,17 @@ class Handle:
             raise self._error
         return self._result
 
+    def poll(self) -> bool:
+        """True when the operation finished (``wait`` will then not block)."""
+        if self._done:
+            return True
+        if self._parts is not None:
+            return all(part.poll() for part in self._parts)
+        return bool(_cl.poll(self._inner))
 
-def _same(tensor):
+
+def in_place_result(tensor):
+    """The ``finish`` of an in-place operation: its result is ``tensor`` itself."""
     return lambda _result: tensor
 
 
@@ -74,12 +83,7 @@ def _new(result):
 
 def poll(handle: Handle) -> bool:
     """True when the operation behind ``handle`` finished (``synchronize`` will then not block)."""
-    validation.check_handle(handle, "poll", Handle)
-    if handle._done:
-        return True
-    if handle._parts is not None:
-        return all(poll(part) for part in handle._parts)
-    return bool(_cl.poll(handle._inner))
+    return validation.check_handle(handle, "poll", Handle).poll()
 
 
 def synchronize(handle: Handle):
@@ -121,7 +125,7 @@ def _allreduce_async(tensor, inplace, name, op, prescale_factor, postscale_facto
         kwargs["priority"] = priority
     array = as_array(sent.contiguous(), name, "allreduce")
     if sent is tensor and inplace:
-        return Handle(_cl.allreduce_async_(array, **kwargs), _same(tensor), tensor)
+        return Handle(_cl.allreduce_async_(array, **kwargs), in_place_result(tensor), tensor)
     inner = _cl.allreduce_async(array, **kwargs)
 
     def finish(result):
@@ -284,7 +288,7 @@ def broadcast_async(tensor, root_rank, name=None, process_set=None) -> Handle:
 def broadcast_async_(tensor, root_rank, name=None, process_set=None) -> Handle:
     """Start overwriting ``tensor`` with ``root_rank``'s on every rank; ``synchronize`` returns ``tensor``."""
     array = as_array(tensor, name, "broadcast")
-    return Handle(_cl.broadcast_async_(array, root_rank, name=name, **set_kwargs(process_set)), _same(tensor),
+    return Handle(_cl.broadcast_async_(array, root_rank, name=name, **set_kwargs(process_set)), in_place_result(tensor),
                   tensor)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import commlib as _cl
 
-from .collectives import Compression, Handle, _same
+from .collectives import Compression, Handle, in_place_result
 from .tensors import as_array, as_tensor
 
 __all__ = ["declare", "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace"]
@@ -28,7 +28,7 @@ def _async(tensor, inplace: bool, average: bool, name, compression, priority=0) 
     array = as_array(tensor.contiguous() if not inplace else tensor, name, "push_pull")
     kwargs = dict(op=_op(average), name=name, compression=compression, priority=priority)
     if inplace:
-        return Handle(_cl.push_pull_async_(array, **kwargs), _same(tensor), tensor)
+        return Handle(_cl.push_pull_async_(array, **kwargs), in_place_result(tensor), tensor)
     return Handle(_cl.push_pull_async(array, **kwargs), as_tensor, tensor)
 
 
