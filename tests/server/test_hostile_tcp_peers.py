@@ -5,6 +5,7 @@ sends, nothing is unpickled, nothing is allocated for what a header merely decla
 that connection saying why, and the honest workers' rounds are answered with the right sums."""
 
 import logging
+import select
 import socket
 import threading
 import time
@@ -66,7 +67,7 @@ def honest_round(server, key):
         b.close()
 
 
-def closed_by_server(conn, within=10.0):
+def closed_by_server(conn, within=30.0):
     """Whether the server closes ``conn`` within ``within`` seconds (reading what it may still send)."""
     conn.settimeout(within)
     try:
@@ -140,14 +141,34 @@ def test_a_push_whose_data_is_not_as_long_as_its_header_refuses_its_round(server
         b.close()
 
 
+def closed_among(conns, count, within):
+    """The connections of ``conns`` the server closes, once ``count`` of them are, or ``within`` seconds
+    have passed (reading what it may still send)."""
+    closed = set()
+    deadline = time.monotonic() + within
+    while len(closed) < count and time.monotonic() < deadline:
+        readable, _, _ = select.select([c for c in conns if c not in closed], [], [], 0.1)
+        for conn in readable:
+            try:
+                if not conn.recv(1 << 16):
+                    closed.add(conn)
+            except ConnectionResetError:
+                closed.add(conn)
+    return closed
+
+
 def test_connections_beyond_what_a_worker_may_hold_are_refused(server, caplog):
+    """Six connections of worker 1: two are closed (which two depends on the order the server's threads
+    take the introductions), and the other four stay open. The 30 s bound only stops a broken server
+    from hanging the test; a server that closed a third connection late would pass unseen, never fail
+    a correct one."""
     caplog.set_level(logging.ERROR, logger="commlib.server")
     held = [connect(server, 1) for _ in range(6)]
     try:
-        time.sleep(0.5)
-        open_ones = [c for c in held if not closed_by_server(c, within=0.5)]
-        assert len(open_ones) == 4, len(open_ones)
-        assert any("beyond the 4" in r.getMessage() for r in caplog.records)
+        closed = closed_among(held, 2, within=30.0)
+        assert len(closed) == 2, len(closed)
+        assert not closed_among([c for c in held if c not in closed], 1, within=0.2)
+        assert sum("beyond the 4" in r.getMessage() for r in caplog.records) == 2
     finally:
         for conn in held:
             conn.close()
@@ -166,22 +187,22 @@ def test_a_worker_given_malformed_answers_fails_naming_the_server(tmp_path):
         message, size = tcp.recv_head(conn, (protocol.Push,))
         tcp.discard(conn, size)
         conn.sendall(tcp.FRAME.pack(tcp.ANSWER, len(pickled), 0) + pickled)
-        time.sleep(2)
+        finished.wait(30)  # the connection stays open: the worker fails on the frame, not on a closed stream
         conn.close()
 
+    finished = threading.Event()
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     job = Job(MPI.COMM_SELF, MPI.COMM_SELF, ("worker", "server"), ("here", "there"), (None, endpoint))
-    client = ServerClient(job, TcpPlane(), 1 << 20, timeout_s=30.0)
+    client = ServerClient(job, TcpPlane(), 1 << 20, timeout_s=60.0)  # the frame fails it (its error says so), not the deadline
     try:
-        start = time.monotonic()
         handle = client.push_pull_async(np.ones(16, np.float32), "t")
         client.wait(handle)
         with pytest.raises(ServerError, match=r"server 0 \(rank 1 of the job, on there\) cannot be reached: it sent "
                                               r"a malformed frame"):
             handle.result()
-        assert time.monotonic() - start < 10
     finally:
+        finished.set()
         client.stopping = True
         listeners[0].close()
         thread.join(5)

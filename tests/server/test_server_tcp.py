@@ -87,26 +87,16 @@ def test_connect_skips_an_address_that_reaches_another_process():
     assert seen == [1]
 
 
-class _Planted:
-    """A pickle that, if ever loaded, leaves a file behind."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (str(self.path), "w"))
-
-
 def test_an_introduction_is_never_unpickled(tmp_path):
     """Whoever reaches a server's port before showing the token gets nothing unpickled: a pickled
     introduction (the old framing, or an attacker's) is refused, and so is a wrong token."""
-    import pickle
+    from planted import planted
 
     listener, endpoint = listen()
     seen = []
     try:
         for frame in (
-                (lambda head: tcp.FRAME.pack(tcp.HELLO, len(head), 0) + head)(pickle.dumps(_Planted(tmp_path / "ran"))),
+                (lambda head: tcp.FRAME.pack(tcp.HELLO, len(head), 0) + head)(planted(tmp_path / "ran")),
                 tcp.FRAME.pack(tcp.HELLO, protocol.Hello.LAYOUT.max_size, 0) + protocol.Hello(b"0" * 16, 0).encode(),
                 tcp.FRAME.pack(tcp.PUSH, 1 << 30, 0)):  # a huge header length: nothing allocated for it
             server = threading.Thread(target=serve_one, args=(listener, endpoint, 0, seen))

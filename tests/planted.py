@@ -1,4 +1,5 @@
-"""A pickle that, if it is ever loaded, leaves a file behind: what the hostile-peer tests send."""
+"""A pickle that, if it is ever loaded, leaves a file behind: what the hostile-peer tests (tests/server/) and
+their MPI workers send to summation servers."""
 
 import pickle
 
