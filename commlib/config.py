@@ -104,6 +104,15 @@ def _server_transport(text: str) -> str:
     return value
 
 
+def _interfaces(text: str) -> str | None:
+    """Network interface names, comma-separated (None for none)."""
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name):
+            raise ValueError(f"{name!r} is not a network interface's name (e.g. eth0, ib0)")
+    return ",".join(names) or None
+
+
 def _non_negative_size(text: str) -> int:
     value = parse_size(text)
     if value < 0:
@@ -204,6 +213,7 @@ class Config:
     server_tcp_congestion: str = "reno"
     server_tcp_rcvbuf: int = 512 << 10
     torch_compression: str = "none"
+    network_interface: str | None = None
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -401,6 +411,11 @@ FIELDS: dict[str, _Field] = {
                                 "the torch.distributed backend 'commlib': wire compression of float32 "
                                 "all_reduce (DDP's buckets) with SUM or AVG: none, fp16 or bf16 (float32 "
                                 "accumulation); a process group's options override it (default none)"),
+    "network_interface": _Field("COMMLIB_NETWORK_INTERFACE", _interfaces,
+                                "the network interface(s) of the job, comma-separated (commlib-run "
+                                "--network-interface sets it): summation servers listen for push_pull over "
+                                "TCP on their addresses only (default: the interface the host's name resolves "
+                                "to, else the one that routes to the job's other hosts; loopback on one host)"),
     "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
                         "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
     "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,

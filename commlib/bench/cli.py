@@ -79,8 +79,7 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
     lane = open_lane(comm, config)
     client = None
     if servers is not None and servers.servers:
-        from ..server.client import ServerLane
-        from ..server.tcp_client import open_client
+        from ..server.client import ServerLane, open_client
 
         client = open_client(servers, config.server_partition_bytes, config.server_timeout_s,
                              config.server_tcp_congestion, config.server_tcp_rcvbuf)

@@ -26,6 +26,7 @@ import subprocess
 import sys
 from typing import Mapping, Sequence
 
+from ..config import FIELDS
 from . import output
 from .hosts import Host
 from .options import UsageError
@@ -147,6 +148,7 @@ def _settings(launch: Launch) -> dict[str, str]:
     settings = dict(launch.settings)
     if launch.nics:
         settings.setdefault("NCCL_SOCKET_IFNAME", ",".join(launch.nics))
+        settings.setdefault(FIELDS["network_interface"].env, ",".join(launch.nics))  # where summation servers listen
     if launch.tcp:
         settings.setdefault("NCCL_IB_DISABLE", "1")
     return settings

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from ..compression import Compression, Compressor, Exchange, WireCodec
 from .distributed.naming import naming_scope
-from .tensors import as_array
+from .bridge import as_array
 
 
 class State:

@@ -47,8 +47,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # negotiation, fusion, lanes, stalls
     ("coordinator", ("commlib.coordinator",)),
     # the worker's side of the summation servers: finding them in the job, pushing partitions to them
-    ("server-client", ("commlib.server.protocol", "commlib.server.discovery", "commlib.server.client",
-                       "commlib.server.tcp", "commlib.server.tcp_client")),
+    ("server-client", ("commlib.server.protocol", "commlib.server.mpi_messages", "commlib.server.tcp",
+                       "commlib.server.discovery", "commlib.server.plane", "commlib.server.client",
+                       "commlib.server.mpi_plane", "commlib.server.tcp_plane", "commlib.server.geo_client")),
     # the state object and its process sets
     ("runtime", ("commlib.process_sets", "commlib.runtime")),
     # the one owner of the process's state: init, shutdown, the exit and abort paths, the rebuild over

@@ -36,7 +36,8 @@ def test_mpich_command_line():
                                          forward=["PATH", "PYTHONPATH"], as_root=True))
     assert env == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222 -i /k/id"}
     assert argv == ["mpiexec", "-hosts", "a:2,b:2", "-iface", "eth1",
-                    "-genv", "COMMLIB_FUSION_THRESHOLD", "33554432", "-genv", "COMMLIB_TIMELINE", "/tmp/t.json",
+                    "-genv", "COMMLIB_FUSION_THRESHOLD", "33554432", "-genv", "COMMLIB_NETWORK_INTERFACE", "eth1",
+                    "-genv", "COMMLIB_TIMELINE", "/tmp/t.json",
                     "-genv", "NCCL_IB_DISABLE", "1", "-genv", "NCCL_SOCKET_IFNAME", "eth1",
                     "-genv", "UCX_NET_DEVICES", "eth1", "-genv", "UCX_TLS", "tcp,sm,self",
                     "-bind-to", "core", "-n", "4", *LABELLED, "--output-filename", "/tmp/out", "--",
@@ -56,7 +57,8 @@ def test_open_mpi_command_line():
     assert argv == ["mpiexec", "--allow-run-as-root", "-np", "4", "-H", "a:2,b:2",
                     "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
                     "-mca", "plm_rsh_args", "-p 2222 -i /k/id", "-mca", "btl_tcp_if_include", "eth1,eth2",
-                    "-x", "COMMLIB_FUSION_THRESHOLD=33554432", "-x", "COMMLIB_TIMELINE=/tmp/t.json",
+                    "-x", "COMMLIB_FUSION_THRESHOLD=33554432", "-x", "COMMLIB_NETWORK_INTERFACE=eth1,eth2",
+                    "-x", "COMMLIB_TIMELINE=/tmp/t.json",
                     "-x", "NCCL_SOCKET_IFNAME=eth1,eth2", "-x", "PATH", "-x", "PYTHONPATH",
                     *LABELLED, "--output-filename", "/tmp/out", "--read-size", "4096", "--",
                     "python", "train.py", "--lr", "0.1"]

@@ -56,7 +56,7 @@ import commlib as cl
 
 from ...compression import Compressor, Exchange, NoCompression
 from ...errors import ConfigError
-from ..tensors import NUMPY_DTYPES, as_array, as_tensor
+from ..bridge import NUMPY_DTYPES, as_array, as_tensor
 from . import internals, naming
 from .options import Options
 from .p2p import AnySourceReceive, Transfer
