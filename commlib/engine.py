@@ -135,15 +135,12 @@ class Engine:
 
             def runner_for(choice):
                 if choice.algorithm == "native" and pre == 1.0 and post == 1.0:
-                    native = self.transport.native_allreducer(dtype, kernel_op)
-
-                    def run_native(flat: np.ndarray) -> int:
-                        native(flat)
-                        return 0
-                    return run_native
+                    return self.transport.native_allreducer(dtype, kernel_op)  # (None: no overflow count)
                 return self._waiting_as_needed(lambda flat: execute(ctx, flat, kernel_op, choice, codec, pre, post),
                                                choice.algorithm, count * dtype.itemsize)
             plan = select.learning_plan(ctx, count * dtype.itemsize, codec, False, runner_for)
+            if codec is None:  # nothing can overflow
+                return plans.put(key, plan)
 
             def run_learning(flat: np.ndarray) -> None:
                 overflow = plan(flat)

@@ -138,7 +138,8 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
                   ) -> Callable[..., int]:
     """A function running one call of ``nbytes`` the way ``auto`` decides now: a candidate while its size
     class is explored (timed, its time recorded), then the learned algorithm. ``runner_for(choice)`` makes
-    the function that runs ``choice`` (returning an overflow count); one is made per algorithm used."""
+    the function that runs ``choice`` (returning an overflow count, or None for none); one is made per
+    algorithm used."""
     learning = learner(ctx)
     bucket = learning.bucket(bucket_key(nbytes, codec, fused), lambda: ranked(ctx, nbytes, codec))
     runners: dict[str, Callable[..., int]] = {}
@@ -152,7 +153,7 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
     def run(*args) -> int:
         name = learning.pick(bucket)
         if name is None and bucket.untimed:  # SETTLED: the settled algorithm, no clock
-            return runner(bucket.settled)(*args)
+            return (runners.get(bucket.settled) or runner(bucket.settled))(*args)
         clock = learning.clock
         start = clock()
         overflow = runner(name or bucket.settled)(*args)
