@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
@@ -20,6 +22,15 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def auto_keeps_nothing():
+    """No test starts from, or leaves behind, what auto settled in the user's cache directory (jobs get
+    the same from tests/mpirun.py's job_env); a test that keeps state names its own directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COMMLIB_AUTO_CACHE", "none")
+        yield
+
+
 def pytest_report_header(config):
     try:
         import mpi4py
@@ -33,7 +44,6 @@ def pytest_report_header(config):
 
 
 # -- emulated clusters (commlib.testing.cluster; docs/cluster.md) -----------------------------------------
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
