@@ -45,7 +45,7 @@ EOF
 
 status=0
 if [ "$what" != bench ]; then
-    "$py" -m pytest -v -rs -p no:cacheprovider tests/test_gpu_device.py tests/test_gpu_host.py 2>&1 | tee "$out/tests.log"
+    "$py" -m pytest -v -rs -p no:cacheprovider tests/transport/test_gpu_device.py tests/transport/test_gpu_host.py 2>&1 | tee "$out/tests.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "$what" != tests ]; then
