@@ -92,6 +92,7 @@ class Coordinator(Lifecycle):
                                  self._engine.topology.cross_size, relayed)
         self._incoming: collections.deque[Entry] = collections.deque()
         self.submitted = 0  # submissions so far (Progress reads it to see whether a burst goes on)
+        self.alone = 0      # synchronous calls this rank ran by the lone path (_run_alone; for tests)
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
         self._undecided: set[str] = set()       # announced, no response yet (driving thread only)
@@ -200,6 +201,7 @@ class Coordinator(Lifecycle):
                 self._complete_round(messages)
             else:
                 self._lanes.run(response, [entry])
+                self.alone += 1
             if self._lost_in_lane is not None:
                 raise self._lost_in_lane
         except Exception as exc:  # as a failed cycle: the user sees a CollectiveError, as every other rank
