@@ -41,7 +41,10 @@ thousands of ranks, is not built).
 
 Progress (:mod:`.progress`) is driven by whichever thread needs it: a thread waiting in ``synchronize``
 runs the cycle itself, and the background thread runs it when nobody waits; both wait between cycles by
-the policy of :mod:`.backoff`.
+the policy of :mod:`.backoff`. A synchronous call with nothing else of its rank under way takes the lone
+path (:meth:`Coordinator._run_alone`): the same protocol - its round message is the bare bit of its cache
+id, step 1 - with the decision of steps 2-3 known without feeding the table when every rank sent that bit
+alone (``ReadyTable.decide_alone``); anything else in the round goes through the table as above.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The coordinator's control channel: small pickled messages between ranks, never blocking.
+"""The coordinator's control channel: small messages between ranks, never blocking. A bare non-negative int
+(the common round message, a bit vector) travels as its bytes after a marker byte; anything else pickled.
 
 Kept apart from the data communicators so that negotiation traffic can never match a collective's
 messages. Besides round messages it carries two kinds of its own, on the same tag so that MPI keeps them
