@@ -3,6 +3,9 @@
 Every ``COMMLIB_*`` environment variable maps to exactly one field of :class:`Config` and is documented in
 ``docs/configuration.md``. Precedence: an explicit argument overrides the environment, which overrides
 the default. An unknown ``COMMLIB_*`` variable or an invalid value is a :class:`ConfigError` naming it.
+No other module reads these variables (``tests/core/test_config_reads.py``): the library, ``commlib-run``
+and its elastic driver all parse them here, and the launcher writes the settings it passes to the ranks
+with :func:`environment`.
 """
 
 from __future__ import annotations
@@ -394,6 +397,64 @@ FIELDS: dict[str, _Field] = {
                             "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
                             "worker; 'none' (the default): never"),
 }
+
+
+# ---- settings for other processes (commlib-run and its elastic driver) ----------------------------------
+
+
+def environment(**values: Any) -> dict[str, str]:
+    """The ``COMMLIB_*`` variables that give these settings (field name -> value) to another process, such
+    as the ranks ``commlib-run`` starts: each value written as its variable's parser reads it back. A value
+    that parser refuses is the :class:`ConfigError` ``Config.load`` would raise, naming the variable."""
+    variables = {}
+    for attr, value in values.items():
+        if attr not in FIELDS:
+            raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
+        field = FIELDS[attr]
+        text = _text(value)
+        try:
+            field.parse(text)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{field.env}={text!r} is invalid: {exc}") from None
+        variables[field.env] = text
+    return variables
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    return "" if value is None else str(value)
+
+
+def for_job(variables: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """The configuration a process started with this process's environment plus ``variables`` (the
+    ``COMMLIB_*`` variables a launcher passes to the ranks) loads at ``init()``; ``commlib-run`` checks the
+    job's settings with it before it starts anything. Horovod's variables that commlib cannot honour are
+    not warned about here: the ranks do."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IgnoredSettingWarning)
+        return Config.load({**os.environ, **(variables or {})}, **overrides)
+
+
+def is_set(attr: str, variables: Mapping[str, str] | None = None) -> bool:
+    """Whether this process's environment plus ``variables`` gives setting ``attr`` a value: its
+    ``COMMLIB_*`` variable, or a ``HOROVOD_*`` twin set to ask for one (an invalid value counts: loading it
+    is the error)."""
+    environ = {**os.environ, **(variables or {})}
+    if FIELDS[attr].env in environ:
+        return True
+    for twin in HOROVOD_TWINS:
+        if twin.attr == attr and twin.env in environ:
+            try:
+                if twin.parse(environ[twin.env]) is not None:
+                    return True
+            except (TypeError, ValueError):
+                return True
+    return False
 
 
 # ---- Horovod's environment -----------------------------------------------------------------------------
