@@ -199,6 +199,7 @@ class Config:
     timeline_mark_cycles: bool = False
     tuning_file: str | None = None
     auto_learn: bool = True
+    auto_cache: str | None = None  # None: the default location; "none": off
     server_partition_bytes: int = 4096000
     start_timeout_s: float = 60.0
     server_timeout_s: float = 30.0
@@ -240,7 +241,7 @@ class Config:
                 raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
             if value is None:
                 continue
-            if isinstance(value, str) and attr not in ("timeline", "tuning_file", "elastic_dir"):
+            if isinstance(value, str) and attr not in ("timeline", "tuning_file", "elastic_dir", "auto_cache"):
                 try:
                     value = FIELDS[attr].parse(value)
                 except (TypeError, ValueError) as exc:
@@ -363,6 +364,10 @@ FIELDS: dict[str, _Field] = {
                          "1: auto measures the algorithms the cost model is unsure between on the first "
                          "calls of each size class (agreed between ranks) and keeps the fastest; 0: auto is "
                          "the cost model's choice alone (default 1)"),
+    "auto_cache": _Field("COMMLIB_AUTO_CACHE", _optional_path,
+                         "directory where auto keeps what it settled, one file per layout, so that a later job "
+                         "of the same layout starts settled; 'none': nothing kept or read; default "
+                         "~/.cache/commlib/auto ($XDG_CACHE_HOME). Rank 0 reads it and broadcasts it"),
     "server_partition_bytes": _Field("COMMLIB_SERVER_PARTITION", _positive_int_size,
                                      "push_pull through summation servers: a tensor travels in partitions "
                                      "of at most this many bytes, spread over the servers (K/M/G suffix; "

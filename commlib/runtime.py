@@ -135,6 +135,8 @@ class Runtime:
             nodes = self.servers.server_nodes([self.job.workers[r] for r in ranks], topology.node_of_rank)
             for lane in lanes:
                 lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks), nodes)
+        for lane in lanes:  # auto starts from what earlier jobs of this layout settled
+            lane.engine.recall()
         if not label:  # the world's: push_pull asks its cost model whether to reduce inside hosts first
             self.world_context = lanes[0].engine.context
         coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,

@@ -85,6 +85,7 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
                              config.server_tcp_congestion, config.server_tcp_rcvbuf)
         nodes = client.server_nodes(list(servers.workers), lane.topology.node_of_rank)
         lane.engine.context.servers = ServerLane(client, "commlib-bench", comm.Get_size(), nodes)
+    lane.engine.recall()  # auto starts from what earlier jobs of this layout settled, as a job's would
     try:
         refused = refusals(options, collective, lane.engine)
         error = _refusal_error(options, refused)
