@@ -6,7 +6,8 @@ posts. Checked on every worker:
 - no partition of a lower priority is posted after a higher-priority tensor was submitted while that
   tensor still has partitions waiting; the two tensors of equal priority go in submission order;
 - the priority-5 tensor overtook the large one (some of its partitions went after the priority-5 ones:
-  otherwise the test would show nothing);
+  otherwise the test would show nothing) in one of a few runs: whether the large one is still queued when
+  the priority-5 one is submitted depends on the scheduler, not on the client;
 - the same submissions without priorities go in submission order (the control);
 - every result equals numpy's, and every worker holds the same bits;
 - a priority that is not an int is refused naming the call; commlib.torch's BytePS names take it.
@@ -29,6 +30,7 @@ rng = np.random.default_rng(7 + rank)
 # name -> (elements, priority), in submission order
 TENSORS = [("low", 96 * partition, 0), ("mid.a", 3 * partition, 1), ("mid.b", 3 * partition, 1),
            ("high", 4 * partition, 5)]
+ATTEMPTS = 8
 
 
 def run(tag: str, prioritised: bool):
@@ -76,9 +78,13 @@ def check_priorities(order, submitted):
     a_last = max(i for i, n in enumerate(names) if n == "mid.a")
     b_first = min(i for i, n in enumerate(names) if n == "mid.b")
     assert a_last < b_first, f"equal priorities out of submission order: {names}"
-    high_last = max(i for i, n in enumerate(names) if n == "high")
-    assert "low" in names[high_last:], f"the priority-5 tensor did not overtake the large one: {names}"
     return names
+
+
+def overtook(names) -> bool:
+    """Some partitions of the large tensor went after the priority-5 one's last."""
+    high_last = max(i for i, n in enumerate(names) if n == "high")
+    return "low" in names[high_last:]
 
 
 @spmd.case
@@ -90,7 +96,15 @@ def init():
 
 @spmd.case
 def higher_priorities_are_posted_first():
-    names = check_priorities(*run("prio", True))
+    # whether the large tensor is still queued when the priority-5 one is submitted is the scheduler's
+    # choice (on a loaded machine the servers may answer all of it first): the rules above hold in every
+    # run; the overtaking itself is asked of one of a few runs, the workers agreeing on each run's outcome
+    for attempt in range(ATTEMPTS):
+        names = check_priorities(*run(f"prio{attempt}", True))
+        if all(cl.allgather_object(overtook(names))):
+            break
+    else:
+        raise AssertionError(f"the priority-5 tensor overtook the large one in none of {ATTEMPTS} runs: {names}")
     plain, _ = run("plain", False)
     plain_names = [name for _, name in plain]
     grouped = [name for i, name in enumerate(plain_names) if i == 0 or plain_names[i - 1] != name]
