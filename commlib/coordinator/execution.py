@@ -4,7 +4,7 @@ A lane is an :class:`~commlib.engine.Engine` on a communicator of its own. With 
 inline in whichever thread drives the coordinator (no thread hand-off: the lowest latency). With k > 1
 lanes, each lane has a thread and a queue; response number i runs on lane i mod k on every rank, so the
 same collective meets on the same communicator everywhere, and one lane packs or compresses while another
-communicates.
+communicates. A response of device tensors runs on the lane's device half (:mod:`.device_path`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..compression import Compression, codec_for
 from ..errors import CollectiveError
 from ..ops import ReduceOp
 from ..timeline import COMMUNICATION, MEMCPY_IN_FUSION_BUFFER, MEMCPY_OUT_FUSION_BUFFER, QUEUE
+from .device_path import DevicePath
 from .fusion import pack, unpack
 from .requests import Entry, Kind, Response
 
@@ -38,6 +39,7 @@ class Lane:
         self.timeline = timeline
         self._scratch = ScratchPool()
         self._plans = BoundedCache(_PLANS)   # id(meta) -> (meta, engine plan); the meta keeps the id valid
+        self._device: DevicePath | None = None  # made by the lane's first device response
 
     def execute(self, response: Response, entries: list[Entry | None]) -> None:
         """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
@@ -55,6 +57,9 @@ class Lane:
 
     def _run(self, response: Response, entries: list[Entry | None]) -> None:
         kind = response.kind
+        if response.metas[0].device != _CPU:
+            self._run_on_device(response, entries)
+            return
         if kind is _ALLREDUCE:
             self._allreduce(response, entries)
             return
@@ -122,6 +127,21 @@ class Lane:
             if entry is not None:
                 entry.handle.set_result(output)
 
+    @property
+    def device(self) -> DevicePath:
+        """The lane's device half (streams, buffers, NCCL communicators), made on first use."""
+        if self._device is None:
+            self._device = DevicePath(self.engine, self.engine.config.device_segment_bytes)
+        return self._device
+
+    def _run_on_device(self, response: Response, entries: list[Entry | None]) -> None:
+        def span(activity: str, **args):
+            return self._span(activity, response, **args)
+        if response.kind is _ALLREDUCE:
+            self.device.allreduce(response, entries, span)
+        else:
+            self.device.collective(response, entries, span)
+
     def _plan(self, meta) -> tuple:
         """The engine's plan for ``meta`` (an agreed, validated request), remembered by the Meta object:
         the coordinator hands the same one for every call of a negotiated name."""
@@ -150,6 +170,8 @@ class Lane:
                      **_args(response, self.index), **args)
 
     def close(self) -> None:
+        if self._device is not None:
+            self._device.close()
         self.engine.close()
 
 
@@ -165,6 +187,7 @@ def _codec(meta):
 
 
 MPI_ALLREDUCE = COMMUNICATION["ALLREDUCE"]
+_CPU = "cpu"  # Meta.device of a host tensor
 _ALLREDUCE = Kind.ALLREDUCE  # a global: an enum member costs an attribute lookup on the hot path
 _PLANS = 4096  # plans kept per lane; emptied when full (auto-named tensors make a new Meta per call)
 _NO_SPAN = contextlib.nullcontext()  # stateless: safe to share between lanes and calls
