@@ -65,6 +65,16 @@ class Engine:
         #: device buffers only (COMMLIB_ALGORITHM=nccl)
         configured = spec.BY_NAME.get(config.algorithm)
         self.host_algorithm = spec.AUTO if configured is not None and configured.device else config.algorithm
+        #: ``auto``'s plan per request while it learns (:meth:`plan_allreduce`): a small call's latency is
+        #: mostly decisions like these, and each plan follows the learner
+        self._learning_plans = BoundedCache(256)
+
+    def use_model(self, model) -> None:
+        """Decide from the cost model ``model`` from now on (``commlib-bench --calibrate`` fits one during
+        the job; equal on every rank): what was decided from the old one is forgotten."""
+        self.context.cost_model = model
+        select.forget_model(self.context)
+        self._learning_plans = BoundedCache(256)
 
     @property
     def fusion_inplace_bytes(self) -> int:
@@ -120,11 +130,8 @@ class Engine:
         pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
-            # remembered: a small call's latency is mostly decisions like these (the plan follows the learner)
             key = (dtype, count, kernel_op, pre, post, codec.name if codec is not None else None, name)
-            plans = ctx.tuning.get("engine.learning_plans")
-            if plans is None:
-                plans = ctx.tuning["engine.learning_plans"] = BoundedCache(256)
+            plans = self._learning_plans
             known = plans.get(key)
             if known is not None:
                 return known
@@ -161,8 +168,7 @@ class Engine:
         """Whether an allreduce of ``nbytes`` is a bulk transfer across hosts: the waits of commlib's own
         algorithms then sleep between polls, leaving the core to the framework
         (:func:`.transport.deadline.patiently`). Never MPI's own allreduce: MPI progresses its schedule
-        only inside a poll, and sleeping between polls made its 80 MiB call on 2 hosts at 1 Gbit/s take
-        720 or 1000 ms instead of 720."""
+        only inside a poll, so sleeping between polls slows its calls (docs/results/design_choices.md)."""
         return nbytes >= PATIENT_BYTES and self.topology.cross_size > 1
 
     def _waiting_as_needed(self, run: Callable, algorithm: str, nbytes: int) -> Callable:

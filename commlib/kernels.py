@@ -75,8 +75,8 @@ def _f32(arr: np.ndarray, name: str, what: str) -> None:
 
 
 # Each function first tries the C call with nothing but the dtype lookups (the extension itself checks
-# contiguity, writability, alignment and sizes, before it touches memory): about 0.3 us per call instead
-# of 1 us, which matters for the many small chunks of a ring allreduce. When that fails, the _check_*
+# contiguity, writability, alignment and sizes, before it touches memory): a third of the cost per call,
+# which matters for the many small chunks of a ring allreduce (docs/results/design_choices.md). When that fails, the _check_*
 # function finds what is wrong and raises a clear error; if it finds nothing (an op given by name, or a
 # problem only the C side detects), the call is repeated with the op normalised, so the C error shows.
 _KERNEL_OPS = {op: int(op.kernel_op) for op in ReduceOp}

@@ -21,8 +21,8 @@ through the ring's codec, but it gains nothing, because on one node there is no 
 (docs/coordinator.md, "Compression").
 
 Balanced shares: equal byte shares do not take equal time when the memory differs - a share of many
-separately allocated tensors is slower than one of a few large ones (ResNet-50's gradients on 2 ranks:
-17.4 ms against 14.3 ms for the two halves). For a layout seen before (same dtype, codec and buffer sizes) the
+separately allocated tensors is slower than one of a few large ones (docs/results/design_choices.md).
+For a layout seen before (same dtype, codec and buffer sizes) the
 shares are moved towards equal time, from the times every rank reported for the last call
 (:class:`ShareSplit`). Every rank computes the same split from the same gathered numbers. Which rank
 owns a byte does not change its value: two values combine the same either way round, and with more than
@@ -123,7 +123,9 @@ def allreduce_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, codec=None, pr
     every = ctx.scratch.get("cma.addresses", n * p, _U64)
     transport.allgatherv(mine, every, [n] * p)
     peer_addresses = np.delete(every.reshape(p, n), r, axis=0)
-    split = ctx.tuning.setdefault("cma.shares", ShareSplit())
+    split = ctx.cma_shares
+    if split is None:
+        split = ctx.cma_shares = ShareSplit()
     layout = (dtype.str, codec.name if codec is not None else "", tuple(buf.size for buf in bufs))
     offs = split.offsets(layout, total, p)
     item = dtype.itemsize

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..buffers import ScratchPool
-from .cost import DEFAULTS, CostModel, model_from_profile, profile_path, read_profile
+from ..cache import BoundedCache
+from .cost import DEFAULTS, CostModel, Shape, model_from_profile, profile_path, read_profile
 from ..errors import ConfigError
 from ..topology import Topology
 from ..transport.base import UNDEFINED, Transport
 from ..transport.peer_memory import PeerMemory
+
+if TYPE_CHECKING:  # the modules that fill these fields; the context itself runs none of them
+    from .cma import ShareSplit
+    from .learn import Learner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +54,20 @@ class AlgorithmContext:
         #: cross-memory attach to every rank of the group (the cma algorithm), or None and why not
         self.peer_memory = peer_memory
         self.peer_memory_reason = "" if peer_memory is not None else peer_memory_reason
-        #: what algorithms learn across calls, by key (e.g. cma's balanced shares); equal on every rank
-        self.tuning: dict[str, object] = {}
+        # What the algorithms remember across calls, each made on first use by the module named; equal on
+        # every rank (made from equal inputs). None: not made yet, or forgotten (close, a new cost model).
+        #: the cost model's view of this context (:func:`.select.shape_of`)
+        self.shape: Shape | None = None
+        #: each (size, codec)'s ranking of the algorithms by predicted time (:func:`.select.ranked`)
+        self.rankings: BoundedCache | None = None
+        #: the fusion limit the model predicts (:func:`.select.inplace_limit`)
+        self.inplace_limit: int | None = None
+        #: what ``auto`` learns from measured calls (:func:`.select.learner`)
+        self.learner: Learner | None = None
+        #: what ``ps`` reads of the context to decide on reducing inside hosts (:func:`.ps.shape_of`)
+        self.server_shape: Shape | None = None
+        #: cma's balanced shares per buffer layout (:func:`.cma.allreduce_many`)
+        self.cma_shares: ShareSplit | None = None
         #: the cost model ``auto`` minimises; equal on every rank (``create`` broadcasts rank 0's profile)
         self.cost_model: CostModel = cost_model if cost_model is not None else DEFAULTS
         #: pipeline segment of the segmented schedules, bytes of data; ``auto`` sets it per call
@@ -134,7 +152,8 @@ class AlgorithmContext:
                 group.free()
         self._intra, self._shard_groups, self._torus = None, None, None
         self.scratch.clear()
-        self.tuning.clear()
+        self.shape = self.rankings = self.inplace_limit = self.learner = None
+        self.server_shape = self.cma_shares = None
 
 
 def torus_layout(topology: Topology, config) -> tuple[tuple[int, int], tuple[int, int]]:

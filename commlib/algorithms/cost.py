@@ -15,11 +15,11 @@ Parameters (:class:`CostModel`), all in seconds:
   box: ``native_alpha_s`` per log2(p) step, plus a factor times a ring's transfer time -
   ``native_beta_factor`` on one node (MPI's shared-memory allreduce copies through its own buffers),
   ``native_inter_beta_factor`` where the ranks span nodes (there MPI streams over the network as well as
-  a ring does: on 2 emulated hosts at 1 Gbit/s its 64 MiB allreduce took 0.8x commlib's ring).
+  a ring does; docs/results/design_choices.md).
 - ``cma_alpha_s`` and ``cma_beta_factor``: what the cma schedule costs beyond its formula (system calls and
-  synchronisation per call, by default 25 us: on one host cma took 52 us at 64 KiB where the formula
-  says 25; its copies and reductions run on cache-sized segments, faster than the
-  out-of-cache kernel rates): a fixed time, and a factor on its bytes' copy-and-reduce time.
+  synchronisation per call, by default 25 us; its copies and reductions run on cache-sized segments,
+  faster than the out-of-cache kernel rates): a fixed time, and a factor on its bytes' copy-and-reduce
+  time.
 - ``corrections``: per algorithm, measured time over the formula's at a few sizes (bytes, as strings),
   found by running each algorithm at calibration; :func:`correction` interpolates them (log-linear in
   the size, the nearest measured size beyond the ends). They hold for the node layout they were measured

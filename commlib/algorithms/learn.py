@@ -1,85 +1,47 @@
-"""What ``auto`` learns from the calls it runs: the measured time of each algorithm per size class, agreed
-between ranks, so that the choice is right on machines the cost model has never seen.
+"""What ``auto`` learns from the calls it runs: each candidate algorithm's time per size class, measured on
+this job and agreed between ranks, so that the choice is right on machines the cost model has never seen
+(docs/algorithms.md, "How auto learns"; the measurements behind each rule: docs/results/auto_learn_rules.md).
 
-Per *bucket* - a size class (the message size's power of two: 48 KiB and 60 KiB share one), the codec, and
-whether the call reduces one buffer or several fused in place - the learner runs a fixed, short schedule
-(every input is equal on every rank, so every rank runs the same algorithm on the same call):
+A *bucket* is a size class (the message size's power of two), a codec, and whether the calls reduce one
+buffer or several fused in place. Its :class:`State`:
 
-1. Candidates: the cost model's ranking at the bucket's first size (:func:`.select.rank_all`), keeping the
-   algorithms predicted within ``SPREAD`` times the best, at most ``MAX_CANDIDATES`` of them besides MPI's
-   own allreduce (``native``), which is measured wherever it can run: the model is unsure between those,
-   and MPI's own is the baseline auto must never lose to (where the model ranks it among its first, it
-   does not take the place of one of commlib's).
-   Algorithms predicted exactly alike count once (the model's first): on such a layout they make the same
-   exchanges (on 2 ranks ring, rabenseifner and hierarchical all swap halves).
-2. Warm-up: each candidate that has not run on this lane yet runs once, untimed (first calls create
-   sub-groups and scratch memory); skipped where the model predicts ``LARGE_S`` or more, where set-up costs
-   are small beside the call.
-3. Measured calls: one round in which each candidate runs a *block* of ``REPS`` consecutive calls,
-   and after it candidates slower than ``DROP`` times the best are dropped; where the model predicts
-   under ``SMALL_S``, a second round of the others, the order rotated by one (one block may fall on a
-   busy moment of the machine; short calls make a second cheap). Every block starts after a
-   barrier of the lane (``sync``, untimed): without it a rank that enters early times its wait for the
-   others - how late the previous algorithm or the framework let them go, or a rank descheduled where
-   ranks outnumber cores - which on 2 hosts x 2 ranks over 2 cores was several times a 4 KiB call and
-   ranked the candidates at random. A block, not single calls, because what a job sees is calls back to
-   back, and an algorithm's next call can pay for how its last one ended: there, recursive doubling's
-   second call ran far faster than its first and MPI's did not; across 2 hosts x 1 rank at 16-64 MiB the
-   ring took 560 ms on a call after another algorithm's and 840 ms per call in twos. At the end of a
-   round every rank's vector of block times (and of call times) is reduced with MAX over the lane's
-   communicator (one small allreduce): from then on every rank holds the same numbers, the slowest
-   rank's time of each block from a common start, per call; or, where that is ``WATCH_S`` or more, the
-   block's slowest call:
-   a job waits for each of its few long calls, and some algorithms' long calls are fast and slow in
-   turn (:meth:`Learner._agree_blocks`).
-4. Near-ties: where a candidate ends the scheduled rounds within ``NEAR`` of the best, the best and the
-   closest such one alone run up to ``EXTRA_ROUNDS`` more rounds, the order rotating (a one-block
-   difference between near-equal algorithms is mostly noise; more blocks separate them or show that
-   either will do), while the bucket's calls stay within ``MAX_CALLS``. Not where the best's calls take
-   ``WATCH_S`` or more: the settled algorithm's calls are then watched (7), which compares it with the
-   closest on calls the job needs anyway (on 2 hosts at 1 Gbit/s an 80 MiB call takes 0.7 s: 8 more
-   exploring calls would spread the exploring over the first 16 steps of a job).
-5. Settled: the candidate with the least agreed time (its fastest block; ties to the model's order) runs
-   every later call of the bucket, untimed unless watched (7).
-6. Re-checks: a settled bucket is checked again after ``RECHECK_FIRST`` more calls (``RECHECK_SHORT`` where
-   the model predicts under ``SMALL_S``: such a check costs a few milliseconds, and a choice settled on
-   noisy blocks - 4 ranks on 2 cores across hosts - then runs 16 calls, not 64), then after 4 times as
-   many each time: the settled algorithm and the measured ones whose agreed time was within ``RECHECK``
-   times it - ``DROP`` times where the model predicts under ``SMALL_S``: on 2 hosts x 2 ranks over 2 cores
-   recursive doubling's 4 KiB blocks measured 1.33x MPI's own while exploring and 0.77x in 100 rounds
-   after - (at most two besides it; MPI's own among them where it qualifies) run ``CHECK_ROUNDS`` rounds
-   as in step 3, and the fastest of that check runs from then on if it beats the settled one by more
-   than ``SWITCH``. A choice settled on unlucky calls (the machine was busy, a near-tie fell the wrong
-   way) corrects itself; a right one costs a few calls of algorithms measured near it.
+- ``WARMING``: each candidate not yet run on this lane runs once, its time unused: first calls create
+  sub-groups and scratch memory. Not where the model predicts ``LARGE_S`` or more: set-up is small there.
+- ``MEASURING``: rounds in which each candidate runs a block of ``REPS`` consecutive calls from a barrier of
+  the lane (``sync``): without it a rank that enters early times its wait for the others; blocks, because
+  a job's calls come back to back and a call can pay for how the one before it ended. The candidates are
+  the model's ranking within ``SPREAD`` of its best, at most ``MAX_CANDIDATES`` of commlib's, and MPI's own
+  (``native``, the baseline auto must never lose to). After the first round those slower than ``DROP``
+  times the best are dropped; short calls (under ``SMALL_S``) get a second round, the order rotated (a
+  block can fall on a busy moment); the best and its closest within ``NEAR`` get up to ``EXTRA_ROUNDS``
+  more (one block cannot separate near-equal algorithms), within ``MAX_CALLS`` calls. A round ends in one
+  small allreduce (``agree``, MAX) of every rank's block times, so every rank holds the same numbers.
+- ``SETTLED``: the candidate with the least agreed time (ties to the model's order) runs every call, untimed.
+- ``WATCHED``: settled on calls of ``WATCH_S`` or more, each of them timed and agreed: when the median of the
+  last ``WATCH_CALLS`` is slower than the best measured rival by more than ``SWITCH``, the rival takes over
+  (a block can catch an algorithm that is fast and slow by turns on its fast calls).
+- ``CHECKING``: after ``RECHECK_FIRST`` settled calls (``RECHECK_SHORT`` for short calls), then 4x as many
+  each time, the settled algorithm and up to two rivals measured within ``RECHECK`` of it (short calls:
+  ``DROP``) run ``CHECK_ROUNDS`` rounds; one faster by more than ``SWITCH`` takes over: a choice settled on
+  unlucky calls corrects itself.
 
-7. Watch: where the settled algorithm's agreed time is at least ``WATCH_S``, each of its calls is timed
-   and agreed (the least over the ranks, no barrier: one small allreduce, under 1% of such a call); when
-   the median of its last ``WATCH_CALLS`` calls is slower than the best measured rival by more than
-   ``SWITCH``, the rival takes over and the old one keeps that median as its time. A block of two calls
-   can catch an algorithm whose calls are fast and slow in turn on its fast calls; the watch corrects
-   that choice within a few calls, where a re-check would come only after ``RECHECK_FIRST``.
-8. Siblings: a new bucket of long calls whose sibling (the same size class and codec, fused where it is
-   not, or the other way round) has settled with calls of at least ``WATCH_S`` starts settled on the
-   sibling's choice and times, watched (7), instead of exploring: such calls are dominated by the bytes
-   they move, and a training step whose last gradients now and then arrive apart reduces them one by
-   one where it usually fuses them.
-Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times and the count
-of calls, which every rank sees alike), never of a rank's own clock, so ranks whose clocks disagree still
-choose alike. Exploration is bounded: at most ``MAX_CANDIDATES + 1`` algorithms x ``REPS`` measured calls
-per bucket, plus one warm-up call per algorithm and lane, plus ``EXTRA_ROUNDS`` rounds of the two
-near-tied (at most ``MAX_CALLS`` calls in all, usually 16 or fewer), only among algorithms the model predicts within
-``SPREAD`` of the best; a re-check runs at most 3 algorithms measured within ``RECHECK`` (short calls:
-``DROP``) of the settled
-one, ``CHECK_ROUNDS`` x 2 calls each, after 4x as many calls each time; and once more than ``FREE_CALLS`` calls have explored, a new bucket is explored only while exploring calls stay under
-``BUDGET`` of all calls (the rest use the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off:
-``auto`` is then the cost model's choice alone.
+:data:`NEXT` lists the moves between states, and every move goes through ``Bucket._enter``. A new bucket
+of long calls whose sibling (the same class and codec, fused or not) has settled starts ``WATCHED`` on the
+sibling's times instead of exploring: such calls are the bytes they move. A settled bucket can be kept
+(:meth:`Bucket.to_settled`) and a later learner started from it (:meth:`Bucket.from_settled`).
+
+Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times, the count of
+calls), never of a rank's own clock, so ranks whose clocks disagree still choose alike. Exploring is
+bounded per bucket (``MAX_CALLS``) and per learner (``FREE_CALLS`` calls, then ``BUDGET`` of all calls;
+beyond that a new bucket takes the model's choice). ``COMMLIB_AUTO_LEARN=0`` turns learning off.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -90,8 +52,7 @@ SMALL_S = 2e-3       # predicted best below this: a second scheduled round, the 
 REPS = 2             # consecutive calls per candidate per round: one block, timed from a barrier
 MAX_CALLS = 20       # a bucket settles within this many calls (near-tie rounds only while they fit)
 DROP = 2.0           # after the first round: drop candidates slower than this times the best
-LARGE_S = 10e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it:
-                     # first calls on 2 hosts were at most 2 ms slower than the next, at 1 and 4 MiB)
+LARGE_S = 10e-3      # predicted best at least this: no warm-up call (set-up costs are small beside it)
 TIE = 1e-6           # predicted times this close (relative) count as one candidate
 FREE_CALLS = 400     # exploring calls always allowed per learner
 BUDGET = 0.05        # beyond FREE_CALLS: exploring calls at most this share of all calls
@@ -109,36 +70,66 @@ WATCH_CALLS = 3      # the settled algorithm's watched time: the median of its l
 Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
 
 
+class State(enum.Enum):
+    """Where a bucket is in its schedule; the data each state uses is grouped under it in :class:`Bucket`."""
+
+    NEW = "new"              # made, its schedule not chosen yet (inside Learner.bucket only)
+    WARMING = "warming"      # each cold candidate once, untimed by the choice
+    MEASURING = "measuring"  # measured rounds of blocks, each from a barrier
+    SETTLED = "settled"      # the settled algorithm runs, untimed
+    WATCHED = "watched"      # the settled algorithm runs, each call timed and agreed
+    CHECKING = "checking"    # a re-check: the settled algorithm and its rivals run measured rounds
+
+
+NEW, WARMING, MEASURING, SETTLED, WATCHED, CHECKING = State  # names for the per-call path (a global read)
+
+#: The moves between states: from each, the states a bucket may enter next (``Bucket._enter`` holds every
+#: move to it). MEASURING and CHECKING enter themselves for each further round; an exploring bucket whose
+#: sibling settles on long calls is adopted (WATCHED); a watch may hand over to a rival of short calls.
+NEXT: dict[State, frozenset[State]] = {
+    NEW: frozenset({WARMING, MEASURING, SETTLED, WATCHED}),
+    WARMING: frozenset({MEASURING, WATCHED}),
+    MEASURING: frozenset({MEASURING, SETTLED, WATCHED}),
+    SETTLED: frozenset({CHECKING}),
+    WATCHED: frozenset({CHECKING, SETTLED, WATCHED}),
+    CHECKING: frozenset({CHECKING, SETTLED, WATCHED}),
+}
+
+
 @dataclasses.dataclass
 class Bucket:
-    """One size class's schedule and what it measured."""
+    """One size class: its state, the data of that state, and what it has measured in every state."""
 
     key: tuple
     candidates: list[str]           # in the model's order
     predicted_s: dict[str, float]   # the model's time of each at the first size seen
     reps: int                       # consecutive calls per candidate per round (a block)
-    rounds: int                     # measured rounds
-    phase: int = 0                  # 0: warm-up; 1..rounds: measured rounds
-    slots: list[str] = dataclasses.field(default_factory=list)    # this phase's calls, in order
-    local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of this phase's calls
-    agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call, per block
-    dropped: list[str] = dataclasses.field(default_factory=list)
+    rounds: int                     # measured rounds (near-tie rounds add to them)
+    state: State = NEW
+    # -- WARMING, MEASURING, CHECKING: the round under way
+    slots: list[str] = dataclasses.field(default_factory=list)    # its calls, in order
+    local: list[float] = dataclasses.field(default_factory=list)  # this rank's times of its calls so far
+    measuring: int = 0              # MEASURING: which of the rounds (1..rounds)
+    checking: list[str] = dataclasses.field(default_factory=list)  # CHECKING: its algorithms, settled first
+    checked: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # CHECKING: their agreed times
+    # -- SETTLED, WATCHED, and CHECKING (which keeps the settled algorithm until the check ends)
     settled: str | None = None
-    explored: int = 0               # calls run while exploring
-    extra: int = 0                  # near-tie rounds run
     since: int = 0                  # calls since the bucket settled or was last re-checked
     next_check: int = RECHECK_FIRST  # re-check when ``since`` reaches this
-    checking: list[str] = dataclasses.field(default_factory=list)  # a re-check's algorithms, settled first
-    checked: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed times of this check
+    watched: list[float] = dataclasses.field(default_factory=list)  # WATCHED: agreed times of its calls
+    # -- what the bucket measured and did, in every state
+    agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call, per block
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    explored: int = 0               # calls run while exploring or checking
+    extra: int = 0                  # near-tie rounds run
     checks: int = 0                 # re-checks run
     switches: int = 0               # of which changed the settled algorithm
-    watched: list[float] = dataclasses.field(default_factory=list)  # agreed times of the settled's calls
     watch_switches: int = 0         # settled algorithms given up because their calls ran slower than a rival
-    # whether the settled algorithm's calls are timed (Learner.watched): its agreed time is at least
-    # WATCH_S, where a clock read and one small allreduce per call cost under 1%. A field, set where the
-    # settled algorithm or its time changes (settle_on): a settled call of a few microseconds reads it
-    watching: bool = False
     seeded: bool = False            # settled on its sibling's times (Learner._adopt)
+    restored: bool = False          # settled on an earlier learner's times (from_settled)
+    # -- the state as the per-call path reads it: one attribute each, set by _enter alone
+    running: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED or WATCHED
+    untimed: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED
 
     @property
     def short(self) -> bool:
@@ -146,15 +137,99 @@ class Bucket:
         re-checks."""
         return min(self.predicted_s.values(), default=0.0) < SMALL_S
 
-    def settle_on(self, name: str | None) -> None:
-        """Run ``name`` from now on (untimed, or watched where its agreed time is long)."""
-        self.settled = name
-        mine = self.agreed.get(name) if name is not None else None
-        self.watching = bool(mine) and min(mine) >= WATCH_S
+    @property
+    def watching(self) -> bool:
+        """Whether the settled algorithm's calls are timed (:meth:`Learner.watched`)."""
+        return self.state is WATCHED
 
     def best_times(self) -> dict[str, float]:
         """The agreed time of each candidate measured: its fastest agreed block, per call."""
         return {name: min(times) for name, times in self.agreed.items() if times}
+
+    # -- the moves (NEXT): each enters a state and sets the data that state uses -------------------------
+    def _enter(self, state: State) -> None:
+        if state not in NEXT[self.state]:
+            raise RuntimeError(f"auto {bucket_label(self.key)}: no move from {self.state.value} to "
+                               f"{state.value}")
+        self.state = state
+        self.running = state is SETTLED or state is WATCHED
+        self.untimed = state is SETTLED
+
+    def _round(self, order: Sequence[str], calls: int) -> None:
+        self.slots = [name for name in order for _ in range(calls)]
+        self.local = []
+
+    def warm_up(self, cold: Sequence[str]) -> None:
+        """WARMING: ``cold`` (candidates not run on this lane yet) once each."""
+        self._enter(WARMING)
+        self._round(cold, 1)
+
+    def measure(self, number: int, order: Sequence[str]) -> None:
+        """MEASURING: round ``number``, a block of each of ``order``."""
+        self._enter(MEASURING)
+        self.measuring = number
+        self._round(order, self.reps)
+
+    def check(self, algorithms: Sequence[str]) -> None:
+        """CHECKING: the settled algorithm and its rivals (``algorithms``, settled first) begin a re-check."""
+        self._enter(CHECKING)
+        self.checking = list(algorithms)
+        self.checked = {}
+        self._round(self.checking, self.reps)
+
+    def check_again(self, order: Sequence[str]) -> None:
+        """CHECKING: the re-check's next round, a block of each of ``order``."""
+        self._enter(CHECKING)
+        self._round(order, self.reps)
+
+    def settle_on(self, name: str | None) -> None:
+        """SETTLED on ``name`` from now on, or WATCHED where its agreed time is at least ``WATCH_S``: there a
+        clock read and one small allreduce per call cost under 1%."""
+        mine = self.agreed.get(name) if name is not None else None
+        self._enter(WATCHED if mine and min(mine) >= WATCH_S else SETTLED)
+        self.settled = name
+        self.slots, self.local, self.checking, self.checked, self.watched = [], [], [], {}, []
+
+    # -- kept between jobs -------------------------------------------------------------------------------
+    def to_settled(self) -> dict:
+        """What this bucket settled, as JSON-ready data that :meth:`from_settled` restores: the candidates,
+        the model's predictions, every agreed time, the dropped and the choice. A re-check under way is
+        left out (the bucket as it was before it); an exploring bucket has nothing to keep (ValueError)."""
+        if self.state not in (SETTLED, WATCHED, CHECKING):
+            raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}): only "
+                             "a settled bucket can be kept")
+        power, codec, fused = self.key
+        return {"key": [power, codec, fused], "candidates": list(self.candidates),
+                "predicted_s": dict(self.predicted_s), "reps": self.reps,
+                "agreed": {name: list(times) for name, times in self.agreed.items()},
+                "dropped": list(self.dropped), "settled": self.settled}
+
+    @classmethod
+    def from_settled(cls, data: Mapping) -> "Bucket":
+        """A bucket settled on ``data`` (from :meth:`to_settled`): it runs the settled algorithm (WATCHED
+        where its time is long) and re-checks it as a bucket that has just settled would, so a choice
+        that no longer holds here still corrects itself. ValueError names what in ``data`` is not one."""
+        try:
+            power, codec, fused = data["key"]
+            key = (int(power), None if codec is None else str(codec), bool(fused))
+            candidates = [str(name) for name in data["candidates"]]
+            predicted = {str(name): float(t) for name, t in data["predicted_s"].items()}
+            agreed = {str(name): [float(t) for t in times] for name, times in data["agreed"].items()}
+            dropped = [str(name) for name in data["dropped"]]
+            settled, reps = data["settled"], int(data["reps"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a settled auto bucket ({type(exc).__name__}: {exc}); keep one with "
+                             "Bucket.to_settled") from None
+        unknown = sorted((set(agreed) | set(dropped) | set(predicted) | {settled}) - set(candidates) - {None})
+        if unknown or reps < 1:
+            raise ValueError(f"not a settled auto bucket for {bucket_label(key)}: "
+                             + (f"{', '.join(unknown)} not among its candidates {candidates}" if unknown
+                                else f"reps {reps} must be at least 1"))
+        bucket = cls(key, candidates, predicted, reps=reps, rounds=ROUNDS, agreed=agreed, dropped=dropped,
+                     restored=True)
+        bucket.next_check = RECHECK_SHORT if bucket.short else RECHECK_FIRST
+        bucket.settle_on(settled)
+        return bucket
 
 
 class Learner:
@@ -205,14 +280,12 @@ class Learner:
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
         if len(names) < 2 or not self._may_explore(bucket, len(cold)):
             bucket.settle_on(names[0] if names else None)
-            bucket.phase = bucket.rounds + 1
         elif self._adopt(bucket, self._sibling(key)):
             pass  # settled on the sibling's times, watched
         elif cold:
-            bucket.slots = cold  # the warm-up: each once
+            bucket.warm_up(cold)
         else:
-            bucket.phase = 1
-            bucket.slots = [name for name in names for _ in range(bucket.reps)]
+            bucket.measure(1, names)
         self.buckets[key] = bucket
         return bucket
 
@@ -223,20 +296,17 @@ class Learner:
 
     def _adopt(self, bucket: Bucket, source: Bucket | None) -> bool:
         """Settle ``bucket`` (new, or still exploring) on what its sibling ``source`` measured (True), where
-        ``source`` has settled with calls of at least ``WATCH_S``: such calls are dominated by the bytes
-        they move, fused or not, and exploring again runs each candidate twice more at up to a second a
-        call (on 2 hosts a training step whose last gradients arrive apart now and then reduces them one
-        by one instead of fused). The settled algorithm is watched (step 7) against the sibling's rivals,
-        so a difference still shows. Equal on every rank: both buckets are."""
-        if source is None or source.settled is None or source.checking:
+        ``source`` has settled with calls of at least ``WATCH_S``: such calls are the bytes they move, fused
+        or not, and exploring them again costs a training step a call of each candidate. The settled
+        algorithm is WATCHED against the sibling's rivals, so a difference still shows. Equal on every
+        rank: both buckets are."""
+        if source is None or (source.state is not SETTLED and source.state is not WATCHED):
             return False
         times = {name: list(seconds) for name, seconds in source.agreed.items()
                  if seconds and name in bucket.candidates}
         if not times or min(min(seconds) for seconds in times.values()) < WATCH_S:
             return False
         bucket.agreed = times
-        bucket.phase = bucket.rounds + 1
-        bucket.slots, bucket.local = [], []
         bucket.seeded = True
         bucket.settle_on(source.settled if source.settled in times else min(times, key=lambda n: min(times[n])))
         self.notes.append(describe(bucket))
@@ -250,10 +320,9 @@ class Learner:
         """(name, agreed seconds per call) of each block of this round: every rank's block sums and call
         times, MAX over the ranks in one small allreduce. A block's time is the slowest rank's sum per
         call (per-call maxima would add up each call's wait for the others within the block), or where
-        that is at least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and algorithms
-        whose long calls are fast and slow in turn (the ring and rabenseifner at 80 MiB between 2 hosts
-        at 1 Gbit/s: 0.70 or 1.05 s per call, the pipelined ring 0.71-0.74 s every call) show it in a
-        block's slower call, where the mean of two halves it."""
+        that is at least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and an
+        algorithm whose long calls are fast and slow by turns shows it in a block's slower call, where the
+        mean would halve it."""
         reps = bucket.reps
         local = np.asarray(bucket.local, np.float64)
         sums = np.add.reduceat(local, np.arange(0, len(local), reps))
@@ -286,20 +355,16 @@ class Learner:
         rivals = rivals[:2]
         if not rivals or not self._may_explore(bucket, 0, (1 + len(rivals)) * bucket.reps * CHECK_ROUNDS):
             return False
-        bucket.checking = [bucket.settled] + rivals
-        bucket.checked = {}
-        bucket.local = []
-        bucket.slots = [name for name in bucket.checking for _ in range(bucket.reps)]
+        bucket.check([bucket.settled] + rivals)
         return True
 
     def _end_check_round(self, bucket: Bucket) -> None:
         for name, seconds in self._agree_blocks(bucket):
             bucket.checked.setdefault(name, []).append(seconds)
-        bucket.local = []
         rounds = len(bucket.checked[bucket.checking[0]])
         if rounds < CHECK_ROUNDS:
-            order = bucket.checking[rounds % len(bucket.checking):] + bucket.checking[:rounds % len(bucket.checking)]
-            bucket.slots = [name for name in order for _ in range(bucket.reps)]
+            shift = rounds % len(bucket.checking)
+            bucket.check_again(bucket.checking[shift:] + bucket.checking[:shift])
             return
         best = {name: min(times) for name, times in bucket.checked.items()}
         old = bucket.settled
@@ -310,7 +375,6 @@ class Learner:
             bucket.agreed[name] = list(times)
         bucket.settle_on(winner if switch else old)
         bucket.checks += 1
-        bucket.checking, bucket.checked, bucket.slots, bucket.watched = [], {}, [], []
         self.notes.append(describe(bucket) + (f" (re-checked: was {old})" if bucket.settled != old
                                               else " (re-checked: kept)"))
 
@@ -318,12 +382,12 @@ class Learner:
         """The algorithm of this call; None when the bucket has settled (the caller runs ``settled``). A
         call to measure returns after the lane's barrier: the caller starts its clock then."""
         self.calls += 1
-        if bucket.settled is not None and not bucket.checking:
+        if bucket.running:  # SETTLED or WATCHED
             bucket.since += 1
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
         index = len(bucket.local)
-        if (bucket.phase > 0 or bucket.checking) and index % bucket.reps == 0:  # a measured block begins
+        if bucket.state is not WARMING and index % bucket.reps == 0:  # a measured block begins
             self.sync()
         return bucket.slots[index]
 
@@ -334,22 +398,22 @@ class Learner:
         bucket.explored += 1
         self.explored += 1
         if len(bucket.local) == len(bucket.slots):
-            if bucket.checking:
+            if bucket.state is CHECKING:
                 self._end_check_round(bucket)
             else:
-                self._end_phase(bucket)
+                self._end_round(bucket)
 
-    def _end_phase(self, bucket: Bucket) -> None:
-        if bucket.phase > 0:  # a measured round: agree on its times, then keep them
+    def _end_round(self, bucket: Bucket) -> None:
+        """The warm-up or a measured round has run: the next measured round, or settled."""
+        if bucket.state is MEASURING:  # agree on its times, then keep them
             for name, seconds in self._agree_blocks(bucket):
                 bucket.agreed.setdefault(name, []).append(seconds)
-            if bucket.phase == 1:
+            if bucket.measuring == 1:
                 best = min(bucket.best_times().values())
                 bucket.dropped = [n for n in bucket.candidates if bucket.best_times()[n] > DROP * best]
-        bucket.phase += 1
-        bucket.local = []
+        number = bucket.measuring + 1  # the next round (1 after the warm-up)
         alive = [n for n in bucket.candidates if n not in bucket.dropped]
-        if bucket.phase > bucket.rounds and len(alive) > 1 and bucket.extra < EXTRA_ROUNDS:
+        if number > bucket.rounds and len(alive) > 1 and bucket.extra < EXTRA_ROUNDS:
             times = bucket.best_times()
             best = min(times[n] for n in alive)
             near = sorted((n for n in alive if times[n] <= best * (1 + NEAR)),
@@ -361,29 +425,25 @@ class Learner:
                 bucket.rounds += 1
                 bucket.dropped += [n for n in alive if n not in near]
                 alive = near
-        if bucket.phase > bucket.rounds or len(alive) == 1:
+        if number > bucket.rounds or len(alive) == 1:
             times = bucket.best_times()
             bucket.settle_on(min(alive, key=lambda n: (times[n], bucket.candidates.index(n))))
-            bucket.slots = []
             self.notes.append(describe(bucket))
             sibling = self._sibling(bucket.key)
-            if sibling is not None and sibling.settled is None:  # explored now and then: settle it too
-                self._adopt(sibling, bucket)
+            if sibling is not None and sibling.state in (WARMING, MEASURING):  # explored now and then:
+                self._adopt(sibling, bucket)                                   # settle it too
             return
-        shift = (bucket.phase - 1) % len(alive)
-        order = alive[shift:] + alive[:shift]
-        bucket.slots = [name for name in order for _ in range(bucket.reps)]
+        shift = (number - 1) % len(alive)
+        bucket.measure(number, alive[shift:] + alive[:shift])
 
     def watched(self, bucket: Bucket, seconds: float) -> None:
-        """The time this rank took for a call of a watched bucket's settled algorithm (no barrier before
+        """The time this rank took for a call of a WATCHED bucket's settled algorithm (no barrier before
         it). Agreed as the least over the ranks: the rank that entered last waited for nobody, so its time
         is the algorithm's own, not how late the framework let the others go. Where the median of the last
         ``WATCH_CALLS`` calls is slower than a measured rival by more than ``SWITCH``, the rival runs from
-        now on and the settled one keeps that median as its time: one block can fall on
-        the fast mode of an algorithm that is slow every other call (recursive doubling and MPI's own at
-        16-80 MiB between 2 hosts at 1 Gbit/s beside a training step ran 0.7 s or 1.0-1.5 s per call; the
-        pipelined ring 0.7 s every call), and what a job's calls show is what counts. A median, so that one
-        call slowed by something else on the machine does not hand a good choice away."""
+        now on and the settled one keeps that median as its time: one block can fall on the fast mode of
+        an algorithm that is slow every other call, and what a job's calls show is what counts. A median,
+        so that one call slowed by something else on the machine does not hand a good choice away."""
         agreed = -float(self.agree(np.array([-seconds], np.float64))[0])
         self.agreements += 1
         self.watches += 1
@@ -403,6 +463,16 @@ class Learner:
             bucket.watched = []
             bucket.watch_switches += 1
             self.notes.append(describe(bucket) + f" (watched: {old} ran {typical * 1e3:.3f} ms per call)")
+
+    def restore(self, bucket: Bucket) -> None:
+        """Start ``bucket``'s class settled (``Bucket.from_settled``) instead of exploring it; before the
+        class's first call, equally on every rank."""
+        if bucket.state not in (SETTLED, WATCHED):
+            raise ValueError(f"auto {bucket_label(bucket.key)} is {bucket.state.value}: only a settled bucket "
+                             "can be restored")
+        if bucket.key in self.buckets:
+            raise ValueError(f"auto {bucket_label(bucket.key)} already has a bucket on this lane")
+        self.buckets[bucket.key] = bucket
 
     def settled(self, key: tuple) -> str | None:
         bucket = self.buckets.get(key)
@@ -453,6 +523,8 @@ def describe(bucket: Bucket) -> str:
     extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
     if bucket.seeded:
         extra += ", from its " + ("single" if bucket.key[2] else "fused") + " calls' times"
+    if bucket.restored:
+        extra += ", from an earlier job's times"
     checks = f", {bucket.checks} re-check(s), {bucket.switches} switch(es)" if bucket.checks else ""
     if bucket.watch_switches:
         checks += f", {bucket.watch_switches} switch(es) on watched calls"

@@ -115,9 +115,8 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
               postscale: float = 1.0) -> int:
     """``buf = postscale * allreduce(prescale * buf)`` in place; returns encode overflows. The factors are
     applied per block inside the pipeline, not by passes over the whole buffer before and after it: with
-    fp16 on the wire a Sum always has both (divide by the ranks, multiply back), and at 64 MiB on 2 hosts x
-    2 ranks those two passes took ~25 ms while the link was idle (fp16, one interleaved commlib-bench job:
-    289 ms folded against 393 ms with the passes). A block is
+    fp16 on the wire a Sum always has both (divide by the ranks, multiply back), and such passes keep the
+    link idle (docs/results/design_choices.md). A block is
     prescaled as its reduce-scatter starts; a rank postscales the shards it holds once they have crossed
     the network, before the node allgathers them. Every element is scaled as by the passes."""
     topo, n = ctx.topology, buf.size

@@ -46,10 +46,10 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec=None, *, prescale: float
 def shape_of(ctx) -> _cost.Shape:
     """What :func:`reduces_in_hosts` reads of ``ctx`` (a lane with servers): the nodes of the ranks and of
     the servers, the partition size and COMMLIB_SERVER_HOST_REDUCE; equal on every rank of the set."""
-    cached = ctx.tuning.get("ps.shape")
+    cached = ctx.server_shape
     if cached is None:
         config = ctx.config
-        cached = ctx.tuning["ps.shape"] = _cost.Shape(
+        cached = ctx.server_shape = _cost.Shape(
             node_of_rank=tuple(ctx.topology.node_of_rank), servers=tuple(ctx.servers.server_nodes),
             server_partition_bytes=config.server_partition_bytes, server_depth=ctx.servers.depth,
             server_host_reduce=config.server_host_reduce)

@@ -26,9 +26,8 @@ from . import cost, learn, spec
 from .cost import INF, Shape
 
 #: Pipeline segments ``auto`` considers for segmented algorithms (bytes of data), besides the configured one.
-#: Nothing smaller than 1 MiB: on 2 hosts x 2 ranks at 1 Gbit/s, hierarchical_pipelined with 256 KiB
-#: segments (2 MiB blocks) took 1.27 s at 64 MiB against 0.68 s with 1 MiB, where the model, which does
-#: not see the cost of a step when ranks outnumber cores, predicted them equal.
+#: Nothing smaller than 1 MiB: smaller segments cost a step each that the model does not see where ranks
+#: outnumber cores (docs/results/design_choices.md).
 SEGMENT_CHOICES = (1 << 20, 4 << 20)
 
 
@@ -43,7 +42,7 @@ class Choice:
 
 def shape_of(ctx) -> Shape:
     """The cost model's view of ``ctx``: nodes of every rank, whether cma can run, the torus grid."""
-    cached = ctx.tuning.get("select.shape")
+    cached = ctx.shape
     if cached is None:
         torus = None
         if spec.BY_NAME["torus2d"].requires(ctx, None) is None:
@@ -51,7 +50,7 @@ def shape_of(ctx) -> Shape:
 
             torus = torus_layout(ctx.topology, ctx.config)[0]
         servers = ctx.servers  # the summation servers' lane (ps), or None
-        cached = ctx.tuning["select.shape"] = Shape(
+        cached = ctx.shape = Shape(
             node_of_rank=tuple(ctx.topology.node_of_rank), cma=ctx.peer_memory is not None and ctx.size > 1,
             torus=torus, small_message_bytes=ctx.config.small_message_bytes,
             servers=tuple(servers.server_nodes) if servers is not None else (),
@@ -85,9 +84,9 @@ def rank_all(model, nbytes: int, shape: Shape, specs, codec, configured_segment:
 def ranked(ctx, nbytes: int, codec=None) -> list[Choice]:
     """Every algorithm that can run on ``ctx`` for ``nbytes`` with ``codec``, with its best segment and
     predicted time, fastest first (remembered per (size, codec) on the context)."""
-    cache = ctx.tuning.get("select.ranked")
+    cache = ctx.rankings
     if cache is None:
-        cache = ctx.tuning["select.ranked"] = BoundedCache(256)
+        cache = ctx.rankings = BoundedCache(256)
     key = (nbytes, codec.name if codec is not None else None)
     hit = cache.get(key)
     if hit is not None:
@@ -118,14 +117,14 @@ def learner(ctx) -> learn.Learner | None:
     is nobody to learn with."""
     if not ctx.config.auto_learn or ctx.size < 2:
         return None
-    found = ctx.tuning.get("select.learner")
+    found = ctx.learner
     if found is None:
         transport = ctx.transport
 
         def agree(times):
             transport.allreduce_native_(times, ReduceOp.MAX)  # every rank: the slowest rank's times
             return times
-        found = ctx.tuning["select.learner"] = learn.Learner(agree, sync=transport.barrier)
+        found = ctx.learner = learn.Learner(agree, sync=transport.barrier)
     return found
 
 
@@ -152,7 +151,7 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
 
     def run(*args) -> int:
         name = learning.pick(bucket)
-        if name is None and not bucket.watching:
+        if name is None and bucket.untimed:  # SETTLED: the settled algorithm, no clock
             return runner(bucket.settled)(*args)
         clock = learning.clock
         start = clock()
@@ -196,17 +195,17 @@ def packing_limit(model, shape: Shape, specs, configured_segment: int) -> int:
 
 
 def forget_model(ctx) -> None:
-    """``ctx.cost_model`` changed (``--calibrate``): drop what was decided from the old one."""
-    ctx.tuning.pop("select.ranked", None)
-    ctx.tuning.pop("engine.learning_plans", None)
-    ctx.tuning.pop("select.inplace_limit", None)
+    """``ctx.cost_model`` changed (``--calibrate``): drop what was decided from the old one (the engine
+    drops its plans too: :meth:`commlib.engine.Engine.use_model`)."""
+    ctx.rankings = None
+    ctx.inplace_limit = None
 
 
 def inplace_limit(ctx) -> int:
     """:func:`packing_limit` for ``ctx`` (float32, the algorithms that can run there), remembered on the
     context; equal on every rank (the same model and shape)."""
-    limit = ctx.tuning.get("select.inplace_limit")
+    limit = ctx.inplace_limit
     if limit is None:
-        limit = ctx.tuning["select.inplace_limit"] = packing_limit(
+        limit = ctx.inplace_limit = packing_limit(
             ctx.cost_model, shape_of(ctx), candidates(ctx, None), ctx.config.ring_segment_bytes)
     return limit

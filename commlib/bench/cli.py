@@ -126,9 +126,8 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
 def _calibrate(options: Options, comm, lane, command: str) -> None:
     """Fit the cost model on this job, write the profile (rank 0) and use it for this run's ``auto``."""
     model, measured = calibration.calibrate(lane.engine, comm)
+    lane.engine.use_model(model)  # every rank fitted the same numbers
     ctx = lane.engine.context
-    ctx.cost_model = model  # every rank fitted the same numbers
-    select.forget_model(ctx)
     if comm.Get_rank() == 0:
         path = options.calibrate_path or _profile_target(ctx.config.tuning_file)
         cost.write_profile(path, calibration.document(model, select.shape_of(ctx), measured, command))

@@ -9,8 +9,8 @@ is what one noisy round cannot move; the rounds are agreed, the slowest rank's w
 Within a round the algorithms take turns,
 each timing a block of consecutive calls after a barrier, and each round starts with the next algorithm
 (A, B, C, then B, C, A, ...), so machine noise lands on every algorithm alike, and so does whatever comes
-with a position in the round (on the emulated cluster the round's first block was measured 10-40% slower,
-whichever algorithm ran there). A block's time per call is the slowest rank's; an algorithm's time is the
+with a position in the round (on the emulated cluster a round's first block runs slower, whichever
+algorithm runs there: docs/results/design_choices.md). A block's time per call is the slowest rank's; an algorithm's time is the
 median over its rounds.
 """
 
@@ -147,10 +147,8 @@ def turn_order(count: int, round_index: int) -> list[int]:
     """The order in which ``count`` interleaved algorithms take turns in round ``round_index``: each round
     starts with the next one (0, 1, 2, then 1, 2, 0, ...), so no algorithm always runs first; and every
     ``count`` rounds the stride changes (1, then the next one coprime with ``count``: 0, 2, 1, ...), so
-    no algorithm always runs right after the same one. A block can pay for how the one before it ended:
-    with a plain rotation auto always followed torus2d on 2 hosts and measured 40 us per 4 KiB call
-    running the recursive doubling that took 33 us under its own name (28 us for both when the two ran
-    alone)."""
+    no algorithm always runs right after the same one. A block can pay for how the one before it ended
+    (docs/results/design_choices.md)."""
     strides = [s for s in range(1, count) if math.gcd(s, count) == 1] or [1]
     stride = strides[(round_index // count) % len(strides)]
     return [(round_index + i * stride) % count for i in range(count)]
@@ -162,9 +160,8 @@ def _block_lengths(iters: int, rounds: int) -> list[int]:
 
 
 #: At most this many timed rounds per size with ``min_time``: enough for every algorithm to follow each
-#: of the others many times (``turn_order``). At 100, on 2 emulated hosts x 2 ranks over 2 cores, the
-#: same algorithm under two names differed by 14% at 4 KiB (auto running MPI's own: 253 us, MPI's own
-#: 296 us).
+#: of the others many times (``turn_order``), so that the same algorithm under two names measures alike
+#: (docs/results/design_choices.md).
 MAX_ROUNDS = 400
 
 

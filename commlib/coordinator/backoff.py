@@ -1,20 +1,16 @@
 """How a thread that drives the coordinator waits when a cycle made no progress: yield, then sleep.
 
 The phases are measured in time since the last progress, not in cycles: a cycle with nothing to read
-takes a few microseconds, so a count of cycles ends the waiting long before a reply can cross a network
-(a 4 KiB allreduce between hosts takes 0.61 ms against MPI's 0.061 ms when the waiter falls asleep after 64
-idle cycles). Until ``YIELD_S`` the thread yields the core after every empty cycle, then it sleeps, longer
+takes a few microseconds, so a count of cycles ends the waiting long before a reply can cross a network.
+Until ``YIELD_S`` the thread yields the core after every empty cycle, then it sleeps, longer
 and longer, up to the cycle time (COMMLIB_CYCLE_TIME).
 
 It never spins without yielding: ranks can outnumber cores, and a spinning rank holds a core that the
 rank producing the reply may need. Yielding is ``os.sched_yield()``, not ``time.sleep(0)``: a zero
-sleep's deadline has passed when the kernel looks at it, so it returns without giving up the core.
-Measured as A/B runs in one job, interleaved, 25 rounds of 150 calls (4 KiB allreduce,
-2 emulated hosts x 2 ranks at 1 Gbit/s, 4 ranks on 2 cores; MPI's Allreduce 134-137 us): a 50 us spin
-then ``sleep(0)`` 507 us, a 50 us spin then ``sched_yield`` 415-443 us, ``sched_yield``
-from the first empty cycle 363 us. On one host (2 ranks, a core each) the spin gained nothing (40.7 us
-either way): the replies read right after contributing (``progress.REPLY_POLLS``) already catch a reply
-that is microseconds away.
+sleep's deadline has passed when the kernel looks at it, so it returns without giving up the core. A
+spin before yielding gains nothing either: the replies read right after contributing
+(``progress.REPLY_POLLS``) already catch a reply that is microseconds away (the measurements:
+docs/results/design_choices.md).
 """
 
 from __future__ import annotations

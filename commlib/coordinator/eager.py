@@ -13,10 +13,8 @@ on the host, without compression, with ``auto`` as its algorithm (a named algori
 bytes times the number of peers are at most ``COMMLIB_EAGER_BYTES`` and that is itself at most
 ``TENSOR_BYTES`` (16 KiB), on a set that spans more than one
 node and whose rounds go directly from rank to rank (not relayed through rank 0). Within one node the
-allreduce it saves costs ~10 us of shared memory, less than reducing the contributions in Python (2
-ranks, 4 KiB: 100 us per call eager against 80 us without); between nodes it saves a network latency
-(2 hosts x 2 ranks at 1 Gbit/s: 750 us against 1020 us for the negotiation followed by MPI's allreduce,
-``scripts/bench_latency.py``). A rank sends a tensor's bytes once, in the message that carries its
+allreduce it saves costs less than reducing the contributions in Python; between nodes it saves a
+network latency (docs/results/design_choices.md). A rank sends a tensor's bytes once, in the message that carries its
 request; the round that decides it is that one or a later one, so every contribution has arrived when
 the decision is made. Contributions wait here, by name, until their response runs (or fails). Ranks
 that joined contribute zeros, as in the collective.
@@ -32,9 +30,8 @@ from .requests import Entry, Kind, Meta, Response
 
 #: The largest tensor that travels eagerly, whatever ``COMMLIB_EAGER_BYTES`` allows: a larger one is
 #: bandwidth-bound between hosts (64 KiB takes ~0.5 ms at 1 Gbit/s, against a latency of ~0.1 ms saved),
-#: and an eager tensor is reduced alone, never fused with the tensors ready beside it. On 2 hosts x 1 rank
-#: at 1 Gbit/s the 160-tensor model's 64 KiB gradients (scripts/horovod_train.py, small-160) took
-#: 77-132 ms per step eagerly against 61-70 ms fused (two alternating rounds on the loaded machine).
+#: and an eager tensor is reduced alone, never fused with the tensors ready beside it
+#: (docs/results/design_choices.md).
 TENSOR_BYTES = 16 << 10
 
 

@@ -153,7 +153,7 @@ class Lane:
     def _learned(self, response: Response) -> None:
         """What ``auto`` settled since the last call (a size class measured to the end): an ``AUTO_LEARNED``
         event on the response's tensors, its ``learned`` argument the line ``--explain`` prints."""
-        learning = self.engine.context.tuning.get("select.learner")
+        learning = self.engine.context.learner
         if learning is not None and learning.notes:
             now = self.timeline.now()
             for note in learning.take_notes():

@@ -7,8 +7,8 @@ algorithm, joined ranks) form one group. In a group, tensors under ``fusion_inpl
 into one reused buffer of at most ``fusion_threshold_bytes`` (their copies are cheap, the calls they save
 are not); larger ones are never copied: the group is reduced in one pass over the packed buffer and the
 large tensors in place (``Engine.allreduce_many_``, with the ring or cma algorithm). The threshold bounds
-the fusion buffer, so in-place tensors do not count against it: ResNet-50's 102 MB of gradients, all
-ready at once, run as one group (20.6 ms on 2 ranks) rather than two of at most 64 MB (22-23 ms).
+the fusion buffer, so in-place tensors do not count against it: gradients all ready at once run as one
+group rather than several (docs/results/design_choices.md).
 Device tensors fuse only with device tensors, and every one of them is packed (on the device, in one
 kernel: :mod:`.device_path`), so the threshold bounds the whole of a device group.
 """

@@ -1,7 +1,7 @@
 """Who drives the coordinator's cycle, and how a driver waits: polling, yielding, sleeping.
 
 A thread waiting in ``synchronize`` (or a synchronous call) runs the cycle itself, because a thread
-hand-off costs ~50 us on this machine. The background thread runs it when nobody waits (asynchronous
+hand-off costs tens of microseconds (docs/results/design_choices.md). The background thread runs it when nobody waits (asynchronous
 submissions, rank 0's stall check) and otherwise sleeps, reading messages every ``IDLE_POLL_S``. Woken by
 a submission, it first waits one cycle time (``COMMLIB_CYCLE_TIME``) so that a burst of submissions
 (a backward pass's gradients) is negotiated in one round; where it gathers whole bursts
@@ -28,12 +28,9 @@ def gather_limit_s(topology) -> float:
     (0: one cycle time, then negotiate what came). ``GATHER_S`` where the process set is on one node and
     its ranks have no core to spare (as many ranks as cores this process may run on, or more): there no
     transfer crosses a network for the backward pass to hide, and each round negotiated and reduced
-    during the pass takes a core and the GIL from the ranks computing the next gradients. On one host,
-    2 ranks on 2 cores, the 160-tensor training step of ``scripts/horovod_train.py`` took 17.5-18.8 ms
-    gathering bursts against 18.2-21.0 ms with one cycle (4 alternating jobs each; the 25M-parameter
-    step, whose gradients arrive tens of ms apart, 167-176 against 174-187 ms). Not across hosts: there
-    the rounds started during the pass overlap the link (2 emulated hosts x 1 rank at 1 Gbit/s: 60.5 ms
-    gathering against 58.1 ms). Nodes with spare cores keep one cycle: not measured."""
+    during the pass takes a core and the GIL from the ranks computing the next gradients. Not across
+    hosts: there the rounds started during the pass overlap the link (docs/results/design_choices.md).
+    Nodes with spare cores keep one cycle: not measured."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -122,8 +119,7 @@ class Progress:
                 # Cleared only here, just before the check for work (a submission after the check finds it
                 # cleared and notifies); set again while the thread is awake, so that the submissions of a
                 # burst (a backward pass's gradients, tens of microseconds apart) do not each notify a
-                # thread that is already running (on 160 small gradients per step, 2 ranks, the notifies
-                # were about a fifth of the gradient hooks' samples in py-spy, ~0.4 ms per step).
+                # thread that is already running (docs/results/design_choices.md).
                 self._woken = False
                 if self._waiters or not coordinator.has_work():
                     gather = self._wakeup.wait(IDLE_POLL_S)  # True: a submission woke it
@@ -138,8 +134,7 @@ class Progress:
                 # Woken by a submission: let the submitting thread add the rest of its burst first (a
                 # backward pass hands over a gradient every few tens of microseconds), then negotiate them
                 # in one round, as Horovod's cycle does. A cycle per submission costs CPU and the GIL
-                # that the submitting thread needs: measured on 160 small gradients, 2 ranks on 2 cores,
-                # 46-61 ms of CPU per step with this wait against 68-72 ms without.
+                # that the submitting thread needs (docs/results/design_choices.md).
                 self._gather()
                 if self._waiters:  # a thread waits for its result: it drives the cycle itself
                     continue

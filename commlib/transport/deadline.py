@@ -13,16 +13,12 @@ How a wait waits (measured in time since the wait began, as :mod:`commlib.coordi
 ``SPIN`` polls back to back (a small message between ranks of one host completes within them), then a
 poll and ``sched_yield`` in turn until ``YIELD_S`` (a reply from another host, a large transfer still
 making progress, ranks that outnumber the cores waiting their turn: MPI progresses only inside its calls,
-so a sleeping rank slows a live transfer: with 50 ms here, 3 ranks on 2 cores running the algorithm
-tests sat at 10% of a core each, asleep instead of transferring; and where the wait is for a peer that
-shares the cores, sleeping costs more than the yields it saves: the 160-tensor training step of
-``scripts/horovod_train.py`` on one host, 2 ranks on 2 cores, took 21.4-26.3 ms with sleeps after 50 or
-200 us of yielding, against 18.2-18.9 ms with this policy, in alternating jobs alone on the machine), then a poll and a sleep, longer and longer up to ``MAX_SLEEP_S``: a rank waiting on a dead link uses a
+so a sleeping rank slows a live transfer; and where the wait is for a peer that shares the cores,
+sleeping costs more than the yields it saves; docs/results/design_choices.md), then a poll and a sleep, longer and longer up to ``MAX_SLEEP_S``: a rank waiting on a dead link uses a
 few percent of a core, not all of it. A *patient* wait (inside :func:`patiently`: the engine's bulk
 allreduces across hosts) sleeps between polls already after ``PATIENT_YIELD_S``: such a transfer lasts
 tens to hundreds of ms, mostly while the framework computes the next gradients on the same cores, and a
-yielding poll competes with that compute for all of it: a 16 MiB allreduce on 2 emulated hosts at
-1 Gbit/s next to a 58 ms matrix product took 165-168 ms yielding, 149-154 ms patient (146 ms alone).
+yielding poll competes with that compute for all of it.
 Every ``WATCH_S`` of sleeping the ``watch`` hook runs (the
 coordinator reads its peers' notices there: a peer that lost a rank says so, and this rank's wait
 fails at once, naming that rank instead of the peer it waited for). A wait that runs out of time tells

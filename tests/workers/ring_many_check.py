@@ -100,7 +100,7 @@ for codec, wire in ([(Compression.fp16, np.float16), (Compression.bf16, ml_dtype
             checks += 1
 
 if size > 1 and CMA:
-    splits = dict(engine.context.tuning["cma.shares"]._offsets.items())
+    splits = dict(engine.context.cma_shares._offsets.items())
     assert len(splits) == 1 and comm.allgather(splits) == [splits] * size, splits
 # bad input is refused before anything is sent (every rank passes the same, so every rank raises)
 for bad, needle in [([np.zeros(4, np.float32), np.zeros(4, np.float64)], "one dtype"),
