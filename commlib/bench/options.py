@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from ..algorithms.spec import names as algorithm_names
+from ..algorithms.spec import get as spec_of, names as algorithm_names
 from ..config import Config, parse_shape, parse_size
 from ..dtypes import TABLE
 from ..errors import ConfigError
@@ -130,8 +130,8 @@ def _choice(table: dict):
 
 def _algorithms(text: str) -> tuple[str, ...]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return algorithm_names(with_auto=False) + ("auto",)
+    if names == ["all"]:  # the algorithms of host buffers (nccl is measured by --device cuda)
+        return tuple(n for n in algorithm_names(with_auto=False) if not spec_of(n).device) + ("auto",)
     unknown = [n for n in names if n not in algorithm_names()]
     if unknown or not names:
         raise argparse.ArgumentTypeError(

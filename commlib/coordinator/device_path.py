@@ -36,6 +36,7 @@ import numpy as np
 
 from ..compression import Compression, codec_for
 from ..device import DeviceTensor
+from ..dtypes import BFLOAT16
 from ..engine import scale_factors
 from ..errors import CollectiveError
 from ..ops import ReduceOp
@@ -148,6 +149,8 @@ class DevicePath:
         wire = codec.wire_dtype if codec is not None else dtype
         size = self.engine.size
         prescale, postscale = scale_factors(op, codec, meta.prescale, meta.postscale, size)
+        if dtype in HALVES:  # as on the GPU in Horovod: a half tensor is scaled in its own precision
+            prescale, postscale = _rounded(prescale, dtype), _rounded(postscale, dtype)
         kernel_op = op.kernel_op
         streams = self._bound(entries)
         present = entries[0] is not None
@@ -282,6 +285,15 @@ class DevicePath:
             output.done = streams.record(up)
             pipeline.released(output.done)  # broadcast's result is the host buffer itself
         entry.handle.set_result((output,) + extra if extra else output)
+
+
+HALVES = (np.dtype(np.float16), BFLOAT16)
+
+
+def _rounded(factor: float, dtype: np.dtype) -> float:
+    """``factor`` as ``dtype`` holds it: the product of two halves, computed in float32 and rounded once,
+    is the half-precision product Horovod's CUDA kernels compute."""
+    return float(np.array(factor, np.float32).astype(dtype).astype(np.float64))
 
 
 def _codec(meta):
