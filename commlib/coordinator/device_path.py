@@ -48,6 +48,7 @@ from .requests import Entry, Kind, Response
 
 
 NCCL_ALLREDUCE = "NCCL_ALLREDUCE"  # Horovod's activity name for the same
+LOCAL = "local"  # the route of a response with nothing to exchange (one rank, or no elements)
 
 
 class DevicePath:
@@ -140,8 +141,9 @@ class DevicePath:
 
     # ---- allreduce ---------------------------------------------------------------------------------------
 
-    def allreduce(self, response: Response, entries: list[Entry | None], span) -> str:
-        """Queue the allreduce of ``response`` (see the module docstring); returns the route it took."""
+    def allreduce(self, response: Response, entries: list[Entry | None], span, how: str | None = None) -> str:
+        """Queue the allreduce of ``response`` (see the module docstring); returns the route it took.
+        ``how`` forces ``staged`` (or the route, where it is not staged: commlib-bench compares them)."""
         meta = response.metas[0]
         op = ReduceOp(meta.op)
         codec = _codec(meta)
@@ -157,7 +159,10 @@ class DevicePath:
         sources = [e.array.flat for e in entries] if present else []
         targets = [e.output.flat for e in entries] if present else []
         total = sum(math.prod(m.shape) for m in response.metas)
-        how = self._how(meta, wire) if size > 1 and total else nccl_rules.STAGED
+        if not total or (size == 1 and how is None and meta.algorithm != "nccl"):
+            how = LOCAL  # nothing to exchange (a named nccl still runs on one rank: it proves NCCL works)
+        elif how != nccl_rules.STAGED:
+            how = self._how(meta, wire)
         with streams.activate():
             lane = self.stream
             if present:
@@ -177,9 +182,9 @@ class DevicePath:
                         streams.pack(lane, sources, prescale, source)
                     else:  # a joined rank contributes zeros
                         streams.fill(lane, source, 0)
-            with span(NCCL_ALLREDUCE if how != nccl_rules.STAGED else COMMUNICATION["ALLREDUCE"],
-                      tensors=len(entries), route=how):
-                if size == 1 or total == 0:
+            with span(NCCL_ALLREDUCE if how in (nccl_rules.NCCL, nccl_rules.HIERARCHICAL)
+                      else COMMUNICATION["ALLREDUCE"], tensors=len(entries), route=how):
+                if how == LOCAL:
                     if source is not target:
                         streams.copy(lane, source, target)
                 elif how == nccl_rules.NCCL:
