@@ -115,10 +115,12 @@ class DevicePath:
         except Exception:  # noqa: BLE001 - no NCCL here: the route says so (every rank learns it)
             library = None
         topology = engine.topology
-        mine = nccl_rules.GpuRecord(topology.node_of_rank[topology.rank], tuple(self.streams.identity()), version)
-        every = np.empty(5 * engine.size, np.int64)
-        engine.transport.allgatherv(mine.encode(), every, [5] * engine.size)
-        records = [nccl_rules.GpuRecord.decode(row) for row in every.reshape(engine.size, 5)]
+        width = nccl_rules.RECORD_SIZE
+        mine = nccl_rules.GpuRecord(topology.node_of_rank[topology.rank], nccl_rules.this_host(),
+                                    tuple(self.streams.identity()), version)
+        every = np.empty(width * engine.size, np.int64)
+        engine.transport.allgatherv(mine.encode(), every, [width] * engine.size)
+        records = [nccl_rules.GpuRecord.decode(row) for row in every.reshape(engine.size, width)]
         route = nccl_rules.route(records, list(topology.node_sizes))
         if route[0] == nccl_rules.NCCL:
             self._comm = nccl_rules.NcclComm(library, engine.transport, self.streams)

@@ -84,20 +84,35 @@ def nccl_built() -> int:
 
 @dataclasses.dataclass(frozen=True)
 class GpuRecord:
-    """What one rank tells the others before the first device allreduce: its node, its GPU's PCI address
-    (domain, bus, device; equal for two ranks that share the GPU) and its NCCL version (0: none)."""
+    """What one rank tells the others before the first device allreduce: its node (as commlib's topology
+    counts them, COMMLIB_LOCAL_SIZE included), the machine it really runs on (:func:`this_host`), its GPU's
+    PCI address (domain, bus, device; equal for two ranks that share the GPU) and its NCCL version (0:
+    none)."""
 
     node: int
+    host: int
     gpu: tuple[int, int, int]
     nccl: int
 
     def encode(self) -> np.ndarray:
-        return np.array([self.node, *self.gpu, self.nccl], np.int64)
+        return np.array([self.node, self.host, *self.gpu, self.nccl], np.int64)
 
     @classmethod
     def decode(cls, row) -> "GpuRecord":
-        node, domain, bus, dev, version = (int(v) for v in row)
-        return cls(node, (domain, bus, dev), version)
+        node, host, domain, bus, dev, version = (int(v) for v in row)
+        return cls(node, host, (domain, bus, dev), version)
+
+
+#: integers in a :class:`GpuRecord`
+RECORD_SIZE = 6
+
+
+def this_host() -> int:
+    """This machine, as a number every process on it computes alike (emulated nodes share one)."""
+    import socket
+    import zlib
+
+    return zlib.crc32(socket.gethostname().encode())
 
 
 STAGED, NCCL, HIERARCHICAL = "staged", "nccl", "hierarchical"
@@ -111,7 +126,7 @@ def route(records: list[GpuRecord], node_sizes: list[int]) -> tuple[str, str]:
         return STAGED, f"rank(s) {missing} cannot load NCCL (commlib.nccl_built() is 0 there): {NO_LIBRARY}"
     seen: dict[tuple, int] = {}
     for r, record in enumerate(records):
-        key = (record.node, record.gpu)
+        key = (record.host, record.gpu)
         if key in seen:
             domain, bus, dev = record.gpu
             return STAGED, (f"ranks {seen[key]} and {r} share one GPU (PCI {domain:04x}:{bus:02x}:{dev:02x} on "

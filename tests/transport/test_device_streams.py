@@ -71,8 +71,8 @@ def test_staged_pipeline_queues_every_copy_down_before_waiting_and_each_copy_up_
     assert np.array_equal(source, 2 * np.arange(10, dtype=np.float32))
 
 
-def record(node, gpu, version=22703):
-    return rules.GpuRecord(node, (0, gpu, 0), version)
+def record(node, gpu, version=22703, host=None):
+    return rules.GpuRecord(node, node if host is None else host, (0, gpu, 0), version)
 
 
 def test_nccl_route_rule():
@@ -87,11 +87,15 @@ def test_nccl_route_rule():
     assert route == rules.STAGED and "same number of ranks on every node" in why
     # one GPU per node, the same PCI address on both: not shared
     assert rules.route([record(0, 0), record(1, 0)], [1, 1])[0] == rules.HIERARCHICAL
+    # emulated nodes (COMMLIB_LOCAL_SIZE) on one machine, one GPU: shared all the same
+    route, why = rules.route([record(0, 0, host=9), record(1, 0, host=9)], [1, 1])
+    assert route == rules.STAGED and "share one GPU" in why
 
 
 def test_gpu_records_travel_as_five_integers():
-    row = record(3, 7, 21805).encode()
-    assert row.dtype == np.int64 and rules.GpuRecord.decode(row) == record(3, 7, 21805)
+    row = record(3, 7, 21805, host=12345).encode()
+    assert row.dtype == np.int64 and row.size == rules.RECORD_SIZE
+    assert rules.GpuRecord.decode(row) == record(3, 7, 21805, host=12345)
 
 
 def test_nccl_cannot_reduce_every_dtype():
