@@ -2,7 +2,6 @@
 MPI, with the stream interface's host implementation (lazy streams: a missing wait is a wrong result).
 What CUDA itself does is checked on a GPU only (tests/transport/test_gpu_device.py)."""
 
-import numpy as np
 import pytest
 
 from commlib.coordinator.fusion import fuse
