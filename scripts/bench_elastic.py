@@ -1,6 +1,6 @@
 """Time from a worker's kill -9 to the survivors' first completed step, in process (docs/elastic.md).
 
-Runs tests/workers/elastic_train.py (torch, DistributedOptimizer, TorchState, ElasticSampler) under
+Runs tests/elastic/workers/elastic_train.py (torch, DistributedOptimizer, TorchState, ElasticSampler) under
 ``commlib-run --emulate 3x1 --min-np 2`` with rank 1 killing itself at step 10, ``--runs`` times for each
 ``--timeouts`` value of COMMLIB_TIMEOUT, and prints per run, in seconds after the kill: the first
 survivor's report, the driver's decision, the survivors' training function starting again, their first
@@ -33,7 +33,7 @@ def one(timeout_s: float) -> dict:
                    COMMLIB_ELASTIC_DIR=str(state))
         try:
             done = subprocess.run([sys.executable, "-m", "commlib.run", "--emulate", "3x1", "--min-np", "2",
-                                   "--max-np", "3", sys.executable, str(REPO / "tests/workers/elastic_train.py"),
+                                   "--max-np", "3", sys.executable, str(REPO / "tests/elastic/workers/elastic_train.py"),
                                    str(logs)], capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
         finally:
             _remove_shared_memory_left(logs)

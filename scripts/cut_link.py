@@ -2,7 +2,7 @@
 
     python scripts/cut_link.py [--hosts 1,1] [--rate 1gbit] [--mode 1m] [--timeout 10] [--how cut|stop]
 
-Runs tests/workers/link_cut.py (a loop of allreduce_ calls; ``1m``: 1 MiB) on every rank, takes the last
+Runs tests/transport/workers/link_cut.py (a loop of allreduce_ calls; ``1m``: 1 MiB) on every rank, takes the last
 host's link down (``ip link set <its bridge-side veth> down``; ``--how stop``: SIGSTOP its ranks) once
 every rank loops, and reports when each rank raised, what it named, how much CPU the ranks used while
 they waited, and when mpiexec exited. Needs root (namespaces). Without ``--timeout`` the default
@@ -52,7 +52,7 @@ def main() -> int:
     limit = args.limit or (args.timeout or 600) + 60
     folder = Path(tempfile.mkdtemp(prefix="cut-link-"))
     with Cluster(hosts=hosts, rate=args.rate) as cluster:
-        cmd = cluster.mpiexec_args() + [sys.executable, str(REPO / "tests/workers/link_cut.py"), args.mode, str(folder)]
+        cmd = cluster.mpiexec_args() + [sys.executable, str(REPO / "tests/transport/workers/link_cut.py"), args.mode, str(folder)]
         job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                start_new_session=True)
         while not all((folder / f"ready.{r}").exists() for r in range(size)):

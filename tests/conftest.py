@@ -1,23 +1,46 @@
 """Prints which MPI the tests run on, and puts the test helpers on the import path."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+# tests/torch, tests/jax, ... are folders of this tree, and tests/ is on the import path (pytest puts a
+# conftest's folder there too): where a framework is not installed, ``import torch`` would find the folder
+# as an empty namespace package instead of failing, and ``pytest.importorskip`` would not skip. Such an
+# import fails here as it does outside the tests.
+for _name in sorted(p.name for p in TESTS.iterdir() if p.is_dir()):
+    _spec = importlib.util.find_spec(_name) if _name.isidentifier() and _name not in sys.modules else None
+    if _spec is not None and _spec.origin is None and all(
+            Path(p).resolve().parent == TESTS for p in _spec.submodule_search_locations or []):
+        sys.modules[_name] = None
 
 
-#: The kinds of test, one marker each (``pytest -m mpi``, ``-m "not cluster"``, ...): a test marked with none
-#: of the first three runs inside the pytest process.
+import mpirun  # noqa: E402 - found through the path above
+
+#: The kinds of test, one marker each (``pytest -m mpi``, ``-m "not cluster"``, ...; docs/testing.md): a test
+#: marked neither ``mpi`` nor ``cluster`` runs inside the pytest process; ``slow`` goes with either kind.
 MARKERS = {
-    "mpi": "launches real MPI jobs (mpiexec) on one host",
+    "mpi": "launches real MPI jobs (mpiexec, or a process that initialises MPI) on one host",
     "cluster": "runs across emulated hosts (network namespaces; root) or real daemons on them (Slurm, Ray)",
-    "slow": "takes more than about 30 seconds",
+    "slow": "takes 15 s or more alone on a 2-core machine (30 s and more under the usual load)",
 }
 
 
 def pytest_configure(config):
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Tell tests/mpirun.py which test runs and its markers (before its fixtures start anything), so that
+    launching a job from a test not marked for it fails (mpirun.require_marker)."""
+    mpirun.current_test = (item.nodeid, frozenset(m.name for m in item.iter_markers()))
 
 
 def pytest_report_header(config):
@@ -33,7 +56,6 @@ def pytest_report_header(config):
 
 
 # -- emulated clusters (commlib.testing.cluster; docs/cluster.md) -----------------------------------------
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +69,7 @@ def make_cluster():
     made = []
 
     def make(hosts, rate=None):
+        mpirun.require_marker("cluster")
         missing = netns.missing_prerequisites(shaped=rate is not None)
         if missing:
             pytest.skip("emulated cluster impossible here: missing " + "; ".join(missing))

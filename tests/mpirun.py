@@ -1,20 +1,27 @@
 """Launch a Python script on N real MPI processes under a timeout; kill the whole job if it hangs.
 
-Tests call :func:`run_mpi`; the script they launch asserts on every rank and exits non-zero on failure,
-which makes ``mpiexec`` fail the job.
+Tests call :func:`run_mpi` (or :func:`run_mpmd`, :func:`run_on_cluster`). A worker written with
+``tests/spmd.py`` reports each named case per rank; these functions read that report and fail naming the
+case and the rank that failed, the cases a rank never finished, or where each rank was when the job timed
+out. A test that launches a job must carry the marker of its kind (``mpi``; ``cluster`` on emulated
+hosts): :func:`require_marker` fails it otherwise, so ``pytest -m "not mpi and not cluster"`` stays the
+in-process tests (docs/testing.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-WORKERS = Path(__file__).resolve().parent / "workers"
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 
 def mpiexec() -> str:
@@ -63,7 +70,126 @@ def cross_memory_attach_permitted() -> bool:
 
 
 class MPIJobFailed(AssertionError):
-    """The MPI job exited non-zero or timed out; the message carries its output."""
+    """The MPI job exited non-zero or timed out, or a rank did not pass its cases; the message says which
+    case on which rank, and carries the job's output."""
+
+
+class UnmarkedTest(AssertionError):
+    """A test launched a kind of job its markers do not declare."""
+
+
+#: (node id, marker names) of the test pytest is running, set by tests/conftest.py; None outside pytest
+current_test: tuple[str, frozenset[str]] | None = None
+
+
+def require_marker(*kinds: str) -> None:
+    """Fail the running test unless it carries one of ``kinds`` (``mpi``, ``cluster``): a test that starts
+    MPI jobs or emulated hosts must say so, or ``-m "not mpi and not cluster"`` would run it."""
+    if current_test is None:
+        return
+    nodeid, markers = current_test
+    if not markers & set(kinds):
+        raise UnmarkedTest(f"{nodeid} launches {' or '.join(kinds)} work but is not marked: add "
+                           f"@pytest.mark.{kinds[0]} (or pytestmark = pytest.mark.{kinds[0]} for the module); "
+                           "see docs/testing.md")
+
+
+# -- the report of the workers' named cases (tests/spmd.py) ---------------------------------------------
+
+@dataclasses.dataclass
+class Report:
+    """What the ranks of a job reported: per rank its planned cases, each case's result line, and whether
+    it reached the end of its plan."""
+
+    plans: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    results: dict[int, dict[str, dict]] = dataclasses.field(default_factory=dict)
+    done: set[int] = dataclasses.field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.plans or self.results)
+
+    def passed(self, case: str) -> set[int]:
+        """The ranks on which ``case`` passed."""
+        return {rank for rank, cases in self.results.items() if cases.get(case, {}).get("result") == "ok"}
+
+    def failures(self) -> list[str]:
+        return [f"case {name!r} failed on rank {rank}: {line.get('error', '')}"
+                for rank, cases in sorted(self.results.items()) for name, line in cases.items()
+                if line.get("result") == "failed"]
+
+    def unfinished(self, rank: int) -> str:
+        """Where ``rank`` stopped: 'in case X' (the first planned case it did not report), or why not."""
+        if rank not in self.plans:
+            return "reported no plan (it failed or was killed before its first case)"
+        results = self.results.get(rank, {})
+        left = [c for c in self.plans[rank] if results.get(c, {}).get("result") not in ("ok", "skipped")]
+        return f"in case {left[0]!r}" if left else "after its last case"
+
+    def problems(self, ranks, cases=(), size: int | None = None) -> list[str]:
+        """Why the job does not pass: a failed case, a rank of ``ranks`` without a plan or that stopped
+        early, a case of ``cases`` that did not pass on one of them, a report from a rank beyond ``size``."""
+        found = self.failures()
+        for rank in ranks:
+            if rank not in self.done:
+                found.append(f"rank {rank} did not finish its cases: {self.unfinished(rank)}")
+            for name in cases:
+                if rank in self.plans and self.results.get(rank, {}).get(name, {}).get("result") != "ok":
+                    state = self.results.get(rank, {}).get(name, {}).get("result", "not run")
+                    found.append(f"case {name!r} did not pass on rank {rank} ({state})")
+        extra = sorted(r for r in self.plans if size is not None and not 0 <= r < size)
+        if extra:
+            found.append(f"ranks {extra} reported cases but the job's script runs on ranks 0-{size - 1} only")
+        return found
+
+
+_LINE = re.compile(re.escape("@spmd ") + r"(\{.*)")
+
+
+def read_report(out: str) -> Report:
+    """The ``@spmd`` lines in a job's output (another rank's text may share a line: each is decoded where
+    it starts)."""
+    report, decoder = Report(), json.JSONDecoder()
+    for match in _LINE.finditer(out):
+        try:
+            line = decoder.raw_decode(match.group(1))[0]
+        except ValueError:
+            continue
+        rank = line["rank"]
+        if "plan" in line:
+            report.plans[rank] = line["plan"]
+        elif "case" in line:
+            report.results.setdefault(rank, {})[line["case"]] = line
+        elif "done" in line:
+            report.done.add(rank)
+    return report
+
+
+def check_report(out: str, ranks, cases=(), what: str = "the job") -> None:
+    """Raise MPIJobFailed unless every rank of ``ranks`` ran its whole plan (``cases`` passed among it),
+    for a job a test launched itself (an MPMD job on an emulated cluster)."""
+    _checked(out, what, None, None, ranks, cases, True)
+
+
+def uses_spmd(script: str | Path) -> bool:
+    """Whether a worker reports named cases (it imports tests/spmd.py)."""
+    try:
+        text = Path(script).read_text(errors="replace")
+    except OSError:
+        return False
+    return re.search(r"^\s*(import spmd|from spmd import)", text, re.M) is not None
+
+
+def _checked(out: str, command: str, failed: str | None, size: int | None, ranks, cases, report: bool) -> None:
+    """Raise MPIJobFailed when the job failed (``failed``: how) or, with ``report``, when its ranks did not
+    all pass their cases; the message leads with the failing case and rank."""
+    got = read_report(out)
+    problems = got.problems(ranks, cases, size) if report else got.failures()
+    if failed is None and not problems:
+        return
+    if failed and failed.startswith("timed out") and report:
+        failed += "; " + ", ".join(f"rank {r} {got.unfinished(r)}" for r in ranks)
+    lines = problems[:8] + ([failed] if failed else [])
+    raise MPIJobFailed("\n".join(lines) + f"\n{command}\n{out[-6000:]}")
 
 
 def _mpich_shm_files() -> set[Path]:
@@ -81,75 +207,102 @@ def _remove_new_mpich_shm(before: set[Path]) -> None:
 
 
 def worker_path(script: str | Path) -> Path:
-    """``script`` as given when it exists, else the file of that name under ``tests/workers/``."""
+    """``script`` as given when it exists, else the worker of that name in ``tests/<area>/workers/``
+    (worker names are unique in the tree)."""
     path = Path(script)
-    return path if path.is_absolute() or path.exists() else WORKERS / path
+    if path.is_absolute() or path.exists():
+        return path
+    found = sorted(TESTS.glob(f"*/workers/{path}"))
+    if len(found) != 1:
+        raise FileNotFoundError(f"{script}: {'no' if not found else 'more than one'} worker of that name in "
+                                f"tests/<area>/workers/ {[str(f.relative_to(REPO)) for f in found]}")
+    return found[0]
 
 
 def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a test job: this one without any COMMLIB_* setting, the repository on the
-    import path, unbuffered output, CMA_EXPECTED, then ``env``."""
+    """The environment of a test job: this one without any COMMLIB_* setting, unbuffered output,
+    CMA_EXPECTED, then ``env``; the repository and tests/ (the workers' helpers: spmd.py, torch_common.py)
+    come first on the import path, before any PYTHONPATH ``env`` gives."""
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH", "")]))
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
     for key in [k for k in full_env if k.startswith("COMMLIB_")]:
         del full_env[key]
     full_env.update(env or {})
+    full_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
+        str(REPO), str(TESTS), *full_env.get("PYTHONPATH", "").split(os.pathsep)])))
     return full_env
 
 
 def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
-            env: dict[str, str] | None = None, expect_fail: bool = False, extra: list[str] = ()) -> str:
+            env: dict[str, str] | None = None, expect_fail: bool = False, extra: list[str] = (),
+            ranks=None, cases=(), report: bool | None = None) -> str:
     """Run ``python script args`` on ``nprocs`` ranks; return combined stdout+stderr.
 
-    ``script`` is a path, or a file name under ``tests/workers/``. On timeout the whole process group is
-    killed and :class:`MPIJobFailed` is raised, so no test can hang CI. With ``expect_fail`` the job must
-    exit non-zero (within the timeout) instead.
+    ``script`` is a path, or the name of a worker in ``tests/<area>/workers/``. On timeout the whole
+    process group is killed and :class:`MPIJobFailed` is raised, so no test can hang CI. With
+    ``expect_fail`` the job must exit non-zero (within the timeout) instead.
+
+    A worker that reports named cases (tests/spmd.py; ``report``: whether to require it, by default when
+    the script imports spmd) must have run its whole plan on every rank of ``ranks`` (default: all
+    ``nprocs``; a job that ends on purpose ends after them), and each of ``cases`` must have passed there.
     """
+    require_marker("mpi", "cluster")
     path = worker_path(script)
     full_env = job_env(env)
     cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args), *extra]
     shm_before = _mpich_shm_files()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
                             start_new_session=True, text=True)
+    command = " ".join(cmd)
+    ranks = list(range(nprocs)) if ranks is None else list(ranks)
+    report = uses_spmd(path) if report is None else report
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
         _remove_new_mpich_shm(shm_before)
-        raise MPIJobFailed(f"timed out after {timeout}s: {' '.join(cmd)}\n{out[-6000:]}") from None
+        _checked(out, command, f"timed out after {timeout}s", nprocs, ranks, cases, report)
     if proc.returncode != 0:
         _remove_new_mpich_shm(shm_before)
-    if expect_fail:
-        if proc.returncode == 0:
-            raise MPIJobFailed(f"expected failure but job succeeded: {' '.join(cmd)}\n{out[-6000:]}")
-    elif proc.returncode != 0:
-        raise MPIJobFailed(f"exit code {proc.returncode}: {' '.join(cmd)}\n{out[-6000:]}")
+    if expect_fail and proc.returncode == 0:
+        _checked(out, command, "expected the job to fail, but it succeeded", nprocs, ranks, cases, report)
+    failed = None if expect_fail or proc.returncode == 0 else f"exit code {proc.returncode}"
+    _checked(out, command, failed, nprocs, ranks, cases, report)
     return out
 
 
 def run_mpmd(workers: int, servers: int, script: str | Path, *args: str, timeout: float = 120.0,
-             env: dict[str, str] | None = None, expect_fail: bool = False) -> str:
+             env: dict[str, str] | None = None, expect_fail: bool = False, **report) -> str:
     """:func:`run_mpi` for an MPMD job: ``python script args`` on ``workers`` ranks, then ``servers``
-    summation servers (``python -m commlib.server``) as further ranks of the same job."""
+    summation servers (``python -m commlib.server``) as further ranks of the same job; the workers report
+    (``report``: run_mpi's ``ranks``, ``cases``, ``report``)."""
     return run_mpi(workers, script, *args, timeout=timeout, env=env, expect_fail=expect_fail,
-                   extra=[":", "-n", str(servers), sys.executable, "-m", "commlib.server"])
+                   extra=[":", "-n", str(servers), sys.executable, "-m", "commlib.server"], **report)
 
 
 def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120.0,
-                   env: dict[str, str] | None = None) -> str:
+                   env: dict[str, str] | None = None, cases=(), report: bool | None = None) -> str:
     """Run ``python script args`` on every rank of an emulated cluster (commlib.testing.cluster) under
-    ``timeout``, through ``workers/on_cluster.py``, which first checks that commlib sees the cluster's
-    node layout from MPI; return combined stdout+stderr, raise :class:`MPIJobFailed` on failure."""
+    ``timeout``, through ``tests/testing/workers/on_cluster.py``, which first checks (its case
+    ``node_layout``) that commlib sees the cluster's node layout from MPI; return combined stdout+stderr,
+    raise :class:`MPIJobFailed` on failure, and read the report as :func:`run_mpi` does, on every rank."""
     from commlib.testing.cluster import JobFailed
 
+    require_marker("cluster")
+    path = worker_path(script)
     layout = ",".join(map(str, cluster.ranks_per_host))
-    command = [sys.executable, str(WORKERS / "on_cluster.py"), layout, str(worker_path(script)), *map(str, args)]
+    command = [sys.executable, str(worker_path("on_cluster.py")), layout, str(path), *map(str, args)]
+    report = uses_spmd(path) if report is None else report
     shm_before = _mpich_shm_files()
     try:
-        return cluster.mpiexec(command, timeout=timeout, env=job_env(env)).stdout
+        out = cluster.mpiexec(command, timeout=timeout, env=job_env(env)).stdout
     except JobFailed as exc:
         _remove_new_mpich_shm(shm_before)
-        raise MPIJobFailed(str(exc)) from None
+        failed = str(exc).split(":", 1)[0] + f" on cluster {cluster.name}"  # "timed out after 300s", "exit code 1"
+        _checked(exc.completed.stdout or "", " ".join(command), failed, cluster.size, range(cluster.size), cases,
+                 report)
+    _checked(out, " ".join(command), None, cluster.size, range(cluster.size),
+             ("node_layout", *cases) if report else cases, report)
+    return out

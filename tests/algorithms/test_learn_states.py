@@ -2,7 +2,7 @@
 the table of moves (``learn.NEXT``) is exactly what the learner uses, the data each state keeps, and a
 settled bucket kept as data and restored into a later learner (what "auto that remembers" builds on).
 
-One learner stands for every rank here (its agreement is the identity); tests/test_auto_learn.py runs
+One learner stands for every rank here (its agreement is the identity); tests/algorithms/test_auto_learn.py runs
 several ranks and real jobs."""
 
 from __future__ import annotations

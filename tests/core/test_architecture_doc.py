@@ -1,4 +1,4 @@
-"""docs/architecture.md agrees with the layer table (LAYERS in tests/test_layers.py, the one the import check
+"""docs/architecture.md agrees with the layer table (LAYERS in tests/core/test_layers.py, the one the import check
 enforces): the same layers in the same order with the same modules, and a tree that names every top-level
 module and package of commlib."""
 

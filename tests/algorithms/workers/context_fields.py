@@ -3,14 +3,14 @@ made on first use by the module that owns it, kept between calls, dropped with t
 from (Engine.use_model) and by close().
 
     mpiexec -n 2 python context_fields.py
+
+Named cases on every rank (tests/spmd.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -21,6 +21,7 @@ from commlib.engine import Engine
 from commlib.ops import ReduceOp
 from commlib.topology import Topology
 from commlib.transport.mpi import MPITransport
+import spmd
 
 FIELDS = ("shape", "rankings", "inplace_limit", "learner", "server_shape", "cma_shares")
 
@@ -32,12 +33,20 @@ def checked_sum(engine: Engine, comm, count: int) -> None:
     assert np.array_equal(x, want), f"{count} floats: wrong sum"
 
 
-def main() -> None:
-    comm = MPI.COMM_WORLD
-    engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm), Config.load())
-    ctx = engine.context
+comm = MPI.COMM_WORLD
+engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm), Config.load())
+ctx = engine.context
+learner = None
+
+
+@spmd.case
+def every_field_starts_empty():
     assert all(getattr(ctx, name) is None for name in FIELDS), {name: getattr(ctx, name) for name in FIELDS}
 
+
+@spmd.case
+def first_use_makes_the_learner_shape_ranking_and_limit():
+    global learner
     checked_sum(engine, comm, 1024)  # auto, learning: the learner, the shape and a ranking are made
     learner = ctx.learner
     assert learner is not None and select.learner(ctx) is learner
@@ -46,6 +55,9 @@ def main() -> None:
     limit = engine.fusion_inplace_bytes
     assert ctx.inplace_limit == limit and limit > 0
 
+
+@spmd.case
+def a_new_model_drops_its_decisions_and_keeps_what_was_learned():
     # a model in which what the old one chose is far slower (MPI's own, or commlib's Python schedules):
     # decisions from the old model are dropped, what was learned and the shape of the job are kept
     before = select.choose(ctx, 64 << 10).algorithm
@@ -57,23 +69,21 @@ def main() -> None:
     checked_sum(engine, comm, 1024)
     checked_sum(engine, comm, 3000)
 
-    cma = os.environ.get("CMA_EXPECTED") == "1" and ctx.peer_memory is not None
-    if cma:  # cma keeps its balanced shares on the context
-        buf = np.ones(1 << 18, np.float32)
-        run_allreduce(ctx, buf, ReduceOp.SUM, "cma")
-        assert ctx.cma_shares is not None and np.all(buf == comm.Get_size())
 
+@spmd.case
+def cma_keeps_its_balanced_shares():
+    if not (os.environ.get("CMA_EXPECTED") == "1" and ctx.peer_memory is not None):
+        spmd.skip("cross-memory attach is not available here")
+    buf = np.ones(1 << 18, np.float32)
+    run_allreduce(ctx, buf, ReduceOp.SUM, "cma")
+    assert ctx.cma_shares is not None and np.all(buf == comm.Get_size())
+
+
+@spmd.case
+def close_drops_every_field():
     engine.close()
     assert all(getattr(ctx, name) is None for name in FIELDS), {name: getattr(ctx, name) for name in FIELDS}
-    comm.Barrier()
-    if comm.Get_rank() == 0:
-        print(f"context_fields ok on {comm.Get_size()} ranks (cma {'checked' if cma else 'not available'})",
-              flush=True)
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:  # noqa: BLE001 - a failing rank takes the whole job down rather than hang it
-        print(f"[rank {MPI.COMM_WORLD.Get_rank()}] FAILED:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-        MPI.COMM_WORLD.Abort(1)
+    spmd.main()
