@@ -57,11 +57,11 @@ class Lane:
 
     def _run(self, response: Response, entries: list[Entry | None]) -> None:
         kind = response.kind
-        if response.metas[0].device != _CPU:
-            self._run_on_device(response, entries)
-            return
         if kind is _ALLREDUCE:
             self._allreduce(response, entries)
+            return
+        if response.metas[0].device != _CPU:
+            self._run_on_device(response, entries)
             return
         entry = entries[0]
         meta = response.metas[0]
@@ -86,11 +86,14 @@ class Lane:
     def _allreduce(self, response: Response, entries: list[Entry | None]) -> None:
         meta = response.metas[0]
         if len(entries) == 1:  # kept lean: a small synchronous call's latency is mostly this kind of code
-            entry = entries[0]
-            output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
             plan = self._plans.get(id(meta))
             if plan is None or plan[0] is not meta:
                 plan = self._plan(meta)
+            if plan[1] is None:  # a device tensor's (see _plan)
+                self._run_on_device(response, entries)
+                return
+            entry = entries[0]
+            output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
             flat = output if output.ndim == 1 else output.reshape(-1)
             if self.timeline is None:
                 plan[1](flat)
@@ -100,6 +103,9 @@ class Lane:
                 self._learned(response)
             if entry is not None:
                 entry.handle.set_result(output)
+            return
+        if meta.device != _CPU:
+            self._run_on_device(response, entries)
             return
         op = ReduceOp(meta.op)
         codec = _codec(meta)
@@ -144,7 +150,10 @@ class Lane:
 
     def _plan(self, meta) -> tuple:
         """The engine's plan for ``meta`` (an agreed, validated request), remembered by the Meta object:
-        the coordinator hands the same one for every call of a negotiated name."""
+        the coordinator hands the same one for every call of a negotiated name. None for a device tensor's
+        request: it runs on the lane's device half (decided once per request, not per call)."""
+        if meta.device != _CPU:
+            return self._plans.put(id(meta), (meta, None))
         plan = (meta, self.engine.plan_allreduce(np.dtype(meta.dtype), math.prod(meta.shape), ReduceOp(meta.op),
                                                   meta.algorithm or None, meta.prescale, meta.postscale,
                                                   _codec(meta), meta.name))
