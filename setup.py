@@ -47,9 +47,14 @@ setup(
         "cuda12": ["cupy-cuda12x>=13", "nvidia-nccl-cu12>=2.18.1,<3"],
         "cuda13": ["cupy-cuda13x>=13.6", "nvidia-nccl-cu13>=2.27,<3"],
         "bench": ["matplotlib"],
+        # commlib.ray (docs/launcher.md, Ray): RayExecutor on Ray; Ray Train's backend needs ray[train]
+        "ray": ["ray[train]>=2.60"],
         # parameterized: Horovod's test_tensorflow2_keras.py, which scripts/horovod_compat_tf.py runs
-        "test": ["pytest", "hypothesis", "parameterized"],
+        # expecttest: PyTorch's DistributedTest (scripts/torch_distributed_test.py) imports it
+        "test": ["pytest", "hypothesis", "parameterized", "expecttest"],
     },
     entry_points={"console_scripts": ["commlib-bench=commlib.bench.cli:main", "commlib-run=commlib.run:main",
-                                     "commlib-server=commlib.server.__main__:main"]},
+                                     "commlib-server=commlib.server.__main__:main"],
+                  # torch calls these at the end of `import torch`: the "commlib" backend is known by name
+                  "torch.backends": ["commlib=commlib.torch.distributed.registration:autoload"]},
 )

@@ -7,7 +7,7 @@
 from .api import (
     add_process_set, global_process_set, remove_process_set,
     allgather, allgather_async, allgather_object, allreduce, allreduce_, allreduce_async,
-    allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
+    allreduce_async_, alltoall, alltoall_async, barrier, barrier_async, broadcast, broadcast_, broadcast_async,
     broadcast_async_, broadcast_object, cross_rank, cross_size, grouped_allreduce, grouped_allreduce_,
     grouped_allgather, grouped_allgather_async, grouped_allreduce_async, grouped_allreduce_async_,
     grouped_reducescatter, grouped_reducescatter_async, init, is_initialized, join, local_rank, local_size,

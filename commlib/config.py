@@ -3,6 +3,9 @@
 Every ``COMMLIB_*`` environment variable maps to exactly one field of :class:`Config` and is documented in
 ``docs/configuration.md``. Precedence: an explicit argument overrides the environment, which overrides
 the default. An unknown ``COMMLIB_*`` variable or an invalid value is a :class:`ConfigError` naming it.
+No other module reads these variables (``tests/core/test_config_reads.py``): the library, ``commlib-run``
+and its elastic driver all parse them here, and the launcher writes the settings it passes to the ranks
+with :func:`environment`.
 """
 
 from __future__ import annotations
@@ -101,6 +104,15 @@ def _server_transport(text: str) -> str:
     return value
 
 
+def _interfaces(text: str) -> str | None:
+    """Network interface names, comma-separated (None for none)."""
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    for name in names:
+        if not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", name):
+            raise ValueError(f"{name!r} is not a network interface's name (e.g. eth0, ib0)")
+    return ",".join(names) or None
+
+
 def _non_negative_size(text: str) -> int:
     value = parse_size(text)
     if value < 0:
@@ -145,6 +157,16 @@ def _optional_path(text: str) -> str | None:
     return str(text) or None
 
 
+WIRE_COMPRESSIONS = ("none", "fp16", "bf16")
+
+
+def _wire_compression(text: str) -> str:
+    value = str(text).strip().lower()
+    if value not in WIRE_COMPRESSIONS:
+        raise ValueError(f"{text!r} is not one of {', '.join(WIRE_COMPRESSIONS)}")
+    return value
+
+
 @dataclasses.dataclass(frozen=True)
 class _Field:
     env: str
@@ -177,6 +199,7 @@ class Config:
     timeline_mark_cycles: bool = False
     tuning_file: str | None = None
     auto_learn: bool = True
+    auto_cache: str | None = None  # None: the default location; "none": off
     server_partition_bytes: int = 4096000
     start_timeout_s: float = 60.0
     server_timeout_s: float = 30.0
@@ -190,6 +213,8 @@ class Config:
     server_transport: str = "tcp"
     server_tcp_congestion: str = "reno"
     server_tcp_rcvbuf: int = 512 << 10
+    torch_compression: str = "none"
+    network_interface: str | None = None
     device_segment_bytes: int = 4 << 20
 
     @classmethod
@@ -217,7 +242,7 @@ class Config:
                 raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
             if value is None:
                 continue
-            if isinstance(value, str) and attr not in ("timeline", "tuning_file", "elastic_dir"):
+            if isinstance(value, str) and attr not in ("timeline", "tuning_file", "elastic_dir", "auto_cache"):
                 try:
                     value = FIELDS[attr].parse(value)
                 except (TypeError, ValueError) as exc:
@@ -344,6 +369,10 @@ FIELDS: dict[str, _Field] = {
                          "1: auto measures the algorithms the cost model is unsure between on the first "
                          "calls of each size class (agreed between ranks) and keeps the fastest; 0: auto is "
                          "the cost model's choice alone (default 1)"),
+    "auto_cache": _Field("COMMLIB_AUTO_CACHE", _optional_path,
+                         "directory where auto keeps what it settled, one file per layout, so that a later job "
+                         "of the same layout starts settled; 'none': nothing kept or read; default "
+                         "~/.cache/commlib/auto ($XDG_CACHE_HOME). Rank 0 reads it and broadcasts it"),
     "server_partition_bytes": _Field("COMMLIB_SERVER_PARTITION", _positive_int_size,
                                      "push_pull through summation servers: a tensor travels in partitions "
                                      "of at most this many bytes, spread over the servers (K/M/G suffix; "
@@ -388,12 +417,92 @@ FIELDS: dict[str, _Field] = {
                                 "summation servers over TCP: the receive buffer of a worker's connections "
                                 "to the servers, which bounds the answers in flight towards it (K/M/G "
                                 "suffix; 0: the kernel's autotuning; default 512K)"),
+    "torch_compression": _Field("COMMLIB_TORCH_COMPRESSION", _wire_compression,
+                                "the torch.distributed backend 'commlib': wire compression of float32 "
+                                "all_reduce (DDP's buckets) with SUM or AVG: none, fp16 or bf16 (float32 "
+                                "accumulation); a process group's options override it (default none)"),
+    "network_interface": _Field("COMMLIB_NETWORK_INTERFACE", _interfaces,
+                                "the network interface(s) of the job, comma-separated (commlib-run "
+                                "--network-interface sets it): summation servers listen for push_pull over "
+                                "TCP on their addresses only (default: the interface the host's name resolves "
+                                "to, else the one that routes to the job's other hosts; loopback on one host)"),
     "geo_steps": _Field("COMMLIB_GEO_STEPS", _positive_int,
                         "Geo-SGD: local steps between two exchanges with the servers, GeoSGD's k (default 4)"),
     "geo_staleness": _Field("COMMLIB_GEO_STALENESS", _staleness,
                             "Geo-SGD: a worker waits while it is more than this many rounds ahead of the slowest "
                             "worker; 'none' (the default): never"),
 }
+
+
+# ---- the MPI launcher ----------------------------------------------------------------------------------
+#: Variables an MPI launcher sets in every process it starts: MPICH's hydra and Slurm's PMI-2 (PMI_*), PMIx
+#: (Slurm, Open MPI 5), Open MPI's own. A process without any was started some other way (torchrun,
+#: multiprocessing): MPI would make it a world of its own.
+MPI_LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_FD", "PMI_PORT", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def mpi_launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started by an MPI launcher (mpiexec, commlib-run, srun with PMI)."""
+    environ = os.environ if environ is None else environ
+    return any(environ.get(name) for name in MPI_LAUNCHER_VARIABLES)
+
+
+# ---- settings for other processes (commlib-run and its elastic driver) ----------------------------------
+
+
+def environment(**values: Any) -> dict[str, str]:
+    """The ``COMMLIB_*`` variables that give these settings (field name -> value) to another process, such
+    as the ranks ``commlib-run`` starts: each value written as its variable's parser reads it back. A value
+    that parser refuses is the :class:`ConfigError` ``Config.load`` would raise, naming the variable."""
+    variables = {}
+    for attr, value in values.items():
+        if attr not in FIELDS:
+            raise ConfigError(f"unknown setting {attr!r}; settings: {', '.join(FIELDS)}")
+        field = FIELDS[attr]
+        text = _text(value)
+        try:
+            field.parse(text)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{field.env}={text!r} is invalid: {exc}") from None
+        variables[field.env] = text
+    return variables
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    return "" if value is None else str(value)
+
+
+def for_job(variables: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """The configuration a process started with this process's environment plus ``variables`` (the
+    ``COMMLIB_*`` variables a launcher passes to the ranks) loads at ``init()``; ``commlib-run`` checks the
+    job's settings with it before it starts anything. Horovod's variables that commlib cannot honour are
+    not warned about here: the ranks do."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", IgnoredSettingWarning)
+        return Config.load({**os.environ, **(variables or {})}, **overrides)
+
+
+def is_set(attr: str, variables: Mapping[str, str] | None = None) -> bool:
+    """Whether this process's environment plus ``variables`` gives setting ``attr`` a value: its
+    ``COMMLIB_*`` variable, or a ``HOROVOD_*`` twin set to ask for one (an invalid value counts: loading it
+    is the error)."""
+    environ = {**os.environ, **(variables or {})}
+    if FIELDS[attr].env in environ:
+        return True
+    for twin in HOROVOD_TWINS:
+        if twin.attr == attr and twin.env in environ:
+            try:
+                if twin.parse(environ[twin.env]) is not None:
+                    return True
+            except (TypeError, ValueError):
+                return True
+    return False
 
 
 # ---- Horovod's environment -----------------------------------------------------------------------------

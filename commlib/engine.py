@@ -69,6 +69,13 @@ class Engine:
         #: mostly decisions like these, and each plan follows the learner
         self._learning_plans = BoundedCache(256)
 
+    def recall(self) -> None:
+        """Collective: start ``auto`` from what earlier jobs of this lane's layout settled, and keep what
+        this job settles when the engine closes (:func:`.algorithms.select.recall`). The runtime calls it
+        once the lane is complete (its summation servers attached); an engine never recalled keeps
+        nothing."""
+        select.recall(self.context)
+
     def use_model(self, model) -> None:
         """Decide from the cost model ``model`` from now on (``commlib-bench --calibrate`` fits one during
         the job; equal on every rank): what was decided from the old one is forgotten."""
@@ -139,15 +146,12 @@ class Engine:
 
             def runner_for(choice):
                 if choice.algorithm == "native" and pre == 1.0 and post == 1.0:
-                    native = self.transport.native_allreducer(dtype, kernel_op)
-
-                    def run_native(flat: np.ndarray) -> int:
-                        native(flat)
-                        return 0
-                    return run_native
+                    return self.transport.native_allreducer(dtype, kernel_op)  # (None: no overflow count)
                 return self._waiting_as_needed(lambda flat: execute(ctx, flat, kernel_op, choice, codec, pre, post),
                                                choice.algorithm, count * dtype.itemsize)
             plan = select.learning_plan(ctx, count * dtype.itemsize, codec, False, runner_for)
+            if codec is None:  # nothing can overflow
+                return plans.put(key, plan)
 
             def run_learning(flat: np.ndarray) -> None:
                 overflow = plan(flat)
@@ -351,6 +355,7 @@ class Engine:
     def close(self) -> None:
         """Free the sub-groups, the scratch memory and the transport. Idempotent."""
         if self.context is not None:
+            select.keep(self.context)
             self.context.close()
             self.transport.free()
             self.context = None

@@ -6,12 +6,16 @@ and it continues with the merged parameters they send back. No worker waits for 
 or a slow link delays only itself, up to the staleness bound. See docs/servers.md.
 
     import commlib as cl
+    from commlib.geo import GeoSGD
+
     cl.init()                                         # mpiexec -n 4 python train.py : -n 2 python -m commlib.server
-    geo = cl.GeoSGD({"w": w, "b": b}, k=4)            # w, b: numpy arrays, updated in place
+    geo = GeoSGD({"w": w, "b": b}, k=4)               # w, b: numpy arrays, updated in place
     for x, y in batches:
         w -= lr * grad_w(w, b, x, y); b -= lr * grad_b(w, b, x, y)
         geo.step()                                    # every 4th call: exchange with the servers
     geo.close()
+
+(``examples/geo_sgd.py`` is this, runnable.)
 
 :class:`GeoSGD` is framework-neutral: it reads and writes the parameters through numpy arrays that share
 their memory (``commlib.torch.GeoSGD`` hands it torch's CPU parameters).
@@ -19,28 +23,16 @@ their memory (``commlib.torch.GeoSGD`` hands it torch's CPU parameters).
 
 from __future__ import annotations
 
-import itertools
 from typing import Mapping
 
 import numpy as np
 
-from . import api
+from . import api, lifecycle
+from .algorithms.ps import no_servers
 from .errors import CommlibError
 
-_DEFAULT = object()
-_tables = itertools.count()  # one per GeoSGD in this process: workers create theirs in the same order
-_clients: dict[int, object] = {}  # one GeoClient per job (it outlives a runtime: servers serve many)
-
-
-def _client(runtime):
-    from .server.geo_client import GeoClient
-
-    key = int(runtime.job.full.handle)
-    client = _clients.get(key)
-    if client is None or client._stop:
-        client = _clients[key] = GeoClient(runtime.job, runtime.config.server_partition_bytes,
-                                           runtime.config.server_timeout_s)
-    return client
+#: ``staleness`` not given: ``COMMLIB_GEO_STALENESS`` decides (``None`` is a value: unbounded).
+FROM_CONFIG = object()
 
 
 class GeoSGD:
@@ -67,18 +59,17 @@ class GeoSGD:
     servers stop waiting for this worker). Raises ``CommlibError`` in a job without servers.
     """
 
-    def __init__(self, params, k: int | None = None, staleness=_DEFAULT, average: bool = True,
+    def __init__(self, params, k: int | None = None, staleness=FROM_CONFIG, average: bool = True,
                  overlap: bool = True, name: str = "geo"):
-        runtime = api._rt()
-        if runtime.servers is None:
-            from .algorithms.ps import NO_SERVERS
-
-            raise CommlibError(NO_SERVERS.replace("algorithm 'ps'", "GeoSGD"))
+        runtime = lifecycle.current()
+        client = runtime.geo  # the runtime's Geo-SGD client (commlib.server.geo_client), None without servers
+        if client is None:
+            raise CommlibError(no_servers("GeoSGD"))
         config = runtime.config
         self.k = config.geo_steps if k is None else int(k)
         if self.k < 1:
             raise CommlibError(f"GeoSGD: k={k} must be at least 1 (local steps between exchanges)")
-        self.staleness = config.geo_staleness if staleness is _DEFAULT else staleness
+        self.staleness = config.geo_staleness if staleness is FROM_CONFIG else staleness
         if self.staleness is not None and int(self.staleness) < 0:
             raise CommlibError(f"GeoSGD: staleness={staleness} must be None (unbounded) or at least 0")
         self.average = bool(average)
@@ -95,7 +86,7 @@ class GeoSGD:
                                    "updated in place)")
         sizes = [a.size for a in self.arrays]
         self._bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-        key = f"geo/{name}#{next(_tables)}"
+        key = client.table_key(name)
         # every worker starts from worker 0's values, the servers' starting point
         mine = (key, [(n, a.shape, a.dtype.str) for n, a in zip(self.names, self.arrays)])
         declared = api.allgather_object(mine, name=f"{key}.declare")  # every worker learns of a mismatch
@@ -108,7 +99,7 @@ class GeoSGD:
             api.broadcast_(a, root_rank=0, name=f"{key}.init.{n}")
         self.base = self._gather()
         self.key = key
-        self.table = _client(runtime).open(key, self.base, self.staleness)
+        self.table = client.open(key, self.base, self.staleness)
         self.steps = 0  # local steps since the last push
         self.rounds = 0  # rounds pushed
         self._in_flight = False

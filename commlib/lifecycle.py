@@ -31,6 +31,7 @@ from .process_sets import GlobalProcessSet, ProcessSet
 if TYPE_CHECKING:  # runtime.py imports MPI: init() imports it, so that `import commlib` does not
     from .config import Config
     from .runtime import Runtime
+    from .server.discovery import Job
 
 log = logging.getLogger("commlib")
 
@@ -55,6 +56,9 @@ class Process:
     config: Config | None = None          # the last runtime's settings (kept while recovery rebuilds)
     lost: PeerLostError | None = None     # a runtime met a lost peer: MPI must not be finalized
     elastic: ElasticRecord = dataclasses.field(default_factory=ElasticRecord)
+    #: the job's layout (workers and summation servers) by the user communicator's handle: found by the
+    #: first runtime on that communicator, reused by the next (a server takes part in finding it only once)
+    layouts: dict[int, Job] = dataclasses.field(default_factory=dict)
 
 
 _process = Process()
@@ -129,7 +133,7 @@ def init(comm=None, process_sets: Sequence[ProcessSet] | None = None, **settings
     if "timeout" in settings:
         timeout = settings.pop("timeout")
         settings["timeout_s"] = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
-    runtime = Runtime(comm, **settings)
+    runtime = Runtime(comm, layouts=_process.layouts, **settings)
     _process.runtime, _process.settings, _process.config = runtime, dict(settings), runtime.config
     atexit.register(_leave)
     try:

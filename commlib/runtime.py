@@ -24,8 +24,8 @@ from .engine import Engine
 from .errors import ConfigError, ProcessSetError
 from .process_sets import ProcessSetTable
 from .server import discovery
-from .server.client import ServerLane
-from .server.tcp_client import open_client
+from .server.client import ServerLane, open_client
+from .server.geo_client import GeoClient
 from .timeline import Timeline, rank_path
 from .topology import Topology
 from .transport.control import ControlChannel
@@ -54,21 +54,24 @@ class Runtime:
     deadline: Deadline             # every wait's limit (COMMLIB_TIMEOUT) and the first lost peer
     timeline: Timeline | None      # the Chrome-trace writer, while a timeline is on
     servers: ServerClient | None   # the summation servers' client (None: the job has none)
+    geo: GeoClient | None          # Geo-SGD's tables on the servers (commlib.geo; None: the job has none)
     kernel_ops: KernelOps          # the user-defined MPI ops every set's and lane's transport shares
     sets: ProcessSetTable          # the registered process sets; ``sets.world`` is the world's member
     world_context: AlgorithmContext  # the world's first lane's context (push_pull asks its cost model)
     metas: BoundedCache            # request metadata by call signature (the hot path's cache)
 
-    def __init__(self, comm: "MPI.Comm | None" = None, **settings):
+    def __init__(self, comm: "MPI.Comm | None" = None, layouts: "dict[int, discovery.Job] | None" = None,
+                 **settings):
         try:
             self.config = Config.load(**settings)
             self.thread_multiple = self._thread_multiple(self.config)
             own = None
         except Exception as exc:  # the other ranks still come to the agreement below, and learn why
             own = exc
-        # workers only: summation servers launched in the same job (commlib.server) are split off here
+        # workers only: summation servers launched in the same job (commlib.server) are split off here;
+        # ``layouts`` (lifecycle's, by communicator) keeps the job's layout for the next runtime
         start_timeout = self.config.start_timeout_s if own is None else Config().start_timeout_s
-        self.job = discovery.job(comm if comm is not None else MPI.COMM_WORLD, discovery.WORKER, start_timeout)
+        self.job = discovery.worker_job(comm if comm is not None else MPI.COMM_WORLD, layouts, start_timeout)
         self.comm = self.job.own.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()
@@ -92,6 +95,7 @@ class Runtime:
             self.timeline = Timeline(rank_path(self.config.timeline, self.rank, self.size), self.rank,
                                      self.config.timeline_mark_cycles)
         self.servers = None
+        self.geo = None
         if self.job.servers:
             if not self.thread_multiple:
                 self.comm.Free()
@@ -99,6 +103,7 @@ class Runtime:
                                   "thread); do not lower mpi4py.rc.thread_level")
             self.servers = open_client(self.job, self.config.server_partition_bytes, self.config.server_timeout_s,
                                        self.config.server_tcp_congestion, self.config.server_tcp_rcvbuf)
+            self.geo = GeoClient(self.job, self.config.server_partition_bytes, self.config.server_timeout_s)
         self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,
@@ -130,6 +135,8 @@ class Runtime:
             nodes = self.servers.server_nodes([self.job.workers[r] for r in ranks], topology.node_of_rank)
             for lane in lanes:
                 lane.engine.context.servers = ServerLane(self.servers, f"{label}/{lane.index}", len(ranks), nodes)
+        for lane in lanes:  # auto starts from what earlier jobs of this layout settled
+            lane.engine.recall()
         if not label:  # the world's: push_pull asks its cost model whether to reduce inside hosts first
             self.world_context = lanes[0].engine.context
         coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,
@@ -194,6 +201,8 @@ class Runtime:
         try:
             self.sets.close(leaving=leaving)
         finally:
+            if self.geo is not None:
+                self.geo.close()
             if self.servers is not None:
                 self.servers.close()
             if self.timeline is not None:

@@ -22,7 +22,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import commlib as cl  # noqa: E402
-from commlib.algorithms import ALGORITHMS  # noqa: E402
+from commlib.algorithms import select  # noqa: E402
 from commlib.config import Config  # noqa: E402
 from commlib.engine import Engine  # noqa: E402
 from commlib.topology import Topology  # noqa: E402
@@ -60,7 +60,7 @@ def main() -> None:
     packed = np.concatenate([g.reshape(-1) for g in grads])
     config = Config.load()  # COMMLIB_LOCAL_SIZE applies to the packed peer as to the coordinator
     engine = Engine(MPITransport(comm.Dup()), Topology.detect(comm, config.local_size), config)
-    candidates = [a for a in ALGORITHMS if a != "native"]
+    candidates = [s.name for s in select.candidates(engine.context, None) if s.name != "native"]  # that can run
 
     def mpi_per_tensor():
         for i in backward:

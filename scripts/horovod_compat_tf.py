@@ -8,8 +8,9 @@ launch it shares). Horovod's code is not part of commlib: get a copy yourself, e
     .venv/bin/python scripts/horovod_compat_tf.py /tmp/horovod --batch 10 --jobs 2
 
 It runs ``test/parallel/test_tensorflow.py`` and ``test_tensorflow_process_sets.py`` (with their
-``base_test_tensorflow.py``) against commlib.tensorflow with Keras 3, and ``test_tensorflow2_keras.py``
-against commlib.tensorflow.keras on tf-keras (``TF_USE_LEGACY_KERAS=1``, as that file uses Keras 2's API;
+``base_test_tensorflow.py``) against commlib.tensorflow with Keras 3, and ``test_tensorflow2_keras.py`` and
+``test_tensorflow2_keras_process_sets.py`` against commlib.tensorflow.keras on tf-keras
+(``TF_USE_LEGACY_KERAS=1``, as those files use Keras 2's API;
 it also needs ``parameterized``, which the ``test`` extra installs; the script checks for it first). The shim package adds ``horovod.tensorflow`` (+ ``util``,
 ``keras``), ``horovod.keras`` and ``horovod.runner.common.util.env`` to horovod_compat.py's
 (whose ``horovod.common.util`` serves the version check the Keras test imports).
@@ -65,13 +66,15 @@ class Suite:
 
 
 SUITE = Suite(
-    ["test_tensorflow.py", "test_tensorflow_process_sets.py", "test_tensorflow2_keras.py"],
+    ["test_tensorflow.py", "test_tensorflow_process_sets.py", "test_tensorflow2_keras.py",
+     "test_tensorflow2_keras_process_sets.py"],
     ["base_test_tensorflow.py"],
     {**SHIMS, "horovod/tensorflow/__init__.py": _TF, "horovod/tensorflow/util.py": _TF_UTIL,
      "horovod/tensorflow/keras/__init__.py": _TF_KERAS, "horovod/keras/__init__.py": _TF_KERAS,
      "horovod/runner/__init__.py": "",
      "horovod/runner/common/util/env.py": _RUNNER_ENV},
     env={"test_tensorflow2_keras.py": {"TF_USE_LEGACY_KERAS": "1"},
+         "test_tensorflow2_keras_process_sets.py": {"TF_USE_LEGACY_KERAS": "1"},
          "*": {"TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}})
 
 

@@ -36,6 +36,15 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {meaning}")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def auto_keeps_nothing():
+    """No test starts from, or leaves behind, what auto settled in the user's cache directory (jobs get
+    the same from tests/mpirun.py's job_env); a test that keeps state names its own directory."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COMMLIB_AUTO_CACHE", "none")
+        yield
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Tell tests/mpirun.py which test runs and its markers (before its fixtures start anything), so that

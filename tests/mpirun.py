@@ -221,13 +221,15 @@ def worker_path(script: str | Path) -> Path:
 
 def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a test job: this one without any COMMLIB_* setting, unbuffered output,
-    CMA_EXPECTED, then ``env``; the repository and tests/ (the workers' helpers: spmd.py, torch_common.py)
-    come first on the import path, before any PYTHONPATH ``env`` gives."""
+    CMA_EXPECTED, COMMLIB_AUTO_CACHE=none (a job neither starts from nor keeps what auto settled: otherwise
+    it would depend on the tests before it), then ``env``; the repository and tests/ (the workers' helpers:
+    spmd.py, torch_common.py) come first on the import path, before any PYTHONPATH ``env`` gives."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
     full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
     for key in [k for k in full_env if k.startswith("COMMLIB_")]:
         del full_env[key]
+    full_env["COMMLIB_AUTO_CACHE"] = "none"
     full_env.update(env or {})
     full_env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(filter(None, [
         str(REPO), str(TESTS), *full_env.get("PYTHONPATH", "").split(os.pathsep)])))

@@ -16,8 +16,9 @@ naming the case and the rank, and a rank that stopped early (or a case that neve
 The first failing case prints its traceback and aborts the whole job, so no rank waits for one that
 failed.
 
-The rank comes from the launcher's environment (hydra's ``PMI_RANK``, Open MPI's ``OMPI_COMM_WORLD_RANK``),
-so a worker may import mpi4py and initialise MPI when and how its cases need (``mpi4py.rc``, ``init()``).
+The rank comes from the launcher's environment (hydra's ``PMI_RANK``, Open MPI's ``OMPI_COMM_WORLD_RANK``,
+torchrun's ``RANK``), so a worker may import mpi4py and initialise MPI when and how its cases need
+(``mpi4py.rc``, ``init()``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def skip(reason: str) -> None:
 
 def rank_and_size() -> tuple[int, int]:
     """This process's rank in the job and the job's size, from the launcher (MPI need not be initialised)."""
-    for rank, size in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+    for rank, size in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                       ("RANK", "WORLD_SIZE")):  # the last: torchrun's (tests/torch/workers/torch_launch.py)
         if rank in os.environ:
             return int(os.environ[rank]), int(os.environ.get(size, "1"))
     mpi = sys.modules.get("mpi4py.MPI")

@@ -20,6 +20,7 @@ from ..transport.peer_memory import PeerMemory
 if TYPE_CHECKING:  # the modules that fill these fields; the context itself runs none of them
     from .cma import ShareSplit
     from .learn import Learner
+    from .persist import Kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,9 @@ class AlgorithmContext:
         self.inplace_limit: int | None = None
         #: what ``auto`` learns from measured calls (:func:`.select.learner`)
         self.learner: Learner | None = None
+        #: what earlier jobs of this layout settled, read by rank 0 and broadcast (:func:`.select.recall`);
+        #: None: not recalled (nothing is read, nothing kept)
+        self.kept: Kept | None = None
         #: what ``ps`` reads of the context to decide on reducing inside hosts (:func:`.ps.shape_of`)
         self.server_shape: Shape | None = None
         #: cma's balanced shares per buffer layout (:func:`.cma.allreduce_many`)
@@ -152,7 +156,7 @@ class AlgorithmContext:
                 group.free()
         self._intra, self._shard_groups, self._torus = None, None, None
         self.scratch.clear()
-        self.shape = self.rankings = self.inplace_limit = self.learner = None
+        self.shape = self.rankings = self.inplace_limit = self.learner = self.kept = None
         self.server_shape = self.cma_shares = None
 
 
@@ -176,6 +180,18 @@ def torus_layout(topology: Topology, config) -> tuple[tuple[int, int], tuple[int
     return (topology.local_size, topology.cross_size), (topology.local_rank, topology.cross_rank)
 
 
+def broadcast_bytes(transport: Transport, data: bytes) -> bytes:
+    """Collective: rank 0's ``data`` on every rank (the others' ``data`` is not read)."""
+    if transport.size == 1:
+        return data
+    length = np.array([len(data)], _I64)
+    transport.bcast_(length, 0)
+    payload = np.frombuffer(data, _U8).copy() if transport.rank == 0 else np.empty(int(length[0]), _U8)
+    if payload.size:
+        transport.bcast_(payload, 0)
+    return payload.tobytes()
+
+
 _U8 = np.dtype(np.uint8)
 _I64 = np.dtype(np.int64)
 
@@ -194,13 +210,7 @@ def shared_cost_model(transport: Transport, config) -> CostModel:
                 text = json.dumps({"source": str(path), "profile": data}).encode()
         except ConfigError as exc:
             text = json.dumps({"error": str(exc)}).encode()
-    if transport.size > 1:
-        length = np.array([len(text)], _I64)
-        transport.bcast_(length, 0)
-        payload = np.frombuffer(text, _U8).copy() if transport.rank == 0 else np.empty(int(length[0]), _U8)
-        if payload.size:
-            transport.bcast_(payload, 0)
-        text = payload.tobytes()
+    text = broadcast_bytes(transport, text)
     if not text:
         return DEFAULTS
     shared = json.loads(text)

@@ -83,6 +83,9 @@ class State(enum.Enum):
 
 NEW, WARMING, MEASURING, SETTLED, WATCHED, CHECKING = State  # names for the per-call path (a global read)
 
+#: The states whose bucket can be kept (:meth:`Bucket.to_settled`): it has settled.
+KEPT = frozenset({SETTLED, WATCHED, CHECKING})
+
 #: The moves between states: from each, the states a bucket may enter next (``Bucket._enter`` holds every
 #: move to it). MEASURING and CHECKING enter themselves for each further round; an exploring bucket whose
 #: sibling settles on long calls is adopted (WATCHED); a watch may hand over to a rival of short calls.
@@ -195,7 +198,7 @@ class Bucket:
         """What this bucket settled, as JSON-ready data that :meth:`from_settled` restores: the candidates,
         the model's predictions, every agreed time, the dropped and the choice. A re-check under way is
         left out (the bucket as it was before it); an exploring bucket has nothing to keep (ValueError)."""
-        if self.state not in (SETTLED, WATCHED, CHECKING):
+        if self.state not in KEPT:
             raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}): only "
                              "a settled bucket can be kept")
         power, codec, fused = self.key
@@ -248,6 +251,7 @@ class Learner:
         self.watches = 0        # of which for watched calls (one each)
         self.warmed: set[str] = set()  # algorithms that have run on this lane (their set-up is paid)
         self.notes: list[str] = []  # what was learned, one line per settled bucket, for the timeline
+        self.origin = ""  # where its buckets started: kept by an earlier job of the layout, or afresh
 
     # -- the schedule ------------------------------------------------------------------------------------
     def bucket(self, key: tuple, ranking: Callable[[], Sequence]) -> Bucket:
@@ -483,8 +487,10 @@ class Learner:
         return notes
 
     def summary(self) -> list[str]:
-        """One line per bucket, in size order: what was measured and chosen (for --explain)."""
-        return [describe(b) for _, b in sorted(self.buckets.items(), key=lambda kv: _order(kv[0]))]
+        """Where the buckets started (:attr:`origin`, when known), then one line per bucket, in size order:
+        what was measured and chosen (for --explain)."""
+        lines = [describe(b) for _, b in sorted(self.buckets.items(), key=lambda kv: _order(kv[0]))]
+        return [self.origin] + lines if self.origin else lines
 
 
 def _order(key: tuple):

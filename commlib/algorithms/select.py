@@ -17,13 +17,15 @@ times them, and runs the learned algorithm afterwards; :func:`current` says what
 from __future__ import annotations
 
 import dataclasses
-
+import logging
 from typing import Callable
 
 from ..cache import BoundedCache
 from ..ops import ReduceOp
-from . import cost, learn, spec
+from . import cost, learn, persist, spec
 from .cost import INF, Shape
+
+log = logging.getLogger("commlib")
 
 #: Pipeline segments ``auto`` considers for segmented algorithms (bytes of data), besides the configured one.
 #: Nothing smaller than 1 MiB: smaller segments cost a step each that the model does not see where ranks
@@ -113,8 +115,8 @@ def choice_of(ctx, algorithm: str, nbytes: int, codec=None) -> Choice:
 
 # -- learning (:mod:`.learn`) ------------------------------------------------------------------------------
 def learner(ctx) -> learn.Learner | None:
-    """The context's learner, made on first use; None when learning is off (COMMLIB_AUTO_LEARN=0) or there
-    is nobody to learn with."""
+    """The context's learner, made on first use, starting from what earlier jobs of this layout settled
+    (:func:`recall`); None when learning is off (COMMLIB_AUTO_LEARN=0) or there is nobody to learn with."""
     if not ctx.config.auto_learn or ctx.size < 2:
         return None
     found = ctx.learner
@@ -125,7 +127,57 @@ def learner(ctx) -> learn.Learner | None:
             transport.allreduce_native_(times, ReduceOp.MAX)  # every rank: the slowest rank's times
             return times
         found = ctx.learner = learn.Learner(agree, sync=transport.barrier)
+        kept = ctx.kept
+        if kept is not None:
+            for data in kept.buckets:
+                found.restore(learn.Bucket.from_settled(data))
+            found.origin = kept.describe()
+            found.notes.append(found.origin)
     return found
+
+
+def layout_of(ctx) -> dict:
+    """What the times ``auto`` measures depend on and this job knows before it runs, equal on every rank:
+    the cost model's view of the ranks and their links (:func:`shape_of`: nodes, cross-memory attach, the
+    summation servers), the model's parameters, the settings the algorithms read, and the algorithms that
+    can run (:mod:`.persist` keeps what was settled per layout)."""
+    config = ctx.config
+    return {"shape": dataclasses.asdict(shape_of(ctx)), "model": ctx.cost_model.to_json(),
+            "algorithms": [s.name for s in candidates(ctx, None)],
+            "settings": {"ring_segment_bytes": config.ring_segment_bytes,
+                         "cma_segment_bytes": config.cma_segment_bytes}}
+
+
+def recall(ctx) -> None:
+    """Collective on ``ctx``'s transport: rank 0 reads what earlier jobs of this layout settled (with rank
+    0's ``COMMLIB_AUTO_CACHE``) and broadcasts it, so that every rank's learner starts from the same
+    buckets (:func:`learner`); :func:`keep` writes them back at the end. Call it where every rank of the
+    lane does, after the context has its servers; nothing where learning is off."""
+    if not ctx.config.auto_learn or ctx.size < 2:
+        return
+    from .context import broadcast_bytes
+
+    data = b""
+    if ctx.rank == 0:
+        data = persist.read(persist.directory_of(ctx.config.auto_cache), layout_of(ctx)).to_bytes()
+    ctx.kept = persist.Kept.from_bytes(broadcast_bytes(ctx.transport, data))
+
+
+def keep(ctx) -> None:
+    """Rank 0, at the end: write what this lane's learner settled into its layout's file (merged with what
+    other jobs kept there). Nothing where the context never recalled, keeping is off or nothing settled;
+    a directory that cannot be written is logged, never an error of the job."""
+    kept, learning = ctx.kept, ctx.learner
+    if ctx.rank != 0 or kept is None or kept.status == persist.OFF or learning is None:
+        return
+    settled = [b.to_settled() for b in learning.buckets.values() if b.state in learn.KEPT]
+    if not settled:
+        return
+    directory = persist.directory_of(ctx.config.auto_cache)
+    try:
+        persist.write(directory, layout_of(ctx), settled)
+    except OSError as exc:
+        log.warning("commlib: could not keep what auto settled in %s: %s", directory, exc)
 
 
 def bucket_key(nbytes: int, codec=None, fused: bool = False) -> tuple:
@@ -138,7 +190,8 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
                   ) -> Callable[..., int]:
     """A function running one call of ``nbytes`` the way ``auto`` decides now: a candidate while its size
     class is explored (timed, its time recorded), then the learned algorithm. ``runner_for(choice)`` makes
-    the function that runs ``choice`` (returning an overflow count); one is made per algorithm used."""
+    the function that runs ``choice`` (returning an overflow count, or None for none); one is made per
+    algorithm used."""
     learning = learner(ctx)
     bucket = learning.bucket(bucket_key(nbytes, codec, fused), lambda: ranked(ctx, nbytes, codec))
     runners: dict[str, Callable[..., int]] = {}
@@ -152,7 +205,7 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
     def run(*args) -> int:
         name = learning.pick(bucket)
         if name is None and bucket.untimed:  # SETTLED: the settled algorithm, no clock
-            return runner(bucket.settled)(*args)
+            return (runners.get(bucket.settled) or runner(bucket.settled))(*args)
         clock = learning.clock
         start = clock()
         overflow = runner(name or bucket.settled)(*args)

@@ -80,13 +80,13 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
     lane = open_lane(comm, config)
     client = None
     if servers is not None and servers.servers:
-        from ..server.client import ServerLane
-        from ..server.tcp_client import open_client
+        from ..server.client import ServerLane, open_client
 
         client = open_client(servers, config.server_partition_bytes, config.server_timeout_s,
                              config.server_tcp_congestion, config.server_tcp_rcvbuf)
         nodes = client.server_nodes(list(servers.workers), lane.topology.node_of_rank)
         lane.engine.context.servers = ServerLane(client, "commlib-bench", comm.Get_size(), nodes)
+    lane.engine.recall()  # auto starts from what earlier jobs of this layout settled, as a job's would
     try:
         if options.device == "cuda":  # device buffers: a table of its own (bench/device.py)
             return device_bench.run(options, comm, lane, command)

@@ -41,7 +41,10 @@ thousands of ranks, is not built).
 
 Progress (:mod:`.progress`) is driven by whichever thread needs it: a thread waiting in ``synchronize``
 runs the cycle itself, and the background thread runs it when nobody waits; both wait between cycles by
-the policy of :mod:`.backoff`.
+the policy of :mod:`.backoff`. A synchronous call with nothing else of its rank under way takes the lone
+path (:meth:`Coordinator._run_alone`): the same protocol - its round message is the bare bit of its cache
+id, step 1 - with the decision of steps 2-3 known without feeding the table when every rank sent that bit
+alone (``ReadyTable.decide_alone``); anything else in the round goes through the table as above.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from .lifecycle import Lifecycle, StallShutdown
 from .fusion import fuse
 from .negotiation import ReadyTable
 from .priority import PartResponse, PriorityQueue
-from .progress import REPLY_POLLS, Progress, gather_limit_s
+from .progress import REPLY_POLLS, Progress, gather_limit_s, reply_arrived
 from .requests import Entry, Handle, Kind, Response
 from .rounds import make_rounds
 from .stalls import StallInspector
@@ -92,6 +95,7 @@ class Coordinator(Lifecycle):
                                  self._engine.topology.cross_size, relayed)
         self._incoming: collections.deque[Entry] = collections.deque()
         self.submitted = 0  # submissions so far (Progress reads it to see whether a burst goes on)
+        self.alone = 0      # synchronous calls this rank ran by the lone path (_run_alone; for tests)
         self._names = threading.Lock()          # guards _in_flight
         self._in_flight: dict[str, Entry] = {}  # submitted and not finished, by name
         self._undecided: set[str] = set()       # announced, no response yet (driving thread only)
@@ -99,6 +103,9 @@ class Coordinator(Lifecycle):
         shutdown_s = config.stall_shutdown_time_s
         self._away_s = shutdown_s / 2 if shutdown_s else float("inf")  # see _catch_up
         self._last_cycle = time.monotonic()
+        # how long tensors may wait for peers with no round open before this rank starts an empty one (cycle)
+        self._probe_s = config.wait_limit_s / 4
+        self._quiet_since = self._last_cycle
         self._failure: BaseException | None = None
         self._lost_in_lane: PeerLostError | None = None  # a lane's transfer timed out: fail in the cycle
         self._closed = False
@@ -120,6 +127,14 @@ class Coordinator(Lifecycle):
     def submit(self, entry: Entry, drive: bool = False) -> Handle:
         """Queue ``entry`` for negotiation. ``drive``: the caller will wait on it at once, so the
         background thread need not be woken."""
+        self._register(entry)
+        self._incoming.append(entry)
+        if not drive:
+            self._progress.wake()
+        return entry.handle
+
+    def _register(self, entry: Entry) -> None:
+        """Put ``entry`` in flight under its name (a name already in flight on this rank is an error)."""
         if self._failure is not None or self._closed or self._channel.deadline.lost is not None:
             self.check_usable()
         name = entry.meta.name
@@ -130,11 +145,7 @@ class Coordinator(Lifecycle):
                     "for it (synchronize) before submitting the name again, or use a different name")
             self._in_flight[name] = entry
         entry.handle.owner = self
-        self._incoming.append(entry)
         self.submitted += 1
-        if not drive:
-            self._progress.wake()
-        return entry.handle
 
     def wait(self, handle: Handle) -> None:
         """Return when ``handle`` is done, running the coordinator's cycle in this thread meanwhile."""
@@ -142,10 +153,68 @@ class Coordinator(Lifecycle):
             self._progress.wait(handle)
 
     def run(self, entry: Entry) -> Handle:
-        """Submit ``entry`` and wait for it. Registered as a waiter first, so that the background thread
-        leaves the cycle to this thread instead of taking it and handing the result over."""
-        self._progress.wait(entry.handle, before=lambda: self.submit(entry, drive=True))
+        """Submit ``entry`` and wait for it, on this thread. Where this rank has nothing else under way in
+        this coordinator, the request is negotiated and run here by :meth:`_run_alone`; otherwise (and
+        whenever the round brings anything else) the general cycle runs it, driven by this thread too:
+        registered as a waiter first, the background thread leaves the cycle to it."""
+        progress = self._progress
+        if not (self._in_flight or self._incoming or self._extra or self._queue or self._undecided
+                or self._timeline is not None or self._failure is not None or self._closed) and progress.hold():
+            # this rank has nothing else under way here, no timeline to write, no failure to report
+            try:
+                done = self._run_alone(entry)
+            finally:
+                progress.let_go()
+            if not done:
+                progress.wait(entry.handle)
+        else:
+            progress.wait(entry.handle, before=lambda: self.submit(entry, drive=True))
         return entry.handle
+
+    def _run_alone(self, entry: Entry) -> bool:
+        """The lone synchronous request, holding the cycle: what the cycle would do for it, without the
+        cycle's generality. A request negotiated before (a cache id) goes out as this rank's round message,
+        a bare bit vector; when every rank's message is that same bit and the ready table holds nothing
+        else, the table's decision is known without feeding it (``decide_alone``: the response it would
+        return, the table left as it would be) and the response runs at once. True when the request is
+        done. False as soon as anything differs - a first negotiation, an eager tensor, a priority, a round
+        that brings more, a peer slow to answer: the request is then where the general cycle expects it
+        (queued, or announced and undecided), and the cycle takes over, so that results and errors are
+        the general path's."""
+        meta = entry.meta
+        rounds = self._rounds
+        hit = -1
+        if not (meta.priority or rounds.sent != rounds.completed or rounds.owed() or self._channel.notices):
+            hit = self._table.cache_id(meta)
+        if hit < 0 or self._eager.applies(meta):
+            self.submit(entry, drive=True)
+            return False
+        self._register(entry)
+        try:
+            now = time.monotonic()
+            if now - self._last_cycle > self._away_s:
+                self._catch_up()
+            self._last_cycle = now
+            message = 1 << hit
+            rounds.contribute(message)
+            if rounds.blocked() and not reply_arrived(rounds):
+                self._undecided.add(meta.name)
+                return False
+            messages = rounds.next_complete()
+            response = None if self._channel.notices else self._table.decide_alone(hit, message, messages)
+            if response is None:  # the round brought more: the general path decides it, as the cycle would
+                self._undecided.add(meta.name)
+                self._complete_round(messages)
+            else:
+                self._lanes.run(response, [entry])
+                self.alone += 1
+            if self._lost_in_lane is not None:
+                raise self._lost_in_lane
+        except Exception as exc:  # as a failed cycle: the user sees a CollectiveError, as every other rank
+            self.fail(exc)
+            self.check_usable()
+            raise
+        return entry.handle.done()
 
     def set_timeline(self, timeline) -> None:
         """Start (a Timeline) or stop (None) recording."""
@@ -203,6 +272,16 @@ class Coordinator(Lifecycle):
             if messages is None:
                 break
             self._complete_round(messages)
+        # A peer that died between rounds, after the others had announced a tensor it had not, leaves no
+        # round open: no wait would ever time out (an idle job sends nothing), and only rank 0's tensor
+        # stall warning would run. While announced tensors wait for peers and no round is open, start an
+        # empty round now and then: a dead or frozen peer leaves it unanswered, and the silent-peer check
+        # below gives up on it after the timeout, naming it.
+        if busy or rounds.sent != rounds.completed or not self._undecided:
+            self._quiet_since = now
+        elif now - self._quiet_since >= self._probe_s and not rounds.left:
+            self._quiet_since = now
+            self._contribute()
         stalls = self._stalls
         if stalls.waiting(rounds.sent > rounds.completed, now):
             self._check_stalls()

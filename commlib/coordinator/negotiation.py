@@ -71,6 +71,21 @@ class ReadyTable:
             self._equal[cache_id] = meta  # the caller's object, usually reused: next time one `is`
         return cache_id
 
+    def decide_alone(self, cache_id: int, message: int, messages: list) -> Response | None:
+        """What :meth:`add_cached` and :meth:`take_ready` would decide from a complete round in which every
+        rank's message is ``message``, the bit of ``cache_id`` alone, while nothing else is pending, joined
+        or gone: that cached tensor's response, the table left as it was. None where any of that does not
+        hold (the caller then feeds the round in the general way)."""
+        if self._pending or self._first_seen or self._joined or self._gone:
+            return None
+        for bits in self._bits:
+            if bits:
+                return None
+        for _, other in messages:
+            if other != message:
+                return None
+        return self._responses[cache_id]
+
     def _ranks_with(self, cache_id: int) -> list[int]:
         bit = 1 << cache_id
         return [r for r in range(self.size) if self._bits[r] & bit]

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from .backoff import Backoff
+from .backoff import YIELD_S, Backoff, yield_core
 
 REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
 IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
@@ -36,6 +36,22 @@ def gather_limit_s(topology) -> float:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return GATHER_S if topology.cross_size == 1 and topology.local_size >= cores else 0.0
+
+
+def reply_arrived(rounds) -> bool:
+    """After contributing to a round: read the channel until the round is complete (True) - peers at the
+    same point answer within microseconds, so ``REPLY_POLLS`` reads back to back, then a read and a yield
+    of the core in turn, as a waiting driver does (:mod:`.backoff`) - or until ``backoff.YIELD_S`` has
+    passed (False: the general cycle waits from there, with its stall checks and sleeps)."""
+    for _ in range(REPLY_POLLS):
+        if not rounds.blocked() or (rounds.receive() and not rounds.blocked()):
+            return True
+    limit = time.perf_counter() + YIELD_S
+    while time.perf_counter() < limit:
+        yield_core()
+        if rounds.receive() and not rounds.blocked():
+            return True
+    return not rounds.blocked()
 
 
 class Progress:
@@ -78,6 +94,20 @@ class Progress:
             self._drive(handle)
         finally:
             self._waiters.pop()
+
+    def hold(self) -> bool:
+        """Take the cycle if no thread runs it (True), as a waiter: a synchronous call with nothing else
+        under way runs its request itself (:meth:`Coordinator._run_alone`); :meth:`let_go` gives it back."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        self._waiters.append(None)
+        self.holder = threading.get_ident()
+        return True
+
+    def let_go(self) -> None:
+        self.holder = 0
+        self._waiters.pop()
+        self.lock.release()
 
     def _drive(self, handle) -> None:
         coordinator = self._coordinator

@@ -7,6 +7,6 @@ collective, ``gradient_predivide_factor``, how gradients form Horovod's ``groups
 which layers keep local gradients.
 """
 
-from .common import (Adasum, Average, Max, Min, Product, Sum, check_predivide, compress, decompress,
+from .common import (Adasum, Average, Max, Min, Product, Sum, check_predivide, compress, decompress, excluded,
                      horovod_style, local_layer_variables, predivide_factors, resolve_op, set_kwargs, set_rank,
                      set_size, split_evenly, wire)

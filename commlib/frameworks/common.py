@@ -38,6 +38,12 @@ def set_kwargs(process_set) -> dict:
     return {"process_set": process_set}
 
 
+def excluded(process_set) -> bool:
+    """True when ``process_set`` is a registered set this rank is not part of: Horovod's gradient reductions
+    then pass the gradients through unchanged (the rank trains on its own)."""
+    return process_set is not None and process_set is not _cl.global_process_set and not process_set.included()
+
+
 def set_rank(process_set) -> int:
     """This rank's position within ``process_set`` (the world when None)."""
     return _cl.rank() if process_set is None else process_set.rank()

@@ -1,10 +1,16 @@
-"""commlib for Keras 3 on any backend: ``import commlib.keras as hvd``.
+"""commlib for Keras: ``import commlib.keras as hvd`` (Keras 3 on any backend, horovod.keras's names).
 
-``DistributedOptimizer`` wraps any ``keras.optimizers.Optimizer`` so that ``model.fit`` (or a custom loop
-calling ``apply``/``apply_gradients``) averages the gradients over the ranks through the backend's plug-in:
-commlib.tensorflow (``KERAS_BACKEND=tensorflow``), commlib.torch (``torch``) or commlib.jax (``jax``). The
-callbacks and :func:`broadcast_variables` move numpy values through commlib's own API. See
-docs/tensorflow.md.
+The one Keras implementation: :mod:`commlib.tensorflow.keras` (horovod.tensorflow.keras's names) re-exports
+it for ``tf.keras``. ``DistributedOptimizer`` wraps a Keras 3 optimizer (its gradients reduced through the
+backend's plug-in: commlib.tensorflow, commlib.torch or commlib.jax) or a tf-keras one (:mod:`.tf_keras`);
+the callbacks and :func:`broadcast_variables` move numpy values through commlib's own API;
+:func:`load_model` restores a model as it was compiled, its optimizer distributed. See docs/tensorflow.md.
+
+- ``optimizer.py``: ``DistributedOptimizer``, ``PartialDistributedOptimizer``, the Keras 3 wrapper
+- ``tf_keras.py``: the tf-keras wrapper
+- ``callbacks.py``: Horovod's callbacks, made for the Keras given
+- ``saving.py``: ``load_model``
+- ``backend.py``: which plug-in reduces a backend's tensors
 """
 
 try:
@@ -12,64 +18,29 @@ try:
 except ImportError as _exc:
     raise ImportError("commlib.keras needs Keras 3: pip install 'commlib[keras]' (or pip install keras)") from _exc
 
-import commlib as _cl
-from commlib import (Average, Max, Min, Product, Sum, allgather_object, broadcast_object, cross_rank,  # noqa: F401
-                     cross_size, init, is_initialized, local_rank, local_size, rank, shutdown, size)
+from commlib import (Adasum, Average, Compression, Max, Min, Product, Sum, allgather_object,  # noqa: F401
+                     broadcast_object)
+from ..frameworks.basics import (  # noqa: F401
+    ProcessSet, add_process_set, ccl_built, cross_rank, cross_size, cuda_built, ddl_built, global_process_set,
+    gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, rank, remove_process_set, rocm_built, shutdown, size, start_timeline,
+    stop_timeline,
+)
+from . import saving as _saving
+from .callbacks import broadcast_variables, make as _make_callbacks  # noqa: F401
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer  # noqa: F401
 
-from ..compression import Compression  # noqa: F401
-from . import backend as _backend
-from . import callbacks as _callbacks
-from .callbacks import broadcast_variables  # noqa: F401
-from .optimizer import GradientOptions, wrap_keras3
-
-callbacks = _callbacks.make(_keras)
+callbacks = _make_callbacks(_keras)
 BroadcastGlobalVariablesCallback = callbacks.BroadcastGlobalVariablesCallback
 MetricAverageCallback = callbacks.MetricAverageCallback
 LearningRateScheduleCallback = callbacks.LearningRateScheduleCallback
 LearningRateWarmupCallback = callbacks.LearningRateWarmupCallback
 
 
-def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
-                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
-                         backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
-                         process_set=None, **kwargs):
-    """``optimizer`` (any ``keras.optimizers.Optimizer``) with its gradients averaged over the ranks.
-
-    ``backward_passes_per_step=k`` accumulates k passes locally (Keras' ``gradient_accumulation_steps``)
-    and reduces once per k passes; the reduced gradient is their sum, or their mean with
-    ``average_aggregated_gradients=True``.
-
-    Example::
-
-        import keras, commlib.keras as hvd
-        hvd.init()
-        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
-        model.compile(optimizer=opt, loss="mse")
-        model.fit(x, y, callbacks=[hvd.BroadcastGlobalVariablesCallback(0)])
-    """
-    options = GradientOptions(compression, sparse_as_dense, gradient_predivide_factor, backward_passes_per_step,
-                              average_aggregated_gradients, op, groups, process_set)
-    _backend.plugin()  # a clear error now, not at the first step, when the backend has no plug-in here
-    return wrap_keras3(optimizer, _reduce_for(options), options, name, _backend.backend_name())
-
-
-def _reduce_for(options):
-    def reduce(grads, **kwargs):
-        if options.sparse_as_dense and _backend.backend_name() == "tensorflow":
-            import tensorflow as tf
-
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        return _backend.grouped_allreduce(grads, **kwargs)
-    return reduce
-
-
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None):
-    """``keras.models.load_model`` whose optimizer comes back wrapped in :func:`DistributedOptimizer`."""
-    objects = dict(custom_objects or {})
-    for opt in custom_optimizers or []:
-        objects[opt.__name__] = opt
-    model = _keras.models.load_model(filepath, custom_objects=objects or None, compile=True)
-    if getattr(model, "optimizer", None) is not None:
-        wrapped = DistributedOptimizer(model.optimizer, compression=compression)
-        model.compile(optimizer=wrapped, loss=model.loss, metrics=getattr(model, "compiled_metrics", None) and None)
-    return model
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none,
+               legacy_opts=False):
+    """``keras.models.load_model`` with the model compiled as it was saved (optimizer and its state, loss,
+    metrics) and its optimizer wrapped in :func:`DistributedOptimizer` (with ``compression``).
+    ``custom_optimizers``: optimizer classes of your own (joined to ``custom_objects`` by name);
+    ``legacy_opts`` is Horovod's argument, not needed: the optimizer's kind is read from the file."""
+    return _saving.load_model(_keras, filepath, custom_optimizers, custom_objects, compression)

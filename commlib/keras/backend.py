@@ -1,4 +1,5 @@
-"""The collective for Keras 3's backend: each backend's plug-in reduces its own tensors.
+"""The collective for a Keras backend: each backend's plug-in reduces its own tensors (tf-keras' are
+TensorFlow's).
 
 ``tensorflow`` -> :mod:`commlib.tensorflow` (works inside the ``tf.function`` Keras compiles), ``torch`` ->
 :mod:`commlib.torch`, ``jax`` -> ``commlib.jax.overlapped_allreduce`` (inside the ``jax.jit`` Keras compiles
@@ -25,9 +26,10 @@ def backend_name() -> str:
     return keras.backend.backend()
 
 
-def plugin():
-    """The plug-in module of Keras' backend; a clear error when there is none or it cannot be imported."""
-    backend = backend_name()
+def plugin(backend: str | None = None):
+    """The plug-in module of ``backend`` (Keras' backend when None); a clear error when there is none or it
+    cannot be imported."""
+    backend = backend or backend_name()
     module = _PLUGINS.get(backend)
     if module is None:
         raise NotImplementedError(f"commlib.keras supports the tensorflow, torch and jax backends, not {backend!r}; "
@@ -40,22 +42,23 @@ def plugin():
 
 
 def grouped_allreduce(tensors, op=_cl.Average, compression=None, prescale_factor=1.0, postscale_factor=1.0,
-                      process_set=None, name=None):
-    """Reduce the backend's tensors over the ranks in one grouped collective."""
+                      process_set=None, name=None, backend: str | None = None):
+    """Reduce ``backend``'s tensors (Keras' backend when None) over the ranks in one grouped collective."""
     tensors = list(tensors)
     if not tensors:
         return tensors
-    backend = plugin()
+    backend = backend or backend_name()
+    module = plugin(backend)
     kwargs = dict(op=op, name=name, **set_kwargs(process_set))
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         kwargs.update(prescale_factor=prescale_factor, postscale_factor=postscale_factor)
     if compression is not None:
         kwargs["compression"] = compression
-    if backend_name() == "jax":  # inside the jitted train step: each gradient's allreduce starts as XLA
+    if backend == "jax":  # inside the jitted train step: each gradient's allreduce starts as XLA
         # computes it, overlapping the rest of the backward pass (commlib.jax.overlapped_allreduce)
         kwargs["name"] = name or "keras.DistributedOptimizer"
-        return backend.overlapped_allreduce(tensors, **kwargs)
-    return backend.grouped_allreduce(tensors, **kwargs)
+        return module.overlapped_allreduce(tensors, **kwargs)
+    return module.grouped_allreduce(tensors, **kwargs)
 
 
 def to_numpy(value) -> np.ndarray:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 
 import numpy as np
@@ -61,8 +62,13 @@ def _set_momentum(optimizer, value: float) -> None:
 
 
 def make(keras) -> types.SimpleNamespace:
-    """The callback classes, subclassing ``keras.callbacks.Callback`` of the Keras given."""
-    Callback = keras.callbacks.Callback
+    """The callback classes, subclassing ``keras.callbacks.Callback`` of the Keras given (made once per
+    Keras: ``tf.keras`` that is Keras 3 gets the classes ``keras`` gets)."""
+    return _make(keras.callbacks.Callback)
+
+
+@functools.lru_cache(maxsize=None)
+def _make(Callback: type) -> types.SimpleNamespace:
 
     class BroadcastGlobalVariablesCallback(Callback):
         """Broadcast the model's and optimizer's variables from ``root_rank`` after the first batch."""

@@ -1,115 +1,95 @@
-"""``DistributedOptimizer`` for Keras 3: the wrapped optimizer's class, with gradients reduced over the
-ranks before they are applied.
+"""``DistributedOptimizer`` and ``PartialDistributedOptimizer``: the one wrapper for Keras 3 (every backend)
+and for tf-keras (``TF_USE_LEGACY_KERAS=1``), with Horovod's arguments and defaults.
 
 The wrapper subclasses the optimizer's own class (so ``isinstance``, ``get_config``, its variables and
-serialization stay the optimizer's) through a mixin that overrides the one method every training step
-goes through: Keras 3's ``apply`` (``fit``, ``apply_gradients`` and custom loops all reach it). tf-keras'
-mixin lives in :mod:`commlib.tensorflow.keras`. ``reduce`` is the backend's grouped allreduce.
-
-``backward_passes_per_step=k`` uses Keras 3's own gradient accumulation (the optimizer's
-``gradient_accumulation_steps``): each call adds the local gradients to per-variable accumulators and only
-every k-th call, the update step, reduces the accumulated gradients over the ranks (one grouped
-allreduce per k passes, as Horovod does) before they are clipped and applied. Keras averages the k
-passes; with ``average_aggregated_gradients=False`` (Horovod's default) the reduced gradient is their sum.
+serialization stay the optimizer's) and overrides the method every training step goes through. Which
+methods depends on the optimizer given, not on the entry point: a Keras 3 optimizer is reduced in
+``apply`` (:mod:`.keras3`), a tf-keras one in ``compute_gradients``/``apply_gradients``
+(:mod:`.tf_keras`).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import warnings
 
 import commlib as _cl
 
-from ..frameworks import check_predivide, predivide_factors, resolve_op
+from ..compression import Compression
+from ..frameworks import local_layer_variables
+from . import backend as _backend
+from . import keras3
+from .wrapper import GradientOptions
 
 
-class GradientOptions:
-    """Horovod's options for reducing gradients in an optimizer wrapper."""
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=_cl.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=_cl.global_process_set, scale_local_gradients=True):
+    """``optimizer`` (a Keras 3 or tf-keras optimizer) with its gradients averaged over the ranks before
+    they are applied (``model.fit`` and custom loops alike); a new optimizer of the same class and config.
 
-    def __init__(self, compression=None, sparse_as_dense=False, gradient_predivide_factor=1.0,
-                 backward_passes_per_step=1, average_aggregated_gradients=False, op=_cl.Average, groups=None,
-                 process_set=None, scale_local_gradients=True):
-        op = resolve_op(op)
-        check_predivide(op, gradient_predivide_factor)
-        if op is _cl.Adasum:
-            raise NotImplementedError("op=Adasum is not supported with Keras (as in Horovod)")
-        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-            raise ValueError(f"backward_passes_per_step must be a positive integer; got "
-                             f"{backward_passes_per_step!r}")
-        self.compression, self.sparse_as_dense, self.op, self.groups = compression, sparse_as_dense, op, groups
-        self.prescale, self.postscale = predivide_factors(op, gradient_predivide_factor)
-        self.process_set = process_set
-        self.passes = backward_passes_per_step
-        self.average_aggregated = bool(average_aggregated_gradients)
-        self.scale_local_gradients = scale_local_gradients
+    ``backward_passes_per_step=k`` accumulates k passes locally and reduces once per k passes; the reduced
+    gradient is their sum, or their mean with ``average_aggregated_gradients=True``. ``process_set``:
+    reduce over that set's ranks only. ``groups`` (and the deprecated ``num_groups``) are accepted: every
+    gradient already travels in one grouped collective. ``device_dense``/``device_sparse`` are ignored
+    (tensors are read on the host).
 
+    Example::
 
-def reducer(reduce: Callable, options: GradientOptions) -> Callable:
-    """``reduced(grads, scale=1.0)``: ``grads`` (None entries stay None) reduced in one grouped call, the
-    result multiplied by ``scale``."""
-    def reduced(grads, scale=1.0):
-        grads = list(grads)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if not present:
-            return grads
-        out = list(grads)
-        values = reduce([grads[i] for i in present], op=options.op, compression=options.compression,
-                        prescale_factor=options.prescale, postscale_factor=options.postscale * scale,
-                        process_set=options.process_set)
-        for i, v in zip(present, values):
-            out[i] = v
-        return out
-    return reduced
+        import keras, commlib.keras as hvd
+        hvd.init()
+        opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, callbacks=[hvd.BroadcastGlobalVariablesCallback(0)])
+    """
+    if num_groups:
+        warnings.warn("num_groups is replaced by groups (as in Horovod)", DeprecationWarning, stacklevel=2)
+        groups = num_groups if groups is None else groups
+    options = GradientOptions(compression, sparse_as_dense, gradient_predivide_factor, backward_passes_per_step,
+                              average_aggregated_gradients, op, groups, process_set, scale_local_gradients)
+    return distribute(optimizer, options, name)
 
 
-def keras3_mixin(reduce: Callable, options: GradientOptions) -> type:
-    """The methods a Keras 3 optimizer's wrapper overrides (see the module's docstring)."""
-    reduced = reducer(reduce, options)
-    accumulate = options.passes > 1
-    # Keras averages the accumulated passes; Horovod's default (average_aggregated_gradients=False) sums them
-    scale = 1.0 if options.average_aggregated else float(options.passes)
-
-    class DistributedKeras3:
-        def apply(self, grads, trainable_variables=None):
-            if not accumulate:
-                grads = reduced(grads)
-            return super().apply(grads, trainable_variables)
-
-        def _clip_gradients(self, grads):
-            # with accumulation, Keras calls this once per update step, on the accumulated gradients
-            if accumulate:
-                grads = reduced(grads, scale)
-            return super()._clip_gradients(grads)
-
-    return DistributedKeras3
-
-
-def wrap(optimizer, mixin: type, options: GradientOptions, name: str | None = None, config_update=None):
-    """A copy of ``optimizer`` (same class name and config) whose class is ``mixin`` over its own class."""
-    base = optimizer.__class__
-    Distributed = type(base.__name__, (mixin, base), {"__module__": base.__module__,
-                                                      "__qualname__": base.__qualname__})
-    config = optimizer.get_config()
-    if name is not None:
-        config["name"] = name
-    config.update(config_update or {})
-    wrapped = Distributed.from_config(config)
-    wrapped._commlib_options = options
-    return wrapped
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                                compression=Compression.none, sparse_as_dense=False, gradient_predivide_factor=1.0,
+                                op=_cl.Average, backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=_cl.global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """A :func:`DistributedOptimizer` whose ``local_layers``' (a layer or a list) trainable variables keep
+    their local gradients (model parallelism), divided by the number of ranks unless
+    ``scale_local_gradients=False``; tf-keras optimizers (with Keras 3, use
+    ``commlib.tensorflow.PartialDistributedGradientTape`` in a custom loop)."""
+    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                               gradient_predivide_factor, op, backward_passes_per_step,
+                               average_aggregated_gradients, 0, groups, process_set, scale_local_gradients)
+    if not hasattr(opt, "register_local_var"):
+        raise NotImplementedError("PartialDistributedOptimizer needs a tf-keras optimizer "
+                                  "(TF_USE_LEGACY_KERAS=1); with Keras 3 use PartialDistributedGradientTape "
+                                  "in a custom loop")
+    for var in local_layer_variables(local_layers):
+        opt.register_local_var(var)
+    return opt
 
 
-def wrap_keras3(optimizer, reduce: Callable, options: GradientOptions, name: str | None = None,
-                backend: str | None = None):
-    """``optimizer`` (Keras 3) wrapped: gradients reduced in ``apply``, or every ``options.passes``-th
-    update step through the optimizer's gradient accumulation."""
-    own = getattr(optimizer, "gradient_accumulation_steps", None) or 1
-    if options.passes > 1 and own > 1 and own != options.passes:
-        raise ValueError(f"backward_passes_per_step={options.passes} differs from the optimizer's own "
-                         f"gradient_accumulation_steps={own}; set one of them")
-    if options.passes == 1 and own > 1:  # the optimizer accumulates itself: reduce once per update step
-        options.passes, options.average_aggregated = own, True
-    if options.passes > 1 and backend == "jax":
-        raise NotImplementedError("backward_passes_per_step > 1 is not supported by commlib.keras on the JAX "
-                                  "backend; use a larger batch, or commlib.jax.DistributedOptimizer's "
-                                  "backward_passes_per_step in a JAX loop")
-    update = {"gradient_accumulation_steps": options.passes} if options.passes > 1 else None
-    return wrap(optimizer, keras3_mixin(reduce, options), options, name, update)
+def distribute(optimizer, options: GradientOptions, name: str | None = None, in_place: bool = False):
+    """``optimizer`` wrapped by the mixin of its Keras. ``in_place``: the optimizer itself becomes the
+    wrapper (its variables and state kept; what ``load_model`` needs), instead of a copy from its config."""
+    if is_tf_keras(optimizer):
+        from . import tf_keras  # imports TensorFlow
+
+        return tf_keras.wrap(optimizer, options, name, in_place)
+    _backend.plugin()  # a clear error now, not at the first step, when the backend has no plug-in here
+    return keras3.wrap(optimizer, options, name, in_place)
+
+
+def is_tf_keras(optimizer) -> bool:
+    """True for a tf-keras optimizer, False for a Keras 3 one; a TypeError for anything else."""
+    for cls in type(optimizer).__mro__:
+        package = cls.__module__.split(".")[0]
+        if package == "tf_keras":
+            return True
+        if package == "keras":
+            return False
+    raise TypeError(f"DistributedOptimizer wraps a Keras optimizer (Keras 3 or tf-keras), not "
+                    f"{type(optimizer).__name__}; for a tf.compat.v1.train.Optimizer use "
+                    "commlib.tensorflow.DistributedOptimizer")

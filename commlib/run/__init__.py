@@ -8,6 +8,7 @@ on an emulated cluster on this machine instead (:mod:`commlib.testing.cluster`).
 - :mod:`.options`: the flags, and the settings and warnings they give;
 - :mod:`.hosts`: ``-H`` and ``--hostfile``, and the ssh check;
 - :mod:`.mpi`: which MPI, and its command line (pure: golden-tested for both flavours);
+- :mod:`.output`: what every rank is started through, so that its lines arrive whole and labelled;
 - :mod:`.launch`: ``main``.
 """
 

@@ -34,12 +34,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Callable, Sequence
 
+from ..config import FIELDS, environment, for_job, is_set
 from ..elastic import control
-from . import survivors
+from . import output, survivors
 from .hosts import Host
 from .options import UsageError
 
@@ -149,8 +149,8 @@ class Launcher:
     in_process: bool = False  # hydra: survivors of a lost rank go on (-disable-auto-cleanup), see survivors.py
 
 
-#: COMMLIB_TIMEOUT of an elastic job that sets none: how long a lost rank takes to be noticed
-ELASTIC_TIMEOUT_S = "10"
+#: the timeout (COMMLIB_TIMEOUT) of an elastic job that sets none: how long a lost rank takes to be noticed
+ELASTIC_TIMEOUT_S = 10.0
 #: after the first report of a failed collective, how long the driver collects near-simultaneous ones
 #: before leaving out the suspected ranks that have not reported (a suspect leaves either way)
 SETTLE_S = 0.25
@@ -206,21 +206,22 @@ class Driver:
             time.sleep(self.opts.interval)
 
     def run(self) -> int:
-        directory = os.environ.get("COMMLIB_ELASTIC_DIR") or tempfile.mkdtemp(prefix="commlib-elastic-")
-        owned = "COMMLIB_ELASTIC_DIR" not in os.environ
+        given = for_job(self.settings).elastic_dir  # the caller's directory, else one of the driver's own
+        directory = given or tempfile.mkdtemp(prefix="commlib-elastic-")
         try:
             return self._loop(directory)
         finally:
-            if owned:
+            if not given:
                 shutil.rmtree(directory, ignore_errors=True)
 
     def _loop(self, directory: str) -> int:
-        settings = dict(self.settings, COMMLIB_ELASTIC_DIR=directory)
-        if "COMMLIB_TIMEOUT" not in settings and "COMMLIB_TIMEOUT" not in os.environ:
-            settings["COMMLIB_TIMEOUT"] = ELASTIC_TIMEOUT_S
-        self.peer_timeout = float(settings.get("COMMLIB_TIMEOUT") or os.environ["COMMLIB_TIMEOUT"])
+        settings = dict(self.settings, **environment(elastic_dir=directory))
+        if not is_set("timeout_s", settings):
+            settings.update(environment(timeout_s=ELASTIC_TIMEOUT_S))
         if self.launcher.in_process:
-            settings["COMMLIB_ELASTIC_IN_PROCESS"] = "1"
+            settings.update(environment(elastic_in_process=True))
+        self.peer_timeout = for_job(settings).timeout_s  # what every worker's init() reads
+        self.say(f"a lost rank is noticed within {self.peer_timeout:g} s ({FIELDS['timeout_s'].env})")
         while True:
             hosts, np = self.wait_for_hosts()
             if self.launcher.check_hosts is not None:
@@ -268,18 +269,10 @@ class Driver:
         """Run one launch to its end, echoing its output, flagging host changes; return (exit code, hosts
         hydra said a process died on)."""
         print(f"commlib-run: {' '.join(argv)}", file=self.out, flush=True)
-        job = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True, bufsize=1)
-        tail: collections.deque = collections.deque(maxlen=400)
-
-        def pump():
-            for line in job.stdout:
-                tail.append(line)
-                sys.stdout.write(line)
-                sys.stdout.flush()
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
+        job = subprocess.Popen(argv, env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+        tail: collections.deque = collections.deque(maxlen=400)  # hydra's report of a lost process is here
+        relays = output.relays(job, tail)
         running = {h.name for h in hosts}
         flagged = False
         recovery = _Recovery(survivors.rank_hosts(hosts)) if self.launcher.in_process else None
@@ -327,11 +320,12 @@ class Driver:
             except subprocess.TimeoutExpired:
                 pass
             self.launcher.kill(job)
-        reader.join(timeout=10)
+        for relay in relays:
+            relay.join(timeout=10)
         code = job.returncode
         if code != 0:
             self.launcher.kill(job)  # what hydra left behind
-        died = sorted({m.group(1) for line in tail for m in [_DIED_AT.search(line)] if m})
+        died = sorted(set(_DIED_AT.findall(b"".join(tail).decode(errors="replace"))))
         if recovery is not None and recovery.generation:
             lost_hosts = sorted({recovery.hosts[r] for r in recovery.lost})
             if recovery.restart:

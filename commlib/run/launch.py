@@ -10,13 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from typing import Sequence
 
-from ..config import parse_shape
+from ..config import FIELDS, for_job, parse_shape
+from ..errors import ConfigError
 from . import elastic as _elastic
 from . import hosts as _hosts
 from . import mpi as _mpi
+from . import output as _output
+from . import slurm as _slurm
 from .options import UsageError, parse, settings
 
 
@@ -30,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         env, warnings = settings(args)
         for warning in warnings:
             print(f"commlib-run: warning: {warning}", file=sys.stderr, flush=True)
+        for_job(env)  # what every rank's init() will load: an invalid value stops the job here, with its error
         opts = _elastic.options(args)
         if opts is not None and args.num_servers:
             raise UsageError("--num-servers does not apply to elastic jobs (the driver restarts workers only)")
@@ -38,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if opts is not None:
             return _run_elastic(args, env, opts)
         return _run(args, env)
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"commlib-run: error: {exc}", file=sys.stderr)
         return 2
 
@@ -61,6 +64,8 @@ def _slots(args) -> tuple[list, int]:
         hosts = _hosts.parse_hosts(args.hosts)
     elif args.hostfile:
         hosts = _hosts.parse_hostfile(args.hostfile)
+    elif (allocation := _allocation(args)) is not None:
+        return _slurm.placement(allocation, args.np)
     else:
         hosts = []
     slots = sum(h.slots for h in hosts)
@@ -74,18 +79,31 @@ def _slots(args) -> tuple[list, int]:
     return hosts, args.np
 
 
-def build(args, env: dict[str, str], environ=None) -> tuple[dict[str, str], list[str]]:
+def _allocation(args) -> _slurm.Allocation | None:
+    """The Slurm allocation this runs in (its nodes are the hosts, srun starts the ranks), unless -H or
+    --hostfile name the hosts (then ssh, as anywhere else)."""
+    if args.hosts or args.hostfile or args.emulate:
+        return None
+    allocation = _slurm.allocation(_slurm.variables())
+    if allocation is not None:
+        _slurm.check_flags(args)
+    return allocation
+
+
+def build(args, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     """The command line for ``args`` (the MPI is asked what it is; nothing else runs)."""
-    environ = os.environ if environ is None else environ
     hosts, np = _slots(args)
     mpiexec = _mpiexec(args.mpiexec)
     flavor = _mpi.detect(mpiexec)
     launch = _mpi.Launch(
         flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=env,
-        forward=_mpi.forwarded(environ), nics=[n for n in (args.nics or "").split(",") if n],
+        forward=_mpi.forwarded(), nics=[n for n in (args.nics or "").split(",") if n],
         ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename,
         tcp=args.tcp, binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0,
         **_servers(args))
+    allocation = _allocation(args)
+    if allocation is not None:
+        return _slurm.through_slurm(flavor, *_mpi.command_line(launch), allocation, hosts)
     return _mpi.command_line(launch)
 
 
@@ -101,19 +119,16 @@ def _servers(args) -> dict:
 def _run(args, env: dict[str, str]) -> int:
     launcher_env, argv = build(args, env)
     hosts, _ = _slots(args)
-    remote = [h for h in hosts if not _hosts.is_local(h.name)]
+    remote = [h for h in hosts if not _hosts.is_local(h.name)] if _allocation(args) is None else []
     nics = [n for n in (args.nics or "").split(",") if n]
     if remote or nics:
         _hosts.check(hosts, args.ssh_port, args.ssh_identity_file, nics, args.start_timeout, bool(args.verbose))
         if args.verbose:
             print(f"commlib-run: {len(hosts)} host(s) reachable", file=sys.stderr, flush=True)
     print(f"commlib-run: {_mpi.printable(launcher_env, argv)}", file=sys.stderr, flush=True)
-    if not args.num_servers:
-        return _execute(argv, dict(os.environ, **launcher_env), args.timeout)
-    # with servers, mpiexec's output is passed on and its end kept: a lost server is named from it
-    tail: collections.deque = collections.deque(maxlen=16)  # chunks of at most 64 KiB
-    code = _execute(argv, dict(os.environ, **launcher_env), args.timeout, tail)
-    if code:
+    tail: collections.deque = collections.deque(maxlen=16)  # the output's last chunks: a lost server is named
+    code = _execute(argv, tail, env=dict(os.environ, **launcher_env), timeout=args.timeout)
+    if code and args.num_servers:
         workers, servers = _rank_hosts(args, hosts)
         for line in _mpi.lost_servers(b"".join(tail).decode(errors="replace"), workers, servers):
             print(f"commlib-run: error: {line}", file=sys.stderr, flush=True)
@@ -133,31 +148,16 @@ def _rank_hosts(args, hosts) -> tuple[list[str], list[str]]:
     return ([name for name, k in workers for _ in range(k)], [name for name, k in servers for _ in range(k)])
 
 
-def _execute(argv: list[str], environ: dict[str, str], timeout: float | None,
-             tail: collections.deque | None = None) -> int:
-    """Run mpiexec in its own process group; on a timeout, Ctrl-C or SIGTERM the whole group goes down.
-    With ``tail``, its output is copied to ours as it comes and its last chunks kept there."""
-    job = subprocess.Popen(argv, env=environ, start_new_session=True,
-                           stdout=None if tail is None else subprocess.PIPE)
-    copier = None
-    if tail is not None:
-        def copy() -> None:  # as it comes (a line without its newline too, e.g. a progress bar)
-            out = getattr(sys.stdout, "buffer", None)
-            while chunk := job.stdout.read1(1 << 16):
-                if out is not None:
-                    out.write(chunk)
-                else:
-                    sys.stdout.write(chunk.decode(errors="replace"))
-                sys.stdout.flush()
-                tail.append(chunk)
-
-        copier = threading.Thread(target=copy, name="commlib-run-output", daemon=True)
-        copier.start()
+def _execute(argv: list[str], tail: collections.deque, env: dict[str, str], timeout: float | None) -> int:
+    """Run mpiexec in its own process group, its output passed on as whole lines (:mod:`.output`) and its
+    last chunks kept in ``tail``; on a timeout, Ctrl-C or SIGTERM the whole group goes down."""
+    job = subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    relays = _output.relays(job, tail)
     previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         code = job.wait(timeout=timeout)
-        if copier is not None:
-            copier.join(timeout=5)  # a rank left behind may hold the pipe: what it writes later is lost
+        for relay in relays:
+            relay.join(timeout=5)  # a rank left behind may hold the pipe: what it writes later is lost
         return code
     except subprocess.TimeoutExpired:
         print(f"commlib-run: error: the job ran past --timeout {timeout:g} s; killed", file=sys.stderr)
@@ -183,8 +183,9 @@ def _kill(job: subprocess.Popen) -> None:
 
 def _run_elastic(args, env: dict[str, str], opts) -> int:
     """An elastic job on real hosts (or this machine): the driver restarts it as hosts come and go."""
+    allocation = _allocation(args)
     given = _hosts.parse_hosts(args.hosts) if args.hosts else (
-        _hosts.parse_hostfile(args.hostfile) if args.hostfile else [])
+        _hosts.parse_hostfile(args.hostfile) if args.hostfile else (allocation.hosts if allocation else []))
     if not given and not opts.discovery_script:
         given = [_hosts.Host("localhost", opts.max_np or args.np or opts.min_np)]
     mpiexec = _mpiexec(args.mpiexec)
@@ -194,9 +195,18 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
     def command(hosts, np, settings):
         return _mpi.command_line(_mpi.Launch(
             flavor=flavor, mpiexec=mpiexec, np=np, command=args.command, hosts=hosts, settings=settings,
-            forward=_mpi.forwarded(os.environ), nics=nics, ssh_port=args.ssh_port,
+            forward=_mpi.forwarded(), nics=nics, ssh_port=args.ssh_port,
             ssh_identity_file=args.ssh_identity_file, output_filename=args.output_filename, tcp=args.tcp,
             binding_args=args.binding_args, mpi_args=args.mpi_args, as_root=os.geteuid() == 0))
+
+    if allocation is not None:  # srun starts the ranks on the allocation's nodes: no ssh to check
+        def slurm_command(hosts, np, settings):
+            return _slurm.through_slurm(flavor, *command(hosts, np, settings), allocation, hosts, elastic=True,
+                                        relay_dir=settings[FIELDS["elastic_dir"].env])
+
+        launcher = _elastic.Launcher(command=slurm_command, kill=_kill, static_hosts=given,
+                                     in_process=flavor == _mpi.MPICH)
+        return _elastic.Driver(opts, launcher, env).run()
 
     def check(hosts):
         if any(not _hosts.is_local(h.name) for h in hosts) or nics:
@@ -224,8 +234,8 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
             raise UsageError(f"{flag} does not apply to --emulate: the emulated hosts are reached through their "
                              "namespaces, over their eth0")
     # local options (after -n) in hydra's syntax: the cluster's command line ends with -n
-    tail = ["-prepend-rank"] + [arg for name, value in sorted(env.items()) for arg in ("-env", name, value)]
-    tail += list(args.command)
+    tail = [arg for name, value in sorted(env.items()) for arg in ("-env", name, value)]
+    tail += _output.command(args.command, args.output_filename)
     timeout = 3600.0 if args.timeout is None else args.timeout
     if args.server_hosts:
         raise UsageError("--server-hosts does not apply to --emulate: the servers get emulated hosts of their own")
@@ -237,18 +247,18 @@ def _run_emulated(args, env: dict[str, str], opts=None) -> int:
             print(f"commlib-run: emulated cluster {cluster.name}: {nhosts} hosts x {per_host} ranks{servers}, "
                   f"links {args.link_rate or 'unshaped'}", file=sys.stderr, flush=True)
             if opts is not None:
-                return _elastic.Driver(opts, _emulated_launcher(cluster, args.command), env).run()
+                launcher = _emulated_launcher(cluster, _output.command(args.command, args.output_filename))
+                return _elastic.Driver(opts, launcher, env).run()
             if args.num_servers:
                 return _emulated_servers(cluster, args, env, np, timeout)
             print(f"commlib-run: {_mpi.printable({}, cluster.mpiexec_args(np) + tail)}", file=sys.stderr, flush=True)
             done = cluster.mpiexec(tail, timeout=timeout, nprocs=np, check=False)
-            sys.stdout.write(done.stdout)
-            sys.stdout.flush()
+            _output.write(_output.join(done.stdout.encode()))
             return done.returncode
     except ClusterUnavailable as exc:
         raise UsageError(f"--emulate: {exc}") from None
     except JobFailed as exc:
-        sys.stdout.write(exc.completed.stdout or "")
+        _output.write(_output.join((exc.completed.stdout or "").encode()))
         print(f"commlib-run: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 124 if exc.completed.returncode == -9 else (exc.completed.returncode or 1)
 
@@ -263,11 +273,11 @@ def _emulated_servers(cluster, args, env: dict[str, str], np: int, timeout: floa
         servers = [used[i % len(used)] for i in range(args.num_servers)]
     else:
         servers = list(range(len(cluster.hosts) - args.num_servers, len(cluster.hosts)))
-    programs = [(workers, list(args.command)), (servers, [sys.executable, "-m", "commlib.server"])]
+    programs = [(workers, _output.command(args.command, args.output_filename)),
+                (servers, _output.command([sys.executable, "-m", "commlib.server"], args.output_filename))]
     print(f"commlib-run: {_mpi.printable(env, cluster.mpmd_args(programs))}", file=sys.stderr, flush=True)
     done = cluster.mpiexec_mpmd(programs, timeout=timeout, env=dict(os.environ, **env), check=False)
-    sys.stdout.write(done.stdout)
-    sys.stdout.flush()
+    _output.write(_output.join(done.stdout.encode()))
     if done.returncode:
         hosts = cluster.hosts
         for line in _mpi.lost_servers(done.stdout, [hosts[h] for h in workers], [hosts[h] for h in servers]):
@@ -276,13 +286,14 @@ def _emulated_servers(cluster, args, env: dict[str, str], np: int, timeout: floa
 
 
 def _emulated_launcher(cluster, command: Sequence[str]):
-    """The elastic driver's launcher on an emulated cluster: any subset of its hosts."""
+    """The elastic driver's launcher on an emulated cluster: any subset of its hosts; ``command``: what each
+    rank runs (through the labeller)."""
     from ..testing import netns
 
     def argv_for(hosts, np, settings):
         argv = cluster.mpiexec_args(np)
         argv[argv.index("-hosts") + 1] = ",".join(f"{h.name}:{h.slots}" for h in hosts)
-        tail = ["-prepend-rank"] + [a for name, value in sorted(settings.items()) for a in ("-env", name, value)]
+        tail = [a for name, value in sorted(settings.items()) for a in ("-env", name, value)]
         return {}, argv + tail + list(command)
 
     def kill(job):

@@ -9,7 +9,7 @@ MPICH's hydra (and Intel MPI, which is hydra too) and Open MPI spell the same jo
 | the caller's environment | passed whole by default | ``-x NAME`` for each variable to pass |
 | ssh port / identity | ``HYDRA_LAUNCHER_EXTRA_ARGS`` in mpiexec's own environment | ``-mca plm_rsh_args "-p P -i F"`` |
 | network interface | ``-iface NIC`` (one) | ``-mca btl_tcp_if_include NIC,...`` |
-| output per rank | ``-prepend-rank``; ``-outfile-pattern`` | ``--tag-output``; ``--output-filename`` |
+| each rank's output | the program through :mod:`.output` (whole lines, ``[1,RANK]<stdout>:``) | the same (Open MPI reads 4 KiB at once) |
 | summation servers (MPMD) | ``-hosts`` lists every rank's host in order; ``... : -n S python -m commlib.server`` | ``... : -np S -H hosts python -m commlib.server`` |
 
 :func:`command_line` builds the command from a :class:`Launch` without running anything, so both forms are
@@ -19,11 +19,15 @@ checked by golden tests on a machine that has only one of the two MPIs.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
-from typing import Sequence
+import sys
+from typing import Mapping, Sequence
 
+from ..config import FIELDS
+from . import output
 from .hosts import Host
 from .options import UsageError
 
@@ -57,8 +61,10 @@ def detect(mpiexec: str) -> str:
     return classify(done.stdout + done.stderr)
 
 
-def forwarded(environ) -> list[str]:
-    """The names of ``environ`` Open MPI is asked to pass to the ranks."""
+def forwarded(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The names of the variables of ``environ`` (default: this process's environment) that Open MPI is
+    asked to pass to the ranks; their values are not read here."""
+    environ = os.environ if environ is None else environ
     return sorted(k for k in environ if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES))
 
 
@@ -76,7 +82,7 @@ class Launch:
     nics: Sequence[str] = ()
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
-    output_filename: str | None = None
+    output_filename: str | None = None    # each rank's output also to DIR/rank.N/{stdout,stderr} (output.py)
     tcp: bool = False
     binding_args: str | None = None
     mpi_args: str | None = None
@@ -84,6 +90,7 @@ class Launch:
     servers: int = 0                       # summation servers, as further ranks of the job (MPMD)
     server_hosts: Sequence[Host] = ()      # their hosts (slots: servers per host); empty: beside the workers
     server_command: Sequence[str] = ("python", "-m", "commlib.server")
+    python: str = sys.executable           # runs output.py, the labeller every rank is started through
 
 
 def placement(launch: Launch) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
@@ -141,6 +148,7 @@ def _settings(launch: Launch) -> dict[str, str]:
     settings = dict(launch.settings)
     if launch.nics:
         settings.setdefault("NCCL_SOCKET_IFNAME", ",".join(launch.nics))
+        settings.setdefault(FIELDS["network_interface"].env, ",".join(launch.nics))  # where summation servers listen
     if launch.tcp:
         settings.setdefault("NCCL_IB_DISABLE", "1")
     return settings
@@ -155,9 +163,14 @@ def _ssh_args(launch: Launch) -> str:
     return shlex.join(args)
 
 
+def _labelled(launch: Launch, program: Sequence[str], read_size: int) -> list[str]:
+    """``program`` started through the labeller (:mod:`.output`), for a launcher reading ``read_size``."""
+    return output.command(program, launch.output_filename, read_size, launch.python)
+
+
 def _hydra(launch: Launch) -> tuple[dict[str, str], list[str]]:
     env = {}
-    argv = [launch.mpiexec, "-prepend-rank"]
+    argv = [launch.mpiexec]
     if launch.servers and (launch.hosts or launch.server_hosts):
         workers, servers = placement(launch)  # one host list for the job: every rank's host, in order
         argv += ["-hosts", _runs(workers + servers)]
@@ -174,15 +187,12 @@ def _hydra(launch: Launch) -> tuple[dict[str, str], list[str]]:
         settings.setdefault("UCX_NET_DEVICES", launch.nics[0])
     if launch.tcp:
         settings.setdefault("UCX_TLS", "tcp,sm,self")
-    if launch.output_filename:
-        argv += ["-outfile-pattern", f"{launch.output_filename}.rank%r.out",
-                 "-errfile-pattern", f"{launch.output_filename}.rank%r.err"]
     for name, value in sorted(settings.items()):
         argv += ["-genv", name, str(value)]
     argv += shlex.split(launch.mpi_args or "")
-    argv += ["-n", str(launch.np), *launch.command]
+    argv += ["-n", str(launch.np), *_labelled(launch, launch.command, output.HYDRA_READ)]
     if launch.servers:
-        argv += [":", "-n", str(launch.servers), *launch.server_command]
+        argv += [":", "-n", str(launch.servers), *_labelled(launch, launch.server_command, output.HYDRA_READ)]
     return env, argv
 
 
@@ -190,7 +200,7 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
     argv = [launch.mpiexec]
     if launch.as_root:
         argv.append("--allow-run-as-root")
-    argv += ["--tag-output", "-np", str(launch.np)]
+    argv += ["-np", str(launch.np)]
     workers, servers = placement(launch) if launch.servers else ([], [])
     if launch.servers and launch.hosts:
         argv += ["-H", _runs(workers)]
@@ -203,8 +213,6 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
         argv += ["-mca", "plm_rsh_args", ssh]
     if launch.nics:
         argv += ["-mca", "btl_tcp_if_include", ",".join(launch.nics)]
-    if launch.output_filename:
-        argv += ["--output-filename", launch.output_filename]
     settings = _settings(launch)
     for name, value in sorted(settings.items()):
         argv += ["-x", f"{name}={value}"]
@@ -212,10 +220,10 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
         if name not in settings:
             argv += ["-x", name]
     argv += shlex.split(launch.mpi_args or "")
-    argv += list(launch.command)
+    argv += _labelled(launch, launch.command, output.OPEN_MPI_READ)
     if launch.servers:  # a second app context; the options above are the whole job's
         argv += [":", "-np", str(launch.servers)] + (["-H", _runs(servers)] if servers else [])
-        argv += list(launch.server_command)
+        argv += _labelled(launch, launch.server_command, output.OPEN_MPI_READ)
     return {}, argv
 
 
@@ -223,13 +231,13 @@ def _open_mpi(launch: Launch) -> tuple[dict[str, str], list[str]]:
 _BAD_TERMINATION = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
 
 
-def lost_servers(output: str, worker_hosts: Sequence[str], server_hosts: Sequence[str]) -> list[str]:
-    """What to tell the user when hydra's ``output`` reports a process that ended badly on a host that
+def lost_servers(report: str, worker_hosts: Sequence[str], server_hosts: Sequence[str]) -> list[str]:
+    """What to tell the user when hydra's output (``report``) reports a process that ended badly on a host that
     runs summation servers and no worker (elsewhere the report cannot say whether a server or a worker
     ended): one line per such report, naming the server(s) there. ``worker_hosts``/``server_hosts``: the
     host of each worker and of each server, in rank order (servers come after the workers)."""
     lines = []
-    for pid, host, code in _BAD_TERMINATION.findall(output):
+    for pid, host, code in _BAD_TERMINATION.findall(report):
         servers = [f"server {j} (rank {len(worker_hosts) + j} of the job)"
                    for j, h in enumerate(server_hosts) if h == host]
         if not servers or host in worker_hosts:

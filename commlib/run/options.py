@@ -1,6 +1,7 @@
 """commlib-run's command line: horovodrun's flags, and what each one sets for the ranks.
 
-A flag with a commlib meaning becomes the ``COMMLIB_*`` variable of its setting (:mod:`commlib.config`),
+A flag with a commlib meaning becomes the ``COMMLIB_*`` variable of its setting (:data:`SETTING_FLAGS`:
+the field of :mod:`commlib.config` it sets; the variable's name, parser and description come from there),
 passed to every rank on the MPI command line, so it wins over the same setting in the caller's environment
 as a flag should. A flag commlib cannot honour is a warning naming it (the same reasons as the
 ``HOROVOD_*`` variables it would set, :data:`commlib.config.HOROVOD_IGNORED`); one that cannot work at all
@@ -12,11 +13,39 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from ..config import HOROVOD_IGNORED
+from ..config import FIELDS, HOROVOD_IGNORED, environment, parse_duration
+from ..errors import ConfigError
 
 
 class UsageError(ValueError):
     """A command line commlib-run cannot run; the message says what to change."""
+
+
+def _about(attr: str, unit: str | None = None) -> str:
+    """A settings flag's help: the variable it sets and what that means (commlib.config's one description)."""
+    field = FIELDS[attr]
+    return f"sets {field.env}{f' (given in {unit})' if unit else ''}: {field.doc}"
+
+
+def _duration(text: str) -> float:
+    """A duration flag, read as COMMLIB_TIMEOUT is (:func:`commlib.config.parse_duration`)."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: flags that set a setting: the flag's destination -> (the Config field, the field's value from the flag's)
+SETTING_FLAGS = {
+    "fusion_threshold_mb": ("fusion_threshold_bytes", lambda mib: int(mib * (1 << 20))),
+    "cycle_time_ms": ("cycle_time_ms", float),
+    "cache_capacity": ("cache_capacity", int),
+    "timeline_filename": ("timeline", str),
+    "timeline_mark_cycles": ("timeline_mark_cycles", bool),
+    "stall_check_warning_time_seconds": ("stall_check_time_s", float),
+    "stall_check_shutdown_time_seconds": ("stall_shutdown_time_s", float),
+    "num_nccl_streams": ("num_streams", int),
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -43,9 +72,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--colocate-servers", action="store_true",
                    help="put the servers beside the workers, one per worker host in turn (the default on real "
                         "hosts without --server-hosts; with --emulate the servers otherwise get hosts of their own)")
-    p.add_argument("--start-timeout", type=float, default=30.0,
-                   help="seconds each host check (ssh) may take (default 30)")
-    p.add_argument("--output-filename", default=None, help="write each rank's output to files under this name")
+    p.add_argument("--start-timeout", type=_duration, default=30.0,
+                   help="how long each host check (ssh) may take: seconds, or 90s, 10m, 1h (default 30)")
+    p.add_argument("--output-filename", default=None, help="also write each rank's output, as it wrote it, to DIR/rank.N/stdout and stderr "
+                        "(horovodrun's layout)", metavar="DIR")
     p.add_argument("--verbose", action="count", default=0, help="say what is checked and run")
     p.add_argument("--mpiexec", default=None,
                    help="the mpiexec/mpirun to run (default: the one beside this Python, else on PATH)")
@@ -57,8 +87,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", action="store_true", help="run on MPI (the only controller commlib has)")
     p.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--jsrun", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--timeout", type=float, default=None,
-                   help="kill the job after this many seconds (default: none; --emulate: 3600)")
+    p.add_argument("--timeout", type=_duration, default=None,
+                   help="kill the job after this long: seconds, or 90s, 10m, 1h (default: never; --emulate: 1h)")
     # the emulated cluster (commlib.testing.cluster)
     p.add_argument("--emulate", default=None, metavar="HxR",
                    help="run on an emulated cluster of H hosts with R ranks each (network namespaces, one "
@@ -66,30 +96,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--link-rate", default=None, help="with --emulate: each host's link rate, e.g. 1gbit")
 
     tune = p.add_argument_group("settings (each sets a COMMLIB_* variable; docs/configuration.md)")
-    tune.add_argument("--fusion-threshold-mb", type=float, default=None, help="largest fused buffer, MiB")
-    tune.add_argument("--cycle-time-ms", type=float, default=None, help="coordinator cycle time, ms")
-    tune.add_argument("--cache-capacity", type=int, default=None, help="response cache entries")
+    tune.add_argument("--fusion-threshold-mb", type=float, default=None, help=_about("fusion_threshold_bytes", "MiB"))
+    tune.add_argument("--cycle-time-ms", type=float, default=None, help=_about("cycle_time_ms"))
+    tune.add_argument("--cache-capacity", type=int, default=None, help=_about("cache_capacity"))
     for name, text in (("hierarchical-allreduce", "allreduce with the hierarchical schedule"),
                        ("torus-allreduce", "allreduce with the torus2d schedule")):
         group = tune.add_mutually_exclusive_group()
-        group.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=None, help=text)
+        group.add_argument(f"--{name}", dest=name.replace("-", "_"), action="store_true", default=None,
+                           help=f"{text} ({FIELDS['algorithm'].env})")
         group.add_argument(f"--no-{name}", dest=name.replace("-", "_"), action="store_false",
                            help="leave the choice to auto (the default)")
-    tune.add_argument("--timeline-filename", default=None, help="Chrome-trace timeline (rank 0 writes this file)")
+    tune.add_argument("--timeline-filename", default=None, help=_about("timeline"))
     marks = tune.add_mutually_exclusive_group()
     marks.add_argument("--timeline-mark-cycles", dest="timeline_mark_cycles", action="store_true", default=None,
-                       help="mark coordinator cycles in the timeline")
+                       help=_about("timeline_mark_cycles"))
     marks.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles", action="store_false")
     stall = tune.add_mutually_exclusive_group()
     stall.add_argument("--no-stall-check", dest="stall_check", action="store_false", default=None,
-                       help="no stall warnings")
+                       help=f"no stall warnings ({FIELDS['stall_check_time_s'].env}=0)")
     stall.add_argument("--stall-check", dest="stall_check", action="store_true")
     tune.add_argument("--stall-check-warning-time-seconds", type=float, default=None,
-                      help="seconds before a stalled tensor is reported")
+                      help=_about("stall_check_time_s"))
     tune.add_argument("--stall-check-shutdown-time-seconds", type=float, default=None,
-                      help="seconds after which a stalled tensor fails the job's collectives")
-    tune.add_argument("--num-nccl-streams", type=int, default=None,
-                      help="execution lanes (COMMLIB_NUM_STREAMS)")
+                      help=_about("stall_shutdown_time_s"))
+    tune.add_argument("--num-nccl-streams", type=int, default=None, help=_about("num_streams"))
 
     ignored = p.add_argument_group("horovodrun flags commlib cannot honour (a warning each)")
     autotune = ignored.add_mutually_exclusive_group()
@@ -116,8 +146,8 @@ def parser() -> argparse.ArgumentParser:
     elastic.add_argument("--host-discovery-script", default=None,
                          help="prints the available hosts, one 'host' or 'host:slots' per line")
     elastic.add_argument("--slots-per-host", type=int, default=None, help="slots of a discovered host without :slots")
-    elastic.add_argument("--elastic-timeout", type=float, default=None,
-                         help="seconds to wait for --min-np slots (default 600)")
+    elastic.add_argument("--elastic-timeout", type=_duration, default=None,
+                         help="how long to wait for --min-np slots: seconds, or 90s, 10m, 1h (default 10m)")
     elastic.add_argument("--reset-limit", type=int, default=None, help="most restarts before the job fails")
     elastic.add_argument("--blacklist-cooldown-range", nargs=2, default=None, metavar=("LOW", "HIGH"),
                          help="a failed host comes back after a random LOW..HIGH seconds (default: never)")
@@ -175,31 +205,27 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def settings(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
-    """The ``COMMLIB_*`` variables the flags set for every rank, and a warning for each flag commlib cannot
-    honour."""
-    env: dict[str, str] = {}
-    if args.fusion_threshold_mb is not None:
-        env["COMMLIB_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * (1 << 20)))
-    if args.cycle_time_ms is not None:
-        env["COMMLIB_CYCLE_TIME"] = _number(args.cycle_time_ms)
-    if args.cache_capacity is not None:
-        env["COMMLIB_CACHE_CAPACITY"] = str(args.cache_capacity)
+    """The ``COMMLIB_*`` variables the flags set for every rank (written by :func:`commlib.config.environment`,
+    so each is what ``init()`` reads), and a warning for each flag commlib cannot honour. A value the
+    setting's parser refuses is a :class:`UsageError` naming the flag and the variable."""
+    values: dict[str, object] = {}
+    flags: dict[str, str] = {}
+    for dest, (attr, value_of) in SETTING_FLAGS.items():
+        given = getattr(args, dest)
+        if given is not None and given != "":
+            values[attr], flags[attr] = value_of(given), "--" + dest.replace("_", "-")
     if args.hierarchical_allreduce:
-        env["COMMLIB_ALGORITHM"] = "hierarchical"
+        values["algorithm"], flags["algorithm"] = "hierarchical", "--hierarchical-allreduce"
     if args.torus_allreduce:
-        env["COMMLIB_ALGORITHM"] = "torus2d"
-    if args.timeline_filename:
-        env["COMMLIB_TIMELINE"] = args.timeline_filename
-    if args.timeline_mark_cycles is not None:
-        env["COMMLIB_TIMELINE_MARK_CYCLES"] = "1" if args.timeline_mark_cycles else "0"
+        values["algorithm"], flags["algorithm"] = "torus2d", "--torus-allreduce"
     if args.stall_check is False:
-        env["COMMLIB_STALL_CHECK_TIME"] = "0"
-    if args.stall_check_warning_time_seconds is not None:
-        env["COMMLIB_STALL_CHECK_TIME"] = _number(args.stall_check_warning_time_seconds)
-    if args.stall_check_shutdown_time_seconds is not None:
-        env["COMMLIB_STALL_SHUTDOWN_TIME"] = _number(args.stall_check_shutdown_time_seconds)
-    if args.num_nccl_streams is not None:
-        env["COMMLIB_NUM_STREAMS"] = str(args.num_nccl_streams)
+        values["stall_check_time_s"], flags["stall_check_time_s"] = 0.0, "--no-stall-check"
+    env: dict[str, str] = {}
+    for attr, value in values.items():
+        try:
+            env.update(environment(**{attr: value}))
+        except ConfigError as exc:
+            raise UsageError(f"{flags[attr]}: {exc}") from None
     warnings = []
     for attr, variable in _IGNORED_FLAGS.items():
         value = getattr(args, attr)
@@ -211,7 +237,3 @@ def settings(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
         warnings.append("--prefix-output-with-timestamp is not honoured: MPICH's hydra has no timestamp option "
                         "(Open MPI's --timestamp-output can go in --mpi-args)")
     return env, warnings
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)

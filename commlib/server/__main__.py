@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     config = Config.load()
     try:
         server = open_server(MPI.COMM_WORLD, config.server_transport, config.start_timeout_s,
-                             config.server_tcp_congestion)
+                             config.server_tcp_congestion, config.network_interface or "")
     except StartError as exc:
         print(f"commlib-server: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -5,9 +5,9 @@ partitions and placed on the servers by the same rule as push_pull (:func:`.prot
 :func:`.protocol.server_of`). Per partition a server keeps the parameters' values and, per worker, the last
 round it pushed (its *clock*).
 
-Messages (tags in :mod:`.protocol`; every header is a pickled :class:`GeoMessage` on ``TAG_GEO``, its values
-follow on ``TAG_GEO_DATA``; MPI keeps one sender's messages on one tag in order, so a server matches each
-header's values by posting its receive right after reading the header):
+Messages (:class:`.protocol.GeoMessage` headers on ``TAG_GEO``, their values on ``TAG_GEO_DATA``; MPI
+keeps one sender's messages on one tag in order, so a server matches each header's values by posting
+their receive right after reading the header):
 
 - ``open`` (worker 0 only, with the initial values): the partition's starting point and declaration;
 - ``push`` (with a delta): ``values += delta``, the worker's clock becomes ``round``; the server answers
@@ -19,8 +19,12 @@ header's values by posting its receive right after reading the header):
   A worker's process that exits (``TAG_EXIT``) leaves every table. A partition every worker left is
   forgotten.
 
-Answers: a pickled :class:`GeoReply` on ``TAG_GEO_REPLY`` (``values``, then the values on
+Answers: a :class:`.protocol.GeoReply` on ``TAG_GEO_REPLY`` (``values``, then the values on
 ``TAG_GEO_VALUES``; ``waiting``; or ``error``, when the push's declaration differs from the table's).
+
+Nothing a worker sends is trusted: a header from a rank that is not a worker, or naming another worker,
+or that does not decode within its bounds, is dropped with a log line; values that are not as long as
+their header said are refused, naming the worker. Only worker 0 opens a table.
 
 Pushes that arrive before worker 0's ``open`` (another worker is faster) wait for it. Nothing here is
 started at import; the server loop (:mod:`.loop`) calls :meth:`GeoStore.progress` and
@@ -29,7 +33,6 @@ started at import; the server loop (:mod:`.loop`) calls :meth:`GeoStore.progress
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -38,8 +41,9 @@ from mpi4py import MPI
 
 from .. import kernels
 from ..ops import ReduceOp
-from . import protocol
+from . import mpi_messages, protocol
 from .discovery import Job
+from .protocol import GeoMessage, GeoReply
 
 log = logging.getLogger("commlib.server")
 
@@ -47,45 +51,7 @@ log = logging.getLogger("commlib.server")
 #: worker's COMMLIB_SERVER_TIMEOUT then catches a dead or stopped server, not a slow worker.
 HEARTBEAT_S = 1.0
 #: Values dtypes a table may have.
-DTYPES = {np.dtype(t).name: np.dtype(t) for t in (np.float32, np.float64)}
-
-
-@dataclasses.dataclass(frozen=True)
-class GeoMessage:
-    """A worker's message about partition ``part`` of table ``key``: ``kind`` (open, push, pull, leave);
-    ``total``/``count``/``dtype``: the table's and this partition's element counts and dtype;
-    ``staleness``: the bound in rounds (-1: unbounded); ``round``: the push's round (from 1)."""
-
-    kind: str
-    key: str
-    part: int
-    total: int
-    count: int
-    dtype: str
-    staleness: int
-    worker: int
-    round: int = 0
-
-    def declaration(self) -> tuple:
-        return (self.total, self.count, self.dtype, self.staleness)
-
-    def describe(self) -> str:
-        bound = "unbounded" if self.staleness < 0 else str(self.staleness)
-        return f"{self.dtype}[{self.total}] (partition of {self.count}), staleness {bound}"
-
-
-@dataclasses.dataclass(frozen=True)
-class GeoReply:
-    """A server's answer about partition ``part`` of ``key`` to one worker: ``kind`` values (the values
-    follow), waiting (``text`` names whom it waits for) or error (``text``); ``round`` echoes the push's;
-    ``slowest``: the lowest clock among the workers that have not left, when answered."""
-
-    kind: str
-    key: str
-    part: int
-    round: int = 0
-    slowest: int = 0
-    text: str = ""
+DTYPES = {name: np.dtype(name) for name in protocol.GEO_DTYPES}
 
 
 class _Partition:
@@ -119,6 +85,7 @@ class GeoStore:
         self.worker_of_rank = {r: i for i, r in enumerate(job.workers)}
         self.parts: dict[tuple[str, int], _Partition] = {}
         self.receiving: list[tuple[MPI.Request, GeoMessage, np.ndarray]] = []
+        self.dropped = 0  # malformed messages dropped (the log says what each was)
         self.sending: list[tuple[MPI.Request, int]] = []  # (request, worker)
         self.exited: set[int] = set()
         self.status = MPI.Status()
@@ -150,13 +117,15 @@ class GeoStore:
     # -- messages -----------------------------------------------------------------------------------------
     def _headers(self) -> bool:
         moved = False
-        while True:
-            message = self.comm.improbe(MPI.ANY_SOURCE, protocol.TAG_GEO, self.status)
-            if message is None:
-                return moved
-            source = self.status.Get_source()
-            msg: GeoMessage = message.recv()
+        for source, msg in mpi_messages.arrived(self.comm, protocol.TAG_GEO, self.status, GeoMessage):
             moved = True
+            try:
+                msg = self._admit(source, msg)
+            except protocol.ProtocolError as exc:
+                self.dropped += 1
+                log.error("commlib server %d: dropped a malformed Geo-SGD message from rank %d: %s", self.index,
+                          source, exc)
+                continue
             key = (msg.key, msg.part)
             if msg.kind in ("open", "push"):  # post the values' receive now: the next on TAG_GEO_DATA
                 buf = np.empty(msg.count, DTYPES[msg.dtype])  # the worker sends float32 or float64 only
@@ -170,6 +139,19 @@ class GeoStore:
                     self._answer(msg.key, msg.part, part, [(msg.worker, 0)])
             elif msg.kind == "leave":
                 self._leave(key, msg.worker)
+        return moved
+
+    def _admit(self, source: int, msg: GeoMessage | protocol.ProtocolError) -> GeoMessage:
+        """``msg`` (as decoded) from rank ``source``, if the protocol allows it from there."""
+        worker = self.worker_of_rank.get(source)
+        if worker is None:
+            raise protocol.ProtocolError("a Geo-SGD message from a rank that is not a worker")
+        if isinstance(msg, protocol.ProtocolError):
+            raise msg
+        if msg.worker != worker or (msg.kind == "open" and worker != 0):
+            raise protocol.ProtocolError(f"a Geo-SGD {msg.kind} of {msg.key!r} naming worker {msg.worker} from "
+                                         f"worker {worker} (only worker 0 opens a table)")
+        return msg
 
     def _part(self, key: tuple[str, int]) -> _Partition:
         part = self.parts.get(key)
@@ -181,14 +163,19 @@ class GeoStore:
     def _received(self) -> bool:
         if not self.receiving:
             return False
-        done = MPI.Request.Testsome([r for r, *_ in self.receiving])
+        done = mpi_messages.test_some([r for r, *_ in self.receiving])
         if not done:
             return False
-        finished = [self.receiving[i] for i in sorted(done)]
-        gone = set(done)
+        finished = [self.receiving[i] + (nbytes,) for i, nbytes in sorted(done)]
+        gone = {i for i, _ in done}
         self.receiving = [item for i, item in enumerate(self.receiving) if i not in gone]
-        for _, msg, buf in finished:
+        for _, msg, buf, nbytes in finished:
             key = (msg.key, msg.part)
+            if nbytes != buf.nbytes:
+                self._refuse(msg, f"Geo-SGD table {msg.key!r} partition {msg.part}: worker {msg.worker}'s {msg.kind} "
+                                  f"carried {nbytes if nbytes >= 0 else 'more'} bytes of values, its header declared "
+                                  f"{buf.nbytes}")
+                continue
             part = self._part(key)
             if msg.kind == "open":
                 if part.values is not None:
@@ -240,8 +227,8 @@ class GeoStore:
             if worker in self.exited:
                 continue
             rank = self.job.workers[worker]
-            self.sending.append((self.comm.isend(GeoReply("values", name, index, rnd, slowest), dest=rank,
-                                                 tag=protocol.TAG_GEO_REPLY), worker))
+            reply = GeoReply("values", name, index, rnd, slowest, nbytes=snapshot.nbytes).encode()
+            self.sending.append((mpi_messages.post(self.comm, reply, rank, protocol.TAG_GEO_REPLY), worker))
             self.sending.append((self.comm.Isend(snapshot.view(np.uint8), dest=rank, tag=protocol.TAG_GEO_VALUES),
                                  worker))
 
@@ -249,8 +236,8 @@ class GeoStore:
         log.warning("commlib server %d: %s", self.index, text)
         if msg.worker in self.exited:
             return
-        self.sending.append((self.comm.isend(GeoReply("error", msg.key, msg.part, msg.round, 0, text),
-                                             dest=self.job.workers[msg.worker], tag=protocol.TAG_GEO_REPLY),
+        reply = GeoReply("error", msg.key, msg.part, msg.round, 0, protocol.cut(text)).encode()
+        self.sending.append((mpi_messages.post(self.comm, reply, self.job.workers[msg.worker], protocol.TAG_GEO_REPLY),
                              msg.worker))
 
     def _leave(self, key: tuple[str, int], worker: int) -> None:
@@ -274,9 +261,9 @@ class GeoStore:
                 waits = part.lagging(rnd - bound)
                 text = (f"round {rnd} is held until worker(s) {waits} push round {rnd - bound} "
                         f"(staleness {bound})")
-                reply = GeoReply("waiting", name, index, rnd, part.slowest(), text)
-                self.sending.append((self.comm.isend(reply, dest=self.job.workers[worker],
-                                                     tag=protocol.TAG_GEO_REPLY), worker))
+                reply = GeoReply("waiting", name, index, rnd, min(part.slowest(), 1 << 31), protocol.cut(text))
+                self.sending.append((mpi_messages.post(self.comm, reply.encode(), self.job.workers[worker],
+                                                       protocol.TAG_GEO_REPLY), worker))
 
     def _sent(self) -> bool:
         if not self.sending:

@@ -16,6 +16,13 @@ polled: 1 ms sleeps there cost push_pull a third of its rate); idle, it yields, 
 (``coordinator.backoff``). Over TCP (:mod:`.tcp`, the default), each worker's connection has a thread that
 receives its pushes and adds them (under one lock, which the kernels' sums hold without the GIL), and a
 thread that sends its answers; the main thread serves the control messages and Geo-SGD over MPI.
+
+Nothing a worker sends is trusted (:mod:`.protocol`): a header is read as fixed binary fields within its
+kind's bounds, a push must come from the worker it names and declare no more contributors than the job
+has workers, and its data must be as long as its header says. A malformed header is dropped with a log
+line naming its sender (over TCP the connection it came on is closed: it is out of step); a push whose
+data does not match its header refuses its round, as a declaration that differs between workers does.
+Either way the server goes on serving every other worker.
 """
 
 from __future__ import annotations
@@ -32,19 +39,20 @@ from mpi4py import MPI
 from .. import kernels
 from ..compression import pushed
 from ..coordinator.backoff import Backoff, yield_core
-from ..dtypes import BFLOAT16, HALF
+from ..dtypes import HALF, TABLE
 from ..ops import ReduceOp
-from . import protocol, tcp
+from . import mpi_messages, protocol, tcp
 from .discovery import SERVER, Job, job as find_job
 from .geo import GeoStore
 
 log = logging.getLogger("commlib.server")
 
-_WIRE = {np.dtype(t).name: np.dtype(t) for t in (np.float16, np.float32, np.float64, np.uint8, np.int8,
-                                                 np.int16, np.int32, np.int64)}
-_WIRE[BFLOAT16.name] = BFLOAT16
+_WIRE = {row.name: row.numpy for row in TABLE if row.name in protocol.WIRE_DTYPES}
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
+#: Connections one worker may hold open to a server at once: one per runtime, and a runtime's closing one
+#: beside its successor's; a worker index that opens more is refused (each holds a thread and a buffer).
+LINKS_PER_WORKER = 4
 
 
 class _Pool:
@@ -90,25 +98,31 @@ class _Link:
 
 
 def open_server(comm: "MPI.Comm", transport: str, start_timeout_s: float = 0.0,
-                congestion: str = tcp.CONGESTION) -> "Server":
+                congestion: str = tcp.CONGESTION, interface: str = "") -> "Server":
     """This process as a summation server of the job over ``comm`` (collective with the workers' first
-    ``init()``): with ``transport`` "tcp" it listens first (its connections with ``congestion``) and
-    reports where (:mod:`.tcp`)."""
-    listener, endpoint = tcp.listen(congestion) if transport == "tcp" else (None, None)
+    ``init()``): with ``transport`` "tcp" it listens on the job's interface (``interface`` names it, if
+    set; :func:`.tcp.job_addresses`), its connections with ``congestion``, and reports where."""
+    listeners: list[socket.socket] = []
+
+    def listen(addresses: tuple[str, ...]) -> tcp.Endpoint:
+        sockets, endpoint = tcp.listen(addresses, congestion)
+        listeners.extend(sockets)
+        return endpoint
+
     try:
-        layout = find_job(comm, SERVER, start_timeout_s, endpoint)
+        layout = find_job(comm, SERVER, start_timeout_s, listen if transport == "tcp" else None, interface)
     except BaseException:
-        if listener is not None:
+        for listener in listeners:
             listener.close()
         raise
-    return Server(layout, listener=listener)
+    return Server(layout, listeners=listeners)
 
 
 class Server:
     """The loop of one summation server on ``job`` (this process is one of ``job.servers``); with
-    ``listener`` (:func:`open_server`) push_pull's data comes over TCP."""
+    ``listeners`` (:func:`open_server`) push_pull's data comes over TCP."""
 
-    def __init__(self, job: Job, max_sleep_s: float = 1e-3, listener: socket.socket | None = None):
+    def __init__(self, job: Job, max_sleep_s: float = 1e-3, listeners: list[socket.socket] = ()):
         self.job = job
         self.comm = job.full
         self.index = job.servers.index(self.comm.Get_rank())
@@ -128,12 +142,13 @@ class Server:
         self.trace: list | None = None
         # TCP: the round state is shared by the connections' threads (the lock also covers the pool)
         self._lock = threading.Lock()
-        self.listener = listener
-        self.endpoint = job.endpoints[job.servers[self.index]] if listener is not None else None
+        self.listeners = list(listeners)
+        self.endpoint = job.endpoints[job.servers[self.index]] if self.listeners else None
         self.links: list[_Link] = []
         self.unsent = 0  # answers queued on links, not yet sent (under the lock)
-        if listener is not None:
-            self._spawn(self._accept, "commlib-server-accept")
+        self.dropped = 0  # malformed messages dropped (the log says what each was)
+        for listener in self.listeners:
+            self._spawn(self._accept, "commlib-server-accept", listener)
 
     # -- the loop ---------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -148,31 +163,41 @@ class Server:
                 yield_core()  # transfers under way progress only while MPI is polled: never sleep then
             else:
                 self.backoff.pause(now - last)
-        self._close_links()
+        self.close()
         log.info("commlib server %d: every worker exited after %d rounds", self.index, self.rounds_done)
 
     def _headers(self) -> bool:
         moved = False
-        while True:
-            message = self.comm.improbe(MPI.ANY_SOURCE, protocol.TAG_PUSH, self.status)
-            if message is None:
-                return moved
-            source = self.status.Get_source()
-            push = message.recv()
+        for source, push in mpi_messages.arrived(self.comm, protocol.TAG_PUSH, self.status, protocol.Push):
             moved = True
-            self._start(push, source)
+            try:
+                worker = self._sender(source)
+                if isinstance(push, protocol.ProtocolError):
+                    raise push
+                push = self._admit(push, worker)
+            except protocol.ProtocolError as exc:
+                self._drop(f"rank {source}", exc)
+                continue
+            self._start(push, source, worker)
+        return moved
 
     def _control(self) -> bool:
         moved = False
         for tag in (protocol.TAG_BYE, protocol.TAG_EXIT):
             while True:
-                message = self.comm.improbe(MPI.ANY_SOURCE, tag, self.status)
-                if message is None:
+                got = mpi_messages.receive(self.comm, tag, self.status, 0)
+                if got is None:
                     break
-                source = self.status.Get_source()
-                message.recv()
                 moved = True
-                worker = self.worker_of_rank[source]
+                source, data = got
+                try:
+                    worker = self._sender(source)
+                    if data is None:
+                        raise protocol.ProtocolError(f"{'a bye' if tag == protocol.TAG_BYE else 'an exit'} notice "
+                                                     "that is not empty")
+                except protocol.ProtocolError as exc:
+                    self._drop(f"rank {source}", exc)
+                    continue
                 if tag == protocol.TAG_BYE:
                     self._bye(worker)
                 else:
@@ -180,12 +205,33 @@ class Server:
                     self.geo.exit(worker)
         return moved
 
+    def _sender(self, source: int) -> int:
+        """The worker index of the rank ``source``; :class:`.protocol.ProtocolError` for a rank that is
+        not a worker."""
+        worker = self.worker_of_rank.get(source)
+        if worker is None:
+            raise protocol.ProtocolError(f"a worker's message from rank {source}, which is not a worker")
+        return worker
+
+    def _admit(self, push: protocol.Push, worker: int) -> protocol.Push:
+        """``push`` (decoded) if it may come from ``worker`` in this job; else :class:`.protocol.ProtocolError`."""
+        if push.worker != worker or push.contributors > len(self.job.workers):
+            raise protocol.ProtocolError(f"push {push.key!r} names worker {push.worker} and {push.contributors} "
+                                         f"contributors; it came from worker {worker} of a job of "
+                                         f"{len(self.job.workers)}")
+        return push
+
+    def _drop(self, sender: str, error: Exception) -> None:
+        """Log a malformed message (dropped) from ``sender``."""
+        self.dropped += 1
+        log.error("commlib server %d: dropped a malformed message from %s: %s", self.index, sender, error)
+
     # -- pushes -----------------------------------------------------------------------------------------
-    def _start(self, push: protocol.Push, source: int) -> None:
+    def _start(self, push: protocol.Push, source: int, worker: int) -> None:
         """A header arrived: post the receive of its data (always: the worker's send must complete)."""
         buf = self._buffer(push)
         request = self.comm.Irecv(buf.view(np.uint8), source=source, tag=push.slot)
-        self.receiving.append((request, push, buf, self._register(push, self.worker_of_rank[source], source)))
+        self.receiving.append((request, push, buf, self._register(push, worker, source)))
 
     def _buffer(self, push: protocol.Push) -> np.ndarray:
         """Where a push's data is received."""
@@ -218,20 +264,31 @@ class Server:
     def _received(self) -> bool:
         if not self.receiving:
             return False
-        done = MPI.Request.Testsome([r for r, *_ in self.receiving])
+        done = mpi_messages.test_some([r for r, *_ in self.receiving])
         if not done:
             return False
-        finished = [self.receiving[i] for i in done]
-        keep = set(done)
+        finished = [self.receiving[i] + (nbytes,) for i, nbytes in done]
+        keep = {i for i, _ in done}
         self.receiving = [item for i, item in enumerate(self.receiving) if i not in keep]
-        for _, push, buf, counted in finished:
+        for _, push, buf, counted, nbytes in finished:
             if self.trace is not None:
                 self.trace.append((time.monotonic(), "received", push.worker, push.key, push.part))
+            if nbytes != buf.nbytes and counted:
+                self._mislength(push, nbytes if nbytes >= 0 else "more")
             if counted:
                 self._add(push, buf)
             else:
                 self.pool.give(buf)
         return True
+
+    def _mislength(self, push: protocol.Push, got) -> None:
+        """``push``'s data was not as long as its header declared: its round is refused (under the lock)."""
+        log.error("commlib server %d: worker %d's push %r partition %d carried %s bytes, its header declared %d",
+                  self.index, push.worker, push.key, push.part, got, push.data_bytes)
+        rnd = self.rounds.get((push.key, push.part))
+        if rnd is not None and not rnd.error:
+            rnd.error = (f"push_pull {push.key!r} partition {push.part}: worker {push.worker}'s push carried {got} "
+                         f"bytes, its header declared {push.data_bytes}; the push was corrupted")
 
     def _add(self, push: protocol.Push, buf: np.ndarray) -> None:
         key = (push.key, push.part)
@@ -305,7 +362,8 @@ class Server:
             if isinstance(dest, _Link):
                 self._queue(dest, (slot, text, None))
             else:
-                self.sending.append((self.comm.isend((slot, text), dest=dest, tag=protocol.TAG_ERROR), None))
+                refusal = protocol.Refusal(slot, protocol.cut(text)).encode()
+                self.sending.append((mpi_messages.post(self.comm, refusal, dest, protocol.TAG_ERROR), None))
 
     def _sent(self) -> bool:
         if not self.sending:
@@ -341,11 +399,11 @@ class Server:
     def _spawn(self, target, name: str, *args) -> None:
         threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         """Take the workers' connections (each runtime of each worker opens one per server)."""
         while True:
             try:
-                conn, _ = self.listener.accept()
+                conn, _ = listener.accept()
             except OSError:  # closed: the server is exiting
                 return
             self._spawn(self._welcome, "commlib-server-hello", conn)  # a silent peer holds only its thread
@@ -358,7 +416,15 @@ class Server:
             return
         link = _Link(conn, worker)
         with self._lock:  # a worker's earlier runtimes' connections have ended
-            self.links = [old for old in self.links if not old.closed] + [link]
+            self.links = [old for old in self.links if not old.closed]
+            crowded = sum(old.worker == worker for old in self.links) >= LINKS_PER_WORKER
+            if not crowded:
+                self.links.append(link)
+        if crowded:
+            self._drop(f"worker {worker}", protocol.ProtocolError(f"a connection beyond the {LINKS_PER_WORKER} "
+                                                                  "a worker may hold open"))
+            conn.close()
+            return
         self._spawn(self._receive, f"commlib-server-recv-{worker}", link)
         self._spawn(self._answer, f"commlib-server-send-{worker}", link)
 
@@ -367,16 +433,18 @@ class Server:
         conn = link.conn
         try:
             while True:
-                kind, push, size = tcp.recv_head(conn)
-                if kind != tcp.PUSH or not isinstance(push, protocol.Push):
-                    raise ConnectionError(f"unexpected frame kind {kind}")
+                push, size = tcp.recv_head(conn, (protocol.Push,))
+                self._admit(push, link.worker)
                 with self._lock:
                     buf = self._buffer(push)
                     counted = self._register(push, link.worker, link)
-                if buf.nbytes != size:
-                    raise ConnectionError(f"push {push.key!r} partition {push.part} carries {size} bytes, its "
-                                          f"header declares {buf.nbytes}")
-                tcp.recv_exact(conn, memoryview(buf.view(np.uint8)))
+                if buf.nbytes != size:  # bounded by the frame's check: read and drop it, refuse the round
+                    tcp.discard(conn, size)
+                    if counted:
+                        with self._lock:
+                            self._mislength(push, size)
+                else:
+                    tcp.recv_exact(conn, memoryview(buf.view(np.uint8)))
                 if self.trace is not None:
                     self.trace.append((time.monotonic(), "received", push.worker, push.key, push.part))
                 with self._lock:
@@ -384,10 +452,10 @@ class Server:
                         self._add(push, buf)
                     else:
                         self.pool.give(buf)
-        except (OSError, EOFError) as exc:  # the worker closed its connection (its runtime shut down)
+        except protocol.ProtocolError as exc:  # a malformed frame: this connection is unusable, the server goes on
+            self._drop(f"worker {link.worker}'s connection (closed)", exc)
+        except OSError as exc:  # the worker closed its connection (its runtime shut down)
             log.debug("commlib server %d: worker %d's connection ended: %s", self.index, link.worker, exc)
-        except Exception as exc:  # a malformed frame: this connection is unusable, the server goes on
-            log.error("commlib server %d: dropping worker %d's connection: %r", self.index, link.worker, exc)
         finally:
             with self._lock:
                 link.closed = True
@@ -408,9 +476,9 @@ class Server:
             if not broken:
                 try:
                     if holder is None:  # a refused round: the message
-                        tcp.send_frame(conn, tcp.ERROR, (slot, answer))
+                        tcp.send_frame(conn, tcp.REFUSAL, protocol.Refusal(slot, protocol.cut(answer)).encode())
                     else:
-                        tcp.send_frame(conn, tcp.ANSWER, slot, answer.view(np.uint8))
+                        tcp.send_frame(conn, tcp.ANSWER, protocol.Answer(slot).encode(), answer.view(np.uint8))
                 except OSError:  # the worker went away; what is queued for it is dropped
                     broken = True
             with self._lock:
@@ -426,11 +494,12 @@ class Server:
         self.unsent += 1
         link.out.put(item)
 
-    def _close_links(self) -> None:
+    def close(self) -> None:
         """Stop taking connections and close the workers' (the server is exiting)."""
-        if self.listener is None:
+        if not self.listeners:
             return
-        self.listener.close()
+        for listener in self.listeners:
+            listener.close()
         with self._lock:
             links = list(self.links)
         for link in links:

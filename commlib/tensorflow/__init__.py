@@ -26,7 +26,7 @@ from .collectives import (
 from .compression import Compression
 from .functions import (allgather_object, broadcast_global_variables, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
-from .gradients import DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape
+from .optimizer import DistributedGradientTape, DistributedOptimizer, PartialDistributedGradientTape
 # Horovod's underscore names, which horovod.tensorflow re-exports (scripts and Horovod's tests use them)
 from .bridge import executing_eagerly as _executing_eagerly  # noqa: F401
 from .mpi_ops import allreduce_op as _allreduce, grouped_allreduce_op as _grouped_allreduce  # noqa: F401

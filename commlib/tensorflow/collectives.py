@@ -63,12 +63,6 @@ def _dense(tensors: Sequence, op, prescale_factor, postscale_factor, name, proce
     return out
 
 
-def excluded(process_set) -> bool:
-    """True when ``process_set`` is a registered set this rank is not part of (the tensor passes through
-    unchanged, as Horovod's gradient reductions do)."""
-    return process_set is not None and process_set is not _cl.global_process_set and not process_set.included()
-
-
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, process_set=_cl.global_process_set,
                       ignore_name_scope=False, name=None) -> list:

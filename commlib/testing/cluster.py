@@ -137,10 +137,10 @@ def _remove_cluster(state_dir: Path) -> list[str]:
         state = {"name": state_dir.name, "hosts": []}
     errors = netns.destroy(state["name"], state["hosts"] or
                            [ns for ns in netns.namespaces() if ns.startswith(state["name"] + "-")])
-    if not errors:
-        for child in state_dir.iterdir():
-            child.unlink()
-        state_dir.rmdir()
+    if not errors:  # with what daemons kept there (Slurm's spool, Ray's temporary files: testing/slurm.py, ray.py)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        if state_dir.exists():
+            errors.append(f"cannot remove {state_dir}")
     return errors
 
 

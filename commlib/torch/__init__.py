@@ -30,5 +30,6 @@ from .functions import allgather_object, broadcast_object, broadcast_optimizer_s
 from .optimizer import DistributedOptimizer
 from .push_pull import declare, push_pull, push_pull_async, push_pull_async_inplace, push_pull_inplace
 from .sync_batch_norm import SyncBatchNorm
-from .tensors import DeviceNotSupportedError
+from .bridge import DeviceNotSupportedError
 from . import elastic  # noqa: E402 (hvd.elastic.run, TorchState, ElasticSampler)
+from . import distributed  # noqa: E402 (registers the torch.distributed backend "commlib")

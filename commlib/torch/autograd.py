@@ -24,7 +24,7 @@ import commlib as _cl
 from . import collectives as C
 from .. import validation
 from .collectives import Average, Compression, Sum, resolve_op, set_rank, set_size
-from .tensors import check_tensor
+from .bridge import check_tensor
 
 
 def _checked(tensor, name, what):

@@ -9,12 +9,12 @@ warmup_steps)`` have the semantics of ``torch.distributed.algorithms.model_avera
 ``LocalSGDOptimizer(optimizer, averager)`` is ``PostLocalSGDOptimizer``: ``step()`` steps the local
 optimizer, then lets the averager average the parameters.
 
-Groups. Averaging over all ranks is a commlib grouped allreduce (the coordinator, fusion and the chosen
-algorithm). Smaller groups (ranks ``[i*g, (i+1)*g)``; a host's ranks when ``g`` is ``local_size()``) use
-MPI sub-communicators that the averager splits from commlib's communicator when it is created (a
-collective call: create averagers on every rank in the same order) and frees in ``close()``; process sets
-will replace them once commlib has them. They need MPI_THREAD_MULTIPLE (commlib's background thread keeps
-using MPI meanwhile).
+Groups. Every average is a commlib grouped allreduce (the coordinator, fusion, the chosen algorithm, and
+``COMMLIB_TIMEOUT`` on every wait: a lost peer is ``PeerLostError`` on every live rank). Over all ranks it
+runs on the world; a smaller group size ``g`` gets one process set per group (ranks ``[i*g, (i+1)*g)``; a
+host's ranks when ``g`` is ``local_size()``), whose own coordinator averages within it with the algorithm
+its shape calls for. The sets are added when the averager is created (collective: create averagers on every
+rank in the same order) and removed by ``close()``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class ModelAverager:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.warmup_steps = int(warmup_steps)
         self.step = 0
-        self._comms = {}  # group size -> MPI sub-communicator (sizes smaller than size())
+        self._groups: dict[int, _cl.ProcessSet] = {}  # group size -> this rank's group (sizes below size())
+        self._added: list[_cl.ProcessSet] = []  # every process set this averager registered, in order
 
     def average_parameters(self, params) -> None:
         raise NotImplementedError
@@ -55,39 +56,36 @@ class ModelAverager:
         tensors = [p.data for p in _parameters(params)]
         if not tensors or group_size == 1:
             return
-        if group_size == _cl.size():
-            C.grouped_allreduce_(tensors, op=C.Average, name=f"localsgd.{type(self).__name__}")
-            return
-        from mpi4py import MPI
+        group = None if group_size == _cl.size() else self._groups[group_size]
+        C.grouped_allreduce_(tensors, op=C.Average, name=f"localsgd.{type(self).__name__}", process_set=group)
 
-        flat = torch.cat([t.reshape(-1) for t in tensors]).to(torch.float64)
-        self._comms[group_size].Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
-        flat /= group_size
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-
-    def _split(self, group_size: int) -> None:
-        """Create the sub-communicator of ``group_size`` consecutive ranks (collective over all ranks)."""
+    def _add_groups(self, group_size: int) -> None:
+        """Register the process sets of ``group_size`` consecutive ranks (collective over all ranks)."""
         size = _cl.size()
         if group_size < 1 or size % group_size:
             raise ValueError(f"a group size must divide the number of ranks ({size}), got {group_size}")
-        if group_size in (1, size) or group_size in self._comms:
+        if group_size in (1, size) or group_size in self._groups:
             return
-        from mpi4py import MPI
-
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            raise RuntimeError("averaging within groups needs MPI_THREAD_MULTIPLE (commlib's thread uses MPI "
-                               "meanwhile); this MPI gave less. Average over all ranks instead")
-        base = _cl.api._rt().comm
-        self._comms[group_size] = base.Split(base.Get_rank() // group_size, base.Get_rank())
+        for start in range(0, size, group_size):
+            try:
+                group = _cl.add_process_set(range(start, start + group_size))
+            except _cl.ProcessSetError as exc:  # every rank raises alike: take back what this averager added
+                self.close()
+                raise _cl.ProcessSetError(f"{type(self).__name__} cannot register its group of ranks "
+                                          f"{list(range(start, start + group_size))}: {exc}. close() any other "
+                                          "averager with this group size, or remove your own set of these "
+                                          "ranks, first") from exc
+            self._added.append(group)
+            if group.included():
+                self._groups[group_size] = group
 
     def close(self) -> None:
-        """Free the sub-communicators (call on every rank, before ``shutdown()``)."""
-        for comm in self._comms.values():
-            comm.Free()
-        self._comms.clear()
+        """Remove the averager's process sets (call on every rank, before ``shutdown()``)."""
+        if _cl.is_initialized():
+            for group in reversed(self._added):
+                _cl.remove_process_set(group)
+        self._added.clear()
+        self._groups.clear()
 
 
 class PeriodicModelAverager(ModelAverager):
@@ -137,7 +135,7 @@ class HierarchicalModelAverager(ModelAverager):
                              f"{list(period_group_size_dict.values())[-1]}")
         self.period_group_size_dict = OrderedDict(period_group_size_dict)
         for group_size in self.period_group_size_dict.values():
-            self._split(int(group_size))
+            self._add_groups(int(group_size))
 
     def _group_size(self) -> int | None:
         for period in reversed(self.period_group_size_dict):

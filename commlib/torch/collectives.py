@@ -25,7 +25,7 @@ from .. import validation
 from ..ops import ReduceOp, as_op
 from ..frameworks import (compress, decompress, horovod_style, resolve_op, set_kwargs, set_rank,  # noqa: F401
                           set_size, wire)
-from .tensors import NUMPY_DTYPES, as_array, as_tensor, check_tensor
+from .bridge import NUMPY_DTYPES, as_array, as_tensor, check_tensor
 
 from ..frameworks import Adasum, Average, Max, Min, Product, Sum  # noqa: F401  (Horovod's names)
 Compression = _cl.Compression

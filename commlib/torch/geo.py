@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ..geo import _DEFAULT, GeoSGD as _GeoCore
+from ..geo import FROM_CONFIG, GeoSGD as _GeoCore
 from .local_optimizer import LocalOptimizerWrapper
-from .tensors import DeviceNotSupportedError
+from .bridge import DeviceNotSupportedError
 
 
 class GeoSGD(LocalOptimizerWrapper):
@@ -35,7 +35,7 @@ class GeoSGD(LocalOptimizerWrapper):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_parameters=None, k: int | None = None,
-                 staleness=_DEFAULT, average: bool = True, overlap: bool = True, name: str = "geo"):
+                 staleness=FROM_CONFIG, average: bool = True, overlap: bool = True, name: str = "geo"):
         super().__init__(optimizer, "would also average the gradients every step, synchronously")
         if named_parameters is None:
             params = [p for group in optimizer.param_groups for p in group["params"]]

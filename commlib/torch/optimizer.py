@@ -34,7 +34,7 @@ from .. import validation
 from . import collectives as C
 from ..frameworks import split_evenly
 from .collectives import Adasum, Average, Compression, Sum, resolve_op, set_kwargs, set_size
-from .tensors import NUMPY_DTYPES
+from .bridge import NUMPY_DTYPES
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -603,7 +603,7 @@ class _Unit(tuple):
 
 
 _STRIDED = torch.strided
-#: dtypes whose CPU tensors ``.numpy()`` views as they are (bfloat16 needs a view of its bits: commlib.torch.tensors)
+#: dtypes whose CPU tensors ``.numpy()`` views as they are (bfloat16 needs a view of its bits: commlib.torch.bridge)
 _PLAIN_DTYPES = frozenset(d for d in NUMPY_DTYPES if d is not torch.bfloat16)
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import commlib as _cl
 
+from .bridge import as_array, as_tensor
 from .collectives import Compression, Handle, in_place_result
-from .tensors import as_array, as_tensor
 
 __all__ = ["declare", "push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace"]
 

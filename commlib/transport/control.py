@@ -1,4 +1,5 @@
-"""The coordinator's control channel: small pickled messages between ranks, never blocking.
+"""The coordinator's control channel: small messages between ranks, never blocking. A bare non-negative int
+(the common round message, a bit vector) travels as its bytes after a marker byte; anything else pickled.
 
 Kept apart from the data communicators so that negotiation traffic can never match a collective's
 messages. Besides round messages it carries two kinds of its own, on the same tag so that MPI keeps them
@@ -23,6 +24,17 @@ from .deadline import Deadline
 
 _TAG = 7
 _PICKLE = MPI.pickle  # mpi4py's own pickler: what lowercase receives unpickle with
+#: Round messages that are a bare int (a bit vector, the common message) travel as this byte and the int's
+#: bytes, without pickling; a pickle always starts with b"\x80" (protocol 2 and later), so a receiver tells
+#: them apart by their first byte.
+_RAW_INT = 0
+#: Messages up to this many bytes are received into a buffer kept for it, with a blocking receive once
+#: probed: a message this small travels eagerly, with its envelope, in every MPI. Longer ones are received
+#: under the deadline (their bytes may still be on a link that goes down).
+_SMALL = 256
+
+
+_ANY = MPI.ANY_SOURCE
 
 
 class _Notice:
@@ -54,6 +66,7 @@ class ControlChannel:
         self._sends: list[MPI.Request] = []
         self._held: list = []   # per send: the pickled bytes it reads from (post_all), or None
         self._status = MPI.Status()
+        self._small = bytearray(_SMALL)  # receives messages of up to _SMALL bytes (receive_all)
         self.notices: list[tuple[int, str, tuple]] = []  # read by receive_all, not yet taken
         self.farewells: set[int] = set()   # ranks whose goodbye has arrived
         # ranks lost for good (a PeerLostError named them): nothing more is sent to them. With hydra's
@@ -71,9 +84,13 @@ class ControlChannel:
             self._reap()
 
     def post_all(self, dests, message: Any) -> None:
-        """Send ``message`` to every rank of ``dests``, pickled once (what ``isend`` does per destination;
-        ``receive_all`` unpickles either alike)."""
-        data = _PICKLE.dumps(message)
+        """Send ``message`` to every rank of ``dests``, encoded once: a bare non-negative int as its bytes
+        (:data:`_RAW_INT`), anything else pickled (what ``isend`` does per destination); ``receive_all``
+        decodes either."""
+        if type(message) is int and message >= 0:
+            data = b"\x00" + message.to_bytes((message.bit_length() + 7) // 8, "little")
+        else:
+            data = _PICKLE.dumps(message)
         send, spec = self._comm.Isend, [data, MPI.BYTE]
         for dest in dests:
             if dest in self.unreachable:
@@ -96,13 +113,19 @@ class ControlChannel:
         """Every round message that has arrived, as (source, message), in arrival order per source
         (notices and goodbyes are kept aside)."""
         received = []
-        status = self._status
+        status, comm, small = self._status, self._comm, self._small
         while True:
-            msg = self._comm.improbe(source=MPI.ANY_SOURCE, tag=_TAG, status=status)
-            if msg is None:
+            if not comm.Iprobe(_ANY, _TAG, status):
                 return received
             source = status.Get_source()
-            message = self.deadline.wait_object(msg.irecv(), self._comm, "a coordinator message", (source,))
+            count = status.Get_count(MPI.BYTE)
+            if count <= _SMALL:  # probed, and small enough to have come with its envelope
+                comm.Recv([small, count, MPI.BYTE], source, _TAG)
+                message = (int.from_bytes(small[1:count], "little") if small[0] == _RAW_INT
+                           else _PICKLE.loads(small[:count]))
+            else:  # the first message from ``source`` on this tag: the one probed
+                msg = comm.improbe(source, _TAG)
+                message = self.deadline.wait_object(msg.irecv(), comm, "a coordinator message", (source,))
             kind = type(message)
             if kind is _Notice:
                 self.notices.append((source, message.text, message.lost))

@@ -216,3 +216,15 @@ def test_stall_shutdown_without_the_silent_rank(env):
     # one too, once it woke) passed its cases
     out = run_mpi(3, "coord_leave.py", "hold", env=env, timeout=90, expect_fail=True, cases=FAILS_NAMING_IT)
     assert "sent no coordinator message" in out, out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
+def test_a_rank_silent_between_rounds_is_given_up_on(env):
+    """The last rank goes silent after the others' round announcing a tensor it never submits, with no
+    round open (as a killed Ray actor did in an elastic run): the others start an empty round, it stays
+    unanswered, and they give up on it naming it, with COMMLIB_TIMEOUT and no stall shutdown time. Without
+    that round they would wait until it woke (and then go on as if nothing had happened)."""
+    env = {**env, "COMMLIB_TIMEOUT": "3"}
+    out = run_mpi(3, "coord_leave.py", "quiet", env=env, timeout=120, expect_fail=True, cases=FAILS_NAMING_IT)
+    assert "sent no coordinator message" in out, out

@@ -47,8 +47,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # negotiation, fusion, lanes, stalls
     ("coordinator", ("commlib.coordinator",)),
     # the worker's side of the summation servers: finding them in the job, pushing partitions to them
-    ("server-client", ("commlib.server.protocol", "commlib.server.discovery", "commlib.server.client",
-                       "commlib.server.tcp", "commlib.server.tcp_client")),
+    ("server-client", ("commlib.server.protocol", "commlib.server.mpi_messages", "commlib.server.tcp",
+                       "commlib.server.discovery", "commlib.server.plane", "commlib.server.client",
+                       "commlib.server.mpi_plane", "commlib.server.tcp_plane", "commlib.server.geo_client")),
     # the state object and its process sets
     ("runtime", ("commlib.process_sets", "commlib.runtime")),
     # the one owner of the process's state: init, shutdown, the exit and abort paths, the rebuild over
@@ -61,7 +62,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # tools over the public API
     ("tools", ("commlib.bench", "commlib.testing")),
     # services above the core (the summation server's own loop and command line)
-    ("services", ("commlib.server", "commlib.run", "commlib.elastic", "commlib.geo")),
+    ("services", ("commlib.server", "commlib.run", "commlib.elastic", "commlib.geo", "commlib.ray")),
     # what every framework plug-in shares
     ("frameworks", ("commlib.frameworks",)),
     # framework plug-ins: thin adapters, the top layer

@@ -34,15 +34,6 @@ STRING_ACCESSORS = {"getattr", "setattr", "hasattr", "delattr"}
 # Known cases that other streams of work are removing: (file, name) -> who removes it and how. Delete an
 # entry when its work lands (test_the_allow_list_is_current fails on an entry that no longer matches).
 KNOWN: dict[tuple[str, str], str] = {
-    # plugins: HierarchicalModelAverager moves onto process sets through the coordinator
-    ("commlib/torch/averagers.py", "_rt"): "plugins",
-    # server: Geo-SGD's state and clients move onto the Runtime; its sentinel and the client's parts become
-    # public (one server client with an MPI or TCP data plane)
-    ("commlib/geo.py", "_rt"): "server",
-    ("commlib/geo.py", "_stop"): "server",
-    ("commlib/torch/geo.py", "_DEFAULT"): "server (geo.py's 'from the configuration' default)",
-    ("commlib/server/tcp_client.py", "_Job"): "server",
-    ("commlib/server/tcp_client.py", "_Part"): "server",
     # learn: algorithms/ is theirs; ring_many reuses ring's exchange and segment helpers
     ("commlib/algorithms/ring_many.py", "_exchange"): "learn",
     ("commlib/algorithms/ring_many.py", "_segment"): "learn",

@@ -26,8 +26,9 @@ IMPORT_ALL = """
 import importlib, importlib.util, pkgutil, sys
 import commlib
 assert not commlib.__file__.startswith(sys.argv[1]), f"imported from the source tree: {commlib.__file__}"
-# a framework plug-in imports its framework: without it installed, its modules are not imported
-plugins = {"commlib.torch": "torch", "commlib.jax": "jax", "commlib.tensorflow": "tensorflow", "commlib.keras": "keras"}
+# a framework plug-in imports its framework (commlib.ray: Ray): without it installed, its modules are not imported
+plugins = {"commlib.torch": "torch", "commlib.jax": "jax", "commlib.tensorflow": "tensorflow", "commlib.keras": "keras",
+           "commlib.ray": "ray"}
 absent = {p for p, framework in plugins.items() if importlib.util.find_spec(framework) is None}
 imported, skipped = [], []
 for info in pkgutil.walk_packages(commlib.__path__, "commlib."):

@@ -13,15 +13,18 @@ from mpirun import REPO, require_marker, worker_path
 from commlib.run import hosts as H
 from commlib.run import mpi
 from commlib.run.options import UsageError, parse, settings
+from commlib.run.output import SCRIPT
 
 WORKER = str(worker_path("run_job.py"))
+#: how each rank is started: through the labeller (commlib/run/output.py), by the launch's Python
+LABELLED = ["python", "-I", SCRIPT]
 
 
 # ---- golden command lines -------------------------------------------------------------------------------
 
 def _launch(flavor, **kw):
     base = dict(flavor=flavor, mpiexec="mpiexec", np=4, command=["python", "train.py", "--lr", "0.1"],
-                hosts=[H.Host("a", 2), H.Host("b", 2)],
+                hosts=[H.Host("a", 2), H.Host("b", 2)], python="python",
                 settings={"COMMLIB_FUSION_THRESHOLD": "33554432", "COMMLIB_TIMELINE": "/tmp/t.json"})
     base.update(kw)
     return mpi.Launch(**base)
@@ -32,15 +35,16 @@ def test_mpich_command_line():
                                          output_filename="/tmp/out", tcp=True, mpi_args="-bind-to core",
                                          forward=["PATH", "PYTHONPATH"], as_root=True))
     assert env == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222 -i /k/id"}
-    assert argv == ["mpiexec", "-prepend-rank", "-hosts", "a:2,b:2", "-iface", "eth1",
-                    "-outfile-pattern", "/tmp/out.rank%r.out", "-errfile-pattern", "/tmp/out.rank%r.err",
-                    "-genv", "COMMLIB_FUSION_THRESHOLD", "33554432", "-genv", "COMMLIB_TIMELINE", "/tmp/t.json",
+    assert argv == ["mpiexec", "-hosts", "a:2,b:2", "-iface", "eth1",
+                    "-genv", "COMMLIB_FUSION_THRESHOLD", "33554432", "-genv", "COMMLIB_NETWORK_INTERFACE", "eth1",
+                    "-genv", "COMMLIB_TIMELINE", "/tmp/t.json",
                     "-genv", "NCCL_IB_DISABLE", "1", "-genv", "NCCL_SOCKET_IFNAME", "eth1",
                     "-genv", "UCX_NET_DEVICES", "eth1", "-genv", "UCX_TLS", "tcp,sm,self",
-                    "-bind-to", "core", "-n", "4", "python", "train.py", "--lr", "0.1"]
+                    "-bind-to", "core", "-n", "4", *LABELLED, "--output-filename", "/tmp/out", "--",
+                    "python", "train.py", "--lr", "0.1"]
     # this machine only: no hosts, nothing for ssh
     env, argv = mpi.command_line(_launch(mpi.MPICH, hosts=[], settings={}, np=2))
-    assert env == {} and argv == ["mpiexec", "-prepend-rank", "-n", "2", "python", "train.py", "--lr", "0.1"]
+    assert env == {} and argv == ["mpiexec", "-n", "2", *LABELLED, "--", "python", "train.py", "--lr", "0.1"]
     assert mpi.printable({"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2"}, ["mpiexec", "-n", "2", "a b"]) == \
         "HYDRA_LAUNCHER_EXTRA_ARGS='-p 2' mpiexec -n 2 'a b'"
 
@@ -50,17 +54,19 @@ def test_open_mpi_command_line():
                                          nics=["eth1", "eth2"], output_filename="/tmp/out",
                                          forward=["PATH", "PYTHONPATH", "COMMLIB_TIMELINE"], as_root=True))
     assert env == {}
-    assert argv == ["mpiexec", "--allow-run-as-root", "--tag-output", "-np", "4", "-H", "a:2,b:2",
+    assert argv == ["mpiexec", "--allow-run-as-root", "-np", "4", "-H", "a:2,b:2",
                     "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
                     "-mca", "plm_rsh_args", "-p 2222 -i /k/id", "-mca", "btl_tcp_if_include", "eth1,eth2",
-                    "--output-filename", "/tmp/out",
-                    "-x", "COMMLIB_FUSION_THRESHOLD=33554432", "-x", "COMMLIB_TIMELINE=/tmp/t.json",
+                    "-x", "COMMLIB_FUSION_THRESHOLD=33554432", "-x", "COMMLIB_NETWORK_INTERFACE=eth1,eth2",
+                    "-x", "COMMLIB_TIMELINE=/tmp/t.json",
                     "-x", "NCCL_SOCKET_IFNAME=eth1,eth2", "-x", "PATH", "-x", "PYTHONPATH",
+                    *LABELLED, "--output-filename", "/tmp/out", "--read-size", "4096", "--",
                     "python", "train.py", "--lr", "0.1"]
     env, argv = mpi.command_line(_launch(mpi.OPEN_MPI, hosts=[], settings={}, np=2, tcp=True,
                                          binding_args="-bind-to socket"))
-    assert argv == ["mpiexec", "--tag-output", "-np", "2", "-bind-to", "socket", "-mca", "pml", "ob1",
-                    "-mca", "btl", "tcp,vader,self", "-x", "NCCL_IB_DISABLE=1", "python", "train.py", "--lr", "0.1"]
+    assert argv == ["mpiexec", "-np", "2", "-bind-to", "socket", "-mca", "pml", "ob1",
+                    "-mca", "btl", "tcp,vader,self", "-x", "NCCL_IB_DISABLE=1",
+                    *LABELLED, "--read-size", "4096", "--", "python", "train.py", "--lr", "0.1"]
 
 
 def test_servers_command_lines():
@@ -69,24 +75,26 @@ def test_servers_command_lines():
     own = dict(hosts=[H.Host("a", 2), H.Host("b", 2)], settings={}, servers=2,
                server_hosts=[H.Host("s1", 1), H.Host("s2", 1)], server_command=server)
     _, argv = mpi.command_line(_launch(mpi.MPICH, **own))
-    assert argv == ["mpiexec", "-prepend-rank", "-hosts", "a:2,b:2,s1:1,s2:1",
-                    "-n", "4", "python", "train.py", "--lr", "0.1", ":", "-n", "2", *server]
+    assert argv == ["mpiexec", "-hosts", "a:2,b:2,s1:1,s2:1",
+                    "-n", "4", *LABELLED, "--", "python", "train.py", "--lr", "0.1",
+                    ":", "-n", "2", *LABELLED, "--", *server]
     _, argv = mpi.command_line(_launch(mpi.OPEN_MPI, **own))
-    assert argv == ["mpiexec", "--tag-output", "-np", "4", "-H", "a:2,b:2", "-bind-to", "none", "-map-by",
-                    "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib", "python", "train.py", "--lr", "0.1",
-                    ":", "-np", "2", "-H", "s1:1,s2:1", *server]
+    openmpi = [*LABELLED, "--read-size", "4096", "--"]
+    assert argv == ["mpiexec", "-np", "4", "-H", "a:2,b:2", "-bind-to", "none", "-map-by",
+                    "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib", *openmpi, "python", "train.py", "--lr",
+                    "0.1", ":", "-np", "2", "-H", "s1:1,s2:1", *openmpi, *server]
     # beside the workers: one per worker host in turn; fewer ranks than slots fill the first hosts
     beside = dict(own, server_hosts=[], servers=3, np=3)
     _, argv = mpi.command_line(_launch(mpi.MPICH, **beside))
-    assert argv[:4] == ["mpiexec", "-prepend-rank", "-hosts", "a:2,b:1,a:1,b:1,a:1"], argv
-    assert argv[argv.index(":"):] == [":", "-n", "3", *server], argv
+    assert argv[:3] == ["mpiexec", "-hosts", "a:2,b:1,a:1,b:1,a:1"], argv
+    assert argv[argv.index(":"):] == [":", "-n", "3", *LABELLED, "--", *server], argv
     _, argv = mpi.command_line(_launch(mpi.OPEN_MPI, **beside))
-    assert argv[:6] == ["mpiexec", "--tag-output", "-np", "3", "-H", "a:2,b:1"], argv
-    assert argv[argv.index(":"):] == [":", "-np", "3", "-H", "a:1,b:1,a:1", *server], argv
+    assert argv[:5] == ["mpiexec", "-np", "3", "-H", "a:2,b:1"], argv
+    assert argv[argv.index(":"):] == [":", "-np", "3", "-H", "a:1,b:1,a:1", *openmpi, *server], argv
     # this machine
     _, argv = mpi.command_line(_launch(mpi.MPICH, hosts=[], settings={}, np=2, servers=1, server_command=server))
-    assert argv == ["mpiexec", "-prepend-rank", "-n", "2", "python", "train.py", "--lr", "0.1", ":", "-n", "1",
-                    *server]
+    assert argv == ["mpiexec", "-n", "2", *LABELLED, "--", "python", "train.py", "--lr", "0.1", ":", "-n", "1",
+                    *LABELLED, "--", *server]
     with pytest.raises(UsageError, match="slots of --server-hosts"):
         mpi.command_line(_launch(mpi.MPICH, **dict(own, servers=3)))
 
@@ -228,7 +236,7 @@ def test_job_on_this_host_with_settings_and_timeline(tmp_path):
         # the flag wins over the caller's COMMLIB_*; a HOROVOD_* variable of the caller still reaches commlib
         assert report["fusion"] == 8 << 20 and report["cycle"] == 3 and report["stall"] == 17, report
         assert report["marks"] and report["argv"] == ["--flag", "x y"], report
-    assert "[0] RUNJOB" in done.stdout  # hydra's rank prefix, as horovodrun asks for
+    assert "[1,0]<stdout>:RUNJOB" in done.stdout  # each line labelled with its rank (commlib/run/output.py)
     assert "-genv COMMLIB_FUSION_THRESHOLD 8388608" in done.stderr and "--autotune is not honoured" in done.stderr
     names = {e["name"] for e in json.loads(timeline.read_text())}
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE", "CYCLE_START"} <= names, names
@@ -299,6 +307,7 @@ def test_job_on_emulated_hosts(make_cluster):
     hosts = [r["host"] for r in reports]
     assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
     assert all(r["local_size"] == 2 and r["algorithm"] == "hierarchical" for r in reports), reports
+    assert "[1,0]<stdout>:RUNJOB" in done.stdout  # labelled there too (commlib/run/output.py)
     name = done.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
     assert not leftovers([name]), leftovers([name])
 

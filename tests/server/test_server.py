@@ -155,16 +155,16 @@ def test_priority_orders_the_send_queue():
 
     from commlib.server.client import ServerClient
 
-    fake = types.SimpleNamespace(_queued=collections.deque())
+    fake = types.SimpleNamespace(queue=collections.deque())
 
     def submit(name, priority, parts=2):
         job = types.SimpleNamespace(priority=priority)
-        ServerClient._enqueue(fake, [types.SimpleNamespace(job=job, name=f"{name}{i}") for i in range(parts)],
-                              priority)
+        ServerClient.enqueue(fake, [types.SimpleNamespace(job=job, name=f"{name}{i}") for i in range(parts)],
+                             priority)
 
     for name, priority in (("a", 0), ("b", 2), ("c", 1), ("d", 2), ("e", 0), ("f", 3), ("g", -1)):
         submit(name, priority)
-    assert [p.name for p in fake._queued] == ["f0", "f1", "b0", "b1", "d0", "d1", "c0", "c1", "a0", "a1",
+    assert [p.name for p in fake.queue] == ["f0", "f1", "b0", "b1", "d0", "d1", "c0", "c1", "a0", "a1",
                                               "e0", "e1", "g0", "g1"]
 
 

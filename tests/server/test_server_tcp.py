@@ -15,19 +15,24 @@ def serve_one(listener, endpoint, server, seen):
     if seen[-1] is None:
         return
     try:
-        kind, push, size = tcp.recv_head(conn)
+        push, size = tcp.recv_head(conn, (protocol.Push,))
     except ConnectionError:  # a worker that only connected
         conn.close()
         return
     data = np.empty(size, np.uint8)
     tcp.recv_exact(conn, memoryview(data))
-    tcp.send_frame(conn, tcp.ANSWER, push.slot, data[::-1].copy())
-    tcp.send_frame(conn, tcp.ERROR, (push.slot, "refused"))
+    tcp.send_frame(conn, tcp.ANSWER, protocol.Answer(push.slot).encode(), data[::-1].copy())
+    tcp.send_frame(conn, tcp.REFUSAL, protocol.Refusal(push.slot, "refused").encode())
     conn.close()
 
 
+def listen():
+    listeners, endpoint = tcp.listen()
+    return listeners[0], endpoint
+
+
 def test_a_push_and_its_answer_travel_whole():
-    listener, endpoint = tcp.listen()
+    listener, endpoint = listen()
     seen = []
     thread = threading.Thread(target=serve_one, args=(listener, endpoint, 3, seen))
     thread.start()
@@ -35,14 +40,15 @@ def test_a_push_and_its_answer_travel_whole():
         conn = tcp.connect(endpoint, worker=2, server=3)
         values = np.arange(100_000, dtype=np.uint8)
         push = protocol.Push("k", 0, values.size, "uint8", values.size, 0, 1, 2, 77)
-        tcp.send_frame(conn, tcp.PUSH, push, values)
-        kind, slot, size = tcp.recv_head(conn)
+        tcp.send_frame(conn, tcp.PUSH, push.encode(), values)
+        expected = (protocol.Answer, protocol.Refusal)
+        answer, size = tcp.recv_head(conn, expected)
         back = np.empty(size, np.uint8)
         tcp.recv_exact(conn, memoryview(back))
-        assert (kind, slot, size) == (tcp.ANSWER, 77, values.size) and np.array_equal(back, values[::-1])
-        assert tcp.recv_head(conn) == (tcp.ERROR, (77, "refused"), 0)
+        assert (answer, size) == (protocol.Answer(77), values.size) and np.array_equal(back, values[::-1])
+        assert tcp.recv_head(conn, expected) == (protocol.Refusal(77, "refused"), 0)
         with pytest.raises(ConnectionError):  # the server closed: a clear end, never a hang
-            tcp.recv_head(conn)
+            tcp.recv_head(conn, expected)
         conn.close()
     finally:
         thread.join(10)
@@ -53,8 +59,8 @@ def test_a_push_and_its_answer_travel_whole():
 def test_connect_skips_an_address_that_reaches_another_process():
     """An address that answers with another token (the same address on another host, another job) is
     refused and the next one tried; when none is the server, the error says what each address was."""
-    listener, endpoint = tcp.listen()
-    other, other_endpoint = tcp.listen()
+    listener, endpoint = listen()
+    other, other_endpoint = listen()
     seen = []
     threads = [threading.Thread(target=serve_one, args=(other, other_endpoint, 0, [])),
                threading.Thread(target=serve_one, args=(listener, endpoint, 0, seen))]
@@ -62,7 +68,7 @@ def test_connect_skips_an_address_that_reaches_another_process():
         t.start()
     try:
         # the first address leads to the other process's port: same address, the wrong port
-        wrong = tcp.Endpoint(("127.0.0.1",), other_endpoint.port, endpoint.token)
+        wrong = tcp.Endpoint(other_endpoint.places, endpoint.token)
         with pytest.raises(ConnectionError, match="127.0.0.1"):
             tcp.connect(wrong, worker=0, server=0)
         closed = socket.socket()
@@ -70,7 +76,7 @@ def test_connect_skips_an_address_that_reaches_another_process():
         port = closed.getsockname()[1]
         closed.close()  # nothing listens there
         with pytest.raises(ConnectionError, match=str(port)):
-            tcp.connect(tcp.Endpoint(("127.0.0.1",), port, "x"), worker=0, server=0)
+            tcp.connect(tcp.Endpoint((("127.0.0.1", port),), "x"), worker=0, server=0)
         conn = tcp.connect(endpoint, worker=1, server=0)
         conn.close()
     finally:
@@ -81,31 +87,21 @@ def test_connect_skips_an_address_that_reaches_another_process():
     assert seen == [1]
 
 
-class _Planted:
-    """A pickle that, if ever loaded, leaves a file behind."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return (open, (str(self.path), "w"))
-
-
 def test_an_introduction_is_never_unpickled(tmp_path):
     """Whoever reaches a server's port before showing the token gets nothing unpickled: a pickled
     introduction (the old framing, or an attacker's) is refused, and so is a wrong token."""
-    import pickle
+    from planted import planted
 
-    listener, endpoint = tcp.listen()
+    listener, endpoint = listen()
     seen = []
     try:
         for frame in (
-                (lambda head: tcp.FRAME.pack(tcp.HELLO, len(head), 0) + head)(pickle.dumps(_Planted(tmp_path / "ran"))),
-                tcp.FRAME.pack(tcp.HELLO, tcp.HELLO_BODY.size, 0) + tcp.HELLO_BODY.pack(b"0" * 16, 0),
+                (lambda head: tcp.FRAME.pack(tcp.HELLO, len(head), 0) + head)(planted(tmp_path / "ran")),
+                tcp.FRAME.pack(tcp.HELLO, protocol.Hello.LAYOUT.max_size, 0) + protocol.Hello(b"0" * 16, 0).encode(),
                 tcp.FRAME.pack(tcp.PUSH, 1 << 30, 0)):  # a huge header length: nothing allocated for it
             server = threading.Thread(target=serve_one, args=(listener, endpoint, 0, seen))
             server.start()
-            with socket.create_connection(("127.0.0.1", endpoint.port)) as conn:
+            with socket.create_connection(endpoint.places[0]) as conn:
                 conn.sendall(frame)
                 server.join(10)
     finally:
@@ -130,11 +126,11 @@ def test_a_server_that_stops_reading_is_given_up_naming_it():
 
     from mpi4py import MPI
 
-    from commlib.server.client import ServerError
+    from commlib.server.client import ServerClient, ServerError
     from commlib.server.discovery import Job
-    from commlib.server.tcp_client import TcpServerClient
+    from commlib.server.tcp_plane import TcpPlane
 
-    listener, endpoint = tcp.listen()
+    listener, endpoint = listen()
     held = []
 
     def accept():
@@ -146,7 +142,7 @@ def test_a_server_that_stops_reading_is_given_up_naming_it():
     thread.start()
     # the worker is rank 0 of the job, the server rank 1 (the data plane needs no MPI traffic)
     job = Job(MPI.COMM_SELF, MPI.COMM_SELF, ("worker", "server"), ("here", "there"), (None, endpoint))
-    client = TcpServerClient(job, 1 << 20, timeout_s=1.0)
+    client = ServerClient(job, TcpPlane(), 1 << 20, timeout_s=1.0)
     try:
         start = time.monotonic()
         handle = client.push_pull_async(np.ones(8 << 20, np.float32), "big")  # 32 MiB: more than buffers hold
@@ -162,7 +158,7 @@ def test_a_server_that_stops_reading_is_given_up_naming_it():
         with pytest.raises(ServerError, match=r"server 0 \(rank 1 of the job, on there\) cannot be reached"):
             again.result()
     finally:
-        client._stop = True
+        client.stopping = True
         listener.close()
         for conn in held:
             conn.close()
@@ -170,13 +166,14 @@ def test_a_server_that_stops_reading_is_given_up_naming_it():
 
 @pytest.mark.skipif(not hasattr(socket, "TCP_CONGESTION"), reason="TCP_CONGESTION is Linux's")
 def test_connections_get_the_congestion_control_and_receive_buffer_asked_for():
-    listener, endpoint = tcp.listen("reno")
+    listeners, endpoint = tcp.listen(congestion="reno")
+    listener = listeners[0]
     accepted = []
     thread = threading.Thread(target=lambda: accepted.append(listener.accept()[0]), daemon=True)
     thread.start()
     conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.tune(conn, "reno", 256 << 10)
-    conn.connect(("127.0.0.1", endpoint.port))
+    conn.connect(endpoint.places[0])
     thread.join(5)
     try:
         for sock in (conn, accepted[0]):  # the accepted connection inherits its listener's

@@ -8,6 +8,10 @@ argv: case [rank that leaves, default the last].
   the others give up on it and, on waking, it fails too instead of deciding from an abandoned round. The
   others then wait for it to report before they exit (after a lost peer a process ends the job with
   MPI_Abort at exit, docs/failures.md, which would kill it first).
+- quiet: as hold, but the last rank first sleeps 2 s (its background thread answers the others' round
+  announcing the step's tensor, which it has not submitted), then holds the GIL for 12 s: it went silent
+  between rounds, with no round open. With COMMLIB_TIMEOUT set the others start an empty round while they
+  wait, the last rank leaves it unanswered, and they give up on it within the timeout.
 The other ranks keep calling allreduce until it fails, naming the rank that left, then check that the next
 call fails too and shut down: named cases (tests/spmd.py) on every rank but the one that leaves (in
 ``hold``, on every rank). Each error is printed with the seconds from the failing call to it.
@@ -23,6 +27,7 @@ import commlib as cl
 import spmd
 
 CASE, LEAVE_AT = sys.argv[1], 5
+HOLD_S = 12  # quiet: how long the last rank holds the GIL
 RANK, SIZE = spmd.rank_and_size()
 LAST = int(sys.argv[2]) if len(sys.argv) > 2 else SIZE - 1
 
@@ -62,8 +67,11 @@ def join_fails_naming_the_rank_that_left():
 @spmd.case
 def a_call_fails_naming_the_rank_that_left():
     for step in range(10000):
-        if RANK == LAST and step == LEAVE_AT:  # hold: this rank cannot answer for 8 s
+        if RANK == LAST and step == LEAVE_AT and CASE == "hold":  # this rank cannot answer for 8 s
             ctypes.PyDLL(None).sleep(8)  # holds the GIL: commlib's background thread cannot run
+        if RANK == LAST and step == LEAVE_AT and CASE == "quiet":
+            time.sleep(2)  # the others' round with this step's tensor completes (answered with nothing)
+            ctypes.PyDLL(None).sleep(HOLD_S)
         started = time.monotonic()
         try:
             got = cl.allreduce(np.full(4, RANK + 1, np.float32), op=cl.Sum, name="grad")
@@ -99,5 +107,5 @@ if __name__ == "__main__":
         leave()
     else:
         spmd.main(["init", "a_call_fails_naming_the_rank_that_left", "the_next_call_fails_too", "shutdown"])
-        if CASE == "hold" and RANK != LAST:
-            time.sleep(8)
+        if CASE in ("hold", "quiet") and RANK != LAST:
+            time.sleep(8 if CASE == "hold" else HOLD_S)

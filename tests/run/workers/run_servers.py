@@ -43,14 +43,17 @@ def _ancestors(pid):
 
 
 def job_processes():
-    """``{pid: PMI_RANK}`` of every process of this job: the commlib processes below the same mpiexec."""
+    """``{pid: PMI_RANK}`` of every process of this job: the commlib processes below the same mpiexec (not
+    the labellers commlib-run starts each of them through, commlib/run/output.py)."""
     launcher = next(p for p in _ancestors(os.getpid()) if b"mpiexec" in open(f"/proc/{p}/cmdline", "rb").read())
     found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-            if b"PMI_RANK" in env and launcher in _ancestors(int(entry)):
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                labeller = b"commlib/run/output.py" in f.read()
+            if b"PMI_RANK" in env and not labeller and launcher in _ancestors(int(entry)):
                 found[int(entry)] = int(env[b"PMI_RANK"])
         except (OSError, ValueError):
             continue

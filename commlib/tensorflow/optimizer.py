@@ -12,10 +12,10 @@ import tensorflow as tf
 
 import commlib as _cl
 
-from ..frameworks import (check_predivide, local_layer_variables, predivide_factors, resolve_op, set_size,
-                          split_evenly)
+from ..frameworks import (check_predivide, excluded, local_layer_variables, predivide_factors, resolve_op,
+                          set_size, split_evenly)
 from .aggregation import variable_key as key
-from .collectives import excluded, grouped_allreduce
+from .collectives import grouped_allreduce
 from .compression import Compression
 
 
@@ -189,7 +189,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          scale_local_gradients=True):
     """Wrap a ``tf.compat.v1.train.Optimizer`` (TF1 graphs) or a Keras optimizer so that gradients are
     reduced over the ranks before they are applied. A Keras optimizer goes to
-    ``commlib.tensorflow.keras.DistributedOptimizer``."""
+    ``commlib.keras.DistributedOptimizer`` (which ``commlib.tensorflow.keras`` re-exports)."""
     if num_groups and groups is None:
         groups = num_groups
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
@@ -199,11 +199,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor, groups,
                                   process_set, name="DistributedOptimizer")
         return _DistributedLegacyOptimizer(optimizer, reducer, name, use_locking)
-    from . import keras as _keras
+    from ..keras import DistributedOptimizer as _keras_optimizer
 
-    return _keras.DistributedOptimizer(optimizer, name=name, compression=compression,
-                                       sparse_as_dense=sparse_as_dense,
-                                       gradient_predivide_factor=gradient_predivide_factor,
-                                       backward_passes_per_step=backward_passes_per_step,
-                                       average_aggregated_gradients=average_aggregated_gradients, op=op,
-                                       groups=groups, process_set=process_set)
+    return _keras_optimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                            gradient_predivide_factor=gradient_predivide_factor,
+                            backward_passes_per_step=backward_passes_per_step,
+                            average_aggregated_gradients=average_aggregated_gradients, op=op, groups=groups,
+                            process_set=process_set, scale_local_gradients=scale_local_gradients)

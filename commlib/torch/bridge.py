@@ -1,4 +1,5 @@
-"""torch tensors <-> numpy arrays without copies, and the checks a tensor passes before it is communicated.
+"""Crossing from torch into commlib's numpy API: tensors <-> numpy arrays without copies, and the checks a
+tensor passes before it is communicated.
 
 commlib's collectives work on C-contiguous numpy arrays on the host. A contiguous CPU tensor *is* such an
 array (``tensor.detach().numpy()`` shares its memory), so nothing is copied in either direction. bfloat16

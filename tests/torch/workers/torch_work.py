@@ -1,0 +1,203 @@
+"""Worker for tests/torch/test_torch_work.py: c10d's Work rules on the ``commlib`` backend, errors, options.
+
+    mpiexec -n N python torch_work.py
+
+Each check is a named case on every rank (tests/spmd.py); every case ends with a barrier, so the next
+starts together.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import commlib as cl
+from commlib.errors import ConfigError
+from commlib.torch.distributed import Options
+import spmd
+
+RANK, SIZE = spmd.rank_and_size()
+total = SIZE * (SIZE + 1) / 2  # the sum of rank + 1 over the ranks
+
+
+def check(name: str, condition: bool, detail="") -> None:
+    if not condition:
+        raise AssertionError(f"{name}: {detail}")
+
+
+def case(func):
+    """A named case that ends with a barrier of the world."""
+    @functools.wraps(func)
+    def run():
+        func()
+        dist.barrier()
+
+    return spmd.case(run)
+
+
+@spmd.case
+def init():
+    dist.init_process_group("commlib", timeout=datetime.timedelta(seconds=60))
+    assert (dist.get_rank(), dist.get_world_size()) == (RANK, SIZE)
+
+
+@case
+def async_wait():
+    t = torch.full((5,), RANK + 1.0)
+    work = dist.all_reduce(t, async_op=True)
+    check("async_wait", work.wait() is True)
+    check("async_wait", work.is_completed() and work.is_success() and work.exception() is None)
+    check("async_wait", work.result()[0] is t and torch.all(t == total), t)
+
+
+@case
+def future_chain():
+    t = torch.full((3,), RANK + 1.0)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    doubled = fut.then(lambda f: f.value()[0] * 2)
+    check("future_chain", torch.all(doubled.wait() == 2 * total), doubled.value())
+
+
+@case
+def future_before_completion():
+    """Rank 0 calls only after the others saw their futures pending: they complete by themselves, without
+    a wait on the Work (rank 0 waits for a barrier on a second group, which the others enter after their
+    check)."""
+    later = dist.new_group(list(range(SIZE)))
+    t = torch.ones(4)
+    if RANK == 0:
+        dist.barrier(group=later)
+        fut = dist.all_reduce(t, async_op=True).get_future()
+    else:
+        fut = dist.all_reduce(t, async_op=True).get_future()
+        check("future_before_completion", not fut.done(), "done before rank 0 called")
+        dist.barrier(group=later)
+    check("future_before_completion", torch.all(fut.wait()[0] == SIZE))
+
+
+@case
+def nested_collective_in_callback():
+    """A callback that runs a collective and waits for it (PyTorch's PowerSGD hook does) must not deadlock."""
+    first = torch.ones(2)
+
+    def then(f):
+        second = f.value()[0].clone()
+        dist.all_reduce(second, async_op=True).get_future().wait()
+        return second
+
+    result = dist.all_reduce(first, async_op=True).get_future().then(then).wait()
+    check("nested_collective_in_callback", torch.all(result == SIZE * SIZE), result)
+
+
+@case
+def poll_until_done():
+    work = dist.all_reduce(torch.ones(1000), async_op=True)
+    deadline = time.monotonic() + 120  # a backstop for "never completes", far above any load, not a speed
+    while not work.is_completed():
+        check("poll_until_done", time.monotonic() < deadline, "never completed without wait()")
+        time.sleep(0.001)
+    check("poll_until_done", work.is_success())
+
+
+@case
+def many_in_flight():
+    tensors = [torch.full((17,), float(k)) for k in range(40)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for k, (t, w) in enumerate(zip(tensors, works)):
+        w.wait()
+        check("many_in_flight", torch.all(t == k * SIZE), (k, t))
+
+
+@case
+def mismatch_is_an_error_everywhere():
+    t = torch.ones(3 + RANK)
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as exc:
+        check("mismatch", "mismatched shape" in str(exc), exc)
+    else:
+        check("mismatch", SIZE == 1, "no error")
+    after = torch.ones(2)
+    dist.all_reduce(after)  # the group still works
+    check("mismatch", torch.all(after == SIZE))
+
+
+@case
+def error_on_the_work():
+    t = torch.ones(2, dtype=torch.float32 if RANK == 0 else torch.float64)
+    work = dist.all_reduce(t, async_op=True)
+    fut = work.get_future()
+    try:
+        work.wait()
+    except RuntimeError as exc:
+        check("error_on_the_work", "mismatched dtype" in str(exc), exc)
+        check("error_on_the_work", not work.is_success() and work.exception() is not None)
+        try:
+            fut.wait()
+        except RuntimeError:
+            pass
+        else:
+            check("error_on_the_work", False, "the future did not raise")
+    else:
+        check("error_on_the_work", SIZE == 1, "no error")
+
+
+@case
+def options():
+    values = torch.full((1000,), 1.0 + RANK / 7)
+    fp16 = dist.new_group(list(range(SIZE)), pg_options=Options(compression="fp16"))
+    t = values.clone()
+    dist.all_reduce(t, group=fp16)
+    exact = sum(1.0 + r / 7 for r in range(SIZE))
+    check("options fp16", torch.allclose(t, torch.full_like(t, exact), rtol=2e-3), t[:3])
+    ring = dist.new_group(list(range(SIZE)), pg_options=Options(algorithm="ring"))
+    t = values.clone()
+    dist.all_reduce(t, group=ring)
+    check("options ring", torch.allclose(t, torch.full_like(t, exact)), t[:3])
+    # a lossy compressor through the options, against the same compressor through commlib's own API
+    through_group = dist.new_group(list(range(SIZE)), pg_options=Options(compression=cl.Compression.topk(0.1)))
+    mine = cl.Compression.topk(0.1)
+    rng = np.random.default_rng(RANK)
+    for step in range(3):
+        grad = rng.standard_normal(2048).astype(np.float32)
+        t = torch.from_numpy(grad.copy())
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=through_group)
+        want = cl.allreduce(grad, op=cl.Average, name="reference", compression=mine)
+        check("options topk", np.array_equal(t.numpy(), want), (step, t[:4], want[:4]))
+    for bad in (dict(compression="zip"), dict(algorithm="nope")):
+        try:
+            Options(**bad)
+        except ConfigError:
+            pass
+        else:
+            check("options errors", False, f"Options({bad}) accepted")
+
+
+@case
+def send_recv_future():
+    if SIZE == 1:
+        return
+    peer = 1 - RANK if RANK < 2 else None
+    if peer is None:
+        return
+    if RANK == 0:
+        fut = dist.isend(torch.arange(4.0), 1).get_future()
+        fut.wait()
+    else:
+        got = torch.empty(4)
+        dist.irecv(got, 0).get_future().wait()
+        check("send_recv_future", torch.equal(got, torch.arange(4.0)), got)
+
+
+@spmd.case
+def shutdown():
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    spmd.main()
