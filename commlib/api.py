@@ -178,8 +178,11 @@ def _allreduce_handle(tensor, inplace: bool, op, name, prescale_factor, postscal
     prescale_factor = validation.check_scale_factor(prescale_factor, "prescale_factor", label)
     postscale_factor = validation.check_scale_factor(postscale_factor, "postscale_factor", label)
     runtime, member, name = _member_and_name(process_set, name, "allreduce")
-    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
-        staged = device.Staged(tensor, name)
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):
+        if not _compressed.is_special(compression):  # the device path (docs/gpu.md)
+            return _device_allreduce(member, tensor, inplace, op, name, prescale_factor, postscale_factor,
+                                     algorithm, compression, wait, priority)
+        staged = device.Staged(tensor, name)  # a lossy compressor works on the host: the tensor goes there whole
         return staged.handle(_allreduce_handle(staged.host, True, op, name, prescale_factor, postscale_factor,
                                                algorithm, compression, wait, process_set, staged, priority),
                              inplace)
@@ -277,10 +280,9 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
     if kind is Kind.ALLTOALL:
         splits = validation.check_splits(splits, label)
     runtime, member, name = _member_and_name(process_set, name, operation)
-    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # through pinned host memory
-        staged = device.Staged(tensor, name)
-        return staged.handle(_plain_handle(kind, operation, staged.host, name, True, op, root, splits, wait,
-                                           process_set, prescale, postscale, staged), inplace)
+    if not isinstance(tensor, np.ndarray) and device.on_device(tensor):  # the device path (docs/gpu.md)
+        return _device_plain(kind, operation, member, tensor, name, inplace, op, root, splits, wait, prescale,
+                             postscale)
     if inplace:
         array = output = _in_place(tensor, name, operation)
     else:
@@ -306,6 +308,93 @@ def _plain_handle(kind: Kind, operation: str, tensor, name, inplace=False, op=Su
                 prescale=float(prescale), postscale=float(postscale), error=validation.joined(*errors),
                 device=staged.kind if staged else device.CPU)
     return _submit(member, meta, array, output, splits, wait=wait)
+
+
+# ---- device tensors (docs/gpu.md) --------------------------------------------------------------------------
+
+def _device_tensor(tensor, name: str) -> tuple[device.DeviceTensor | None, np.dtype, tuple, str, str]:
+    """(the DeviceTensor of ``tensor`` as submitted now, its dtype, shape, device kind, '' or why it cannot
+    be communicated). A tensor that cannot (no CuPy, no GPU, not contiguous, an unknown device) still makes
+    a request, whose error every rank then raises."""
+    kind, index = device.UNSUPPORTED, -1
+    try:
+        kind, index = device.placement(tensor)
+        if not _is_contiguous(tensor):
+            raise device.DeviceSupportError(
+                f"buffer is not contiguous (shape: {tuple(tensor.shape)}); pass cupy.ascontiguousarray(x) or "
+                "tensor.contiguous()")
+        submitted = device.DeviceTensor.submitted(tensor, _device_streams(index))
+        return submitted, submitted.dtype, submitted.shape, kind, ""
+    except (device.DeviceSupportError, ImportError, TypeError, ValueError, RuntimeError) as exc:
+        try:
+            dtype, shape = device.declared_layout(tensor)
+        except (AttributeError, TypeError, ValueError):
+            dtype, shape = np.dtype(np.uint8), (0,)
+        where = f"{kind}:{index}" if index >= 0 else kind
+        return None, np.dtype(dtype), tuple(shape), kind, f"{name}: the tensor lives on {where} and cannot be " \
+                                                         f"communicated: {exc}"
+
+
+def _device_streams(index: int):
+    """The stream interface of CUDA device ``index`` (-1: CuPy's current device)."""
+    from .transport.streams import cuda_streams
+
+    if index < 0:
+        index = device.cupy_module().cuda.runtime.getDevice()
+    return cuda_streams(index)
+
+
+def _is_contiguous(tensor) -> bool:
+    is_contiguous = getattr(tensor, "is_contiguous", None)  # torch
+    if callable(is_contiguous):
+        return bool(is_contiguous())
+    flags = getattr(tensor, "flags", None)  # CuPy
+    return bool(getattr(flags, "c_contiguous", True))
+
+
+def _device_allreduce(member: "Member", tensor, inplace: bool, op, name: str, prescale: float, postscale: float,
+                      algorithm, compression, wait: bool, priority: int) -> Handle:
+    """An allreduce of a device tensor, handed to the coordinator as it is (its lane packs, reduces and
+    unpacks on the GPU, ordered after the stream that produced the tensor)."""
+    submitted, dtype, shape, kind, error = _device_tensor(tensor, name)
+    if compression is Compression.none:
+        compression = None
+    op, op_error = _op(op)
+    errors = validation.joined(error, op_error, validation.reduction(dtype, op, name),
+                               _codec_error(compression, dtype, name), _algorithm_error(algorithm),
+                               validation.scaling(dtype, prescale, postscale, name))
+    output = submitted.like() if submitted is not None and not inplace and not errors else submitted
+    meta = Meta(name, Kind.ALLREDUCE, dtype_name(dtype), shape, int(op), prescale=float(prescale),
+                postscale=float(postscale), compression=compression.name if compression is not None else "none",
+                algorithm=(algorithm or "").lower() if not errors else "", error=errors, device=kind,
+                priority=priority)
+    return device.DeviceHandle(_submit(member, meta, submitted, output, wait=wait))
+
+
+def _device_plain(kind: Kind, operation: str, member: "Member", tensor, name: str, inplace: bool, op, root: int,
+                  splits, wait: bool, prescale: float, postscale: float) -> Handle:
+    """allgather, broadcast, reducescatter or alltoall of a device tensor, handed to the coordinator as it is."""
+    submitted, dtype, shape, where, error = _device_tensor(tensor, name)
+    errors = [error, validation.movable(dtype, name)]
+    ndim = len(shape)
+    if kind in (Kind.ALLGATHER, Kind.REDUCESCATTER, Kind.ALLTOALL):
+        errors.append(validation.first_dimension(np.empty(shape, np.uint8) if not ndim else np.empty(1, np.uint8),
+                                                 operation, name))
+    if kind is Kind.REDUCESCATTER:
+        op, op_error = _op(op)
+        errors += [op_error, validation.reduction(dtype, op, name), validation.scaling(dtype, prescale, postscale, name)]
+    if kind is Kind.BROADCAST:
+        errors.append(validation.root_rank(root, member.ranks, member.process_set_id, name))
+        root = member.ranks.index(root) if root in member.ranks else -1
+    if kind is Kind.ALLTOALL:
+        errors.append(validation.splits(splits, shape[0] if ndim else None, member.size, name))
+    errors = validation.joined(*errors)
+    output = submitted
+    if kind is Kind.BROADCAST and submitted is not None and not inplace and not errors:
+        output = submitted.like()
+    meta = Meta(name, kind, dtype_name(dtype), shape, int(op), root=root, prescale=float(prescale),
+                postscale=float(postscale), error=errors, device=where)
+    return device.DeviceHandle(_submit(member, meta, submitted, output, splits, wait=wait))
 
 
 def _push_pull_handle(tensor, inplace: bool, op, name, prescale_factor, postscale_factor,
@@ -423,6 +512,15 @@ def _push_pull(form: Form, tensor, op, name, prescale_factor, postscale_factor, 
                                            compression, priority))
 
 
+def _one_device_kind(tensors: list, label: str) -> None:
+    """A grouped call's tensors all live on the host or all on a device: they are fused and run as one."""
+    on = [device.on_device(t) for t in tensors]
+    if any(on) and not all(on):
+        where = ", ".join(f"{i}: {'device' if o else 'host'}" for i, o in enumerate(on))
+        raise CommlibError(f"{label}: a grouped call takes tensors on one kind of device, all on the host or all "
+                           f"on GPUs, but got {where}; group them separately")
+
+
 REQUIRED = inspect.Parameter.empty  # an argument without a default
 
 
@@ -460,6 +558,7 @@ def _grouped(form: Form, collective: Collective, tensors, *arguments):
     operation = f"grouped_{collective.name}"
     values = dict(zip(collective.argument_names, arguments))
     tensors = validation.check_tensor_list(tensors, validation.check_name(values["name"], operation) or operation)
+    _one_device_kind(tensors, values["name"] or operation)
     _, _, base = _member_and_name(values.get("process_set"), values["name"], operation)
     part = Form(form.in_place, False)
     handle = Handle(base, parts=[collective.run(part, tensor, **{**values, "name": f"{base}.{i}"})

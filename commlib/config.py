@@ -215,6 +215,7 @@ class Config:
     server_tcp_rcvbuf: int = 512 << 10
     torch_compression: str = "none"
     network_interface: str | None = None
+    device_segment_bytes: int = 4 << 20
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
@@ -268,7 +269,7 @@ class Config:
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
               "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes",
-              "priority_partition_bytes", "priority_credit_bytes", "server_host_reduce")
+              "priority_partition_bytes", "priority_credit_bytes", "server_host_reduce", "device_segment_bytes")
 
     def agreed_values(self) -> tuple:
         return tuple(getattr(self, attr) for attr in self.AGREED)
@@ -310,6 +311,10 @@ FIELDS: dict[str, _Field] = {
                           "XxY grid of the torus2d algorithm; default X = ranks per node, Y = nodes"),
     "ring_segment_bytes": _Field("COMMLIB_RING_SEGMENT", parse_size,
                                  "pipeline segment of the ring algorithm, bytes (K/M/G suffix; default 1M)"),
+    "device_segment_bytes": _Field("COMMLIB_DEVICE_SEGMENT", _positive_int_size,
+                                   "staged GPU path: a fused device buffer crosses to the host and back in "
+                                   "segments of this many bytes, each reduced while the next copies run "
+                                   "(docs/gpu.md; default 4M)"),
     "small_message_bytes": _Field("COMMLIB_SMALL_MESSAGE", parse_size,
                                   "hierarchical: shards up to this size cross nodes by recursive doubling, "
                                   "larger ones by ring (default 128K)"),

@@ -9,10 +9,14 @@ The device *kind* ("cpu" or "cuda") is part of every request's metadata and must
 CPU tensor on one rank and a GPU tensor on another fails on every rank). The device *index* may differ:
 each rank usually drives its own GPU.
 
-Device tensors reach the existing host algorithms by staging (:class:`Staged`): the tensor's contents are
-copied into pinned host memory when the request is submitted, and the result is copied back to the device
-when the caller synchronizes. The wrapping shares memory (CuPy views the tensor through
-``__cuda_array_interface__``, or DLPack for bfloat16); only the staging copies move data.
+A device tensor goes to the coordinator as a :class:`DeviceTensor`: the tensor, a flat view of its memory,
+and an event recorded on the stream that produced it (the stream interface, :mod:`commlib.transport.streams`,
+records it), so that the coordinator's lane reads it only once it is there. The lane leaves in ``done`` the
+event after which the result is there, and :class:`DeviceHandle` makes the caller's stream wait for it when
+the caller synchronizes: no host synchronization on either side, nothing read early.
+
+:class:`Staged` is the older whole-tensor trip through pinned host memory, left for what reduces on the host
+only (the lossy compressors of commlib.compression and the summation servers' push_pull).
 """
 
 from __future__ import annotations
@@ -87,14 +91,15 @@ def _cuda_interface(obj) -> dict | None:
         return None
 
 
-def _is_torch(obj) -> bool:
+def is_torch(obj) -> bool:
+    """Whether ``obj`` is a torch tensor (read from its type: torch is not imported for it)."""
     return type(obj).__module__.startswith("torch")
 
 
 def declared_layout(obj) -> tuple[np.dtype, tuple]:
     """(numpy dtype, shape) a device tensor declares, read without touching its memory or importing its
     library. bfloat16 is ``ml_dtypes.bfloat16``."""
-    if _is_torch(obj):  # torch is loaded already: the object is one of its tensors
+    if is_torch(obj):  # torch is loaded already: the object is one of its tensors
         from .dtypes import BFLOAT16
         name = str(obj.dtype).replace("torch.", "")
         return (BFLOAT16 if name == "bfloat16" else np.dtype(name)), tuple(obj.shape)
@@ -131,7 +136,7 @@ def as_cupy(obj):
     cupy = cupy_module()
     if isinstance(obj, cupy.ndarray):
         return obj
-    if _is_torch(obj):
+    if is_torch(obj):
         obj = obj.detach()  # the interface refuses tensors that require grad; the memory is the same
         if str(obj.dtype) == "torch.bfloat16":
             import torch
@@ -143,12 +148,72 @@ def as_cupy(obj):
 
 def _like_input(obj, device_array):
     """``device_array`` (CuPy) returned in the input's kind: a torch tensor for torch, else CuPy."""
-    if not _is_torch(obj):
+    if not is_torch(obj):
         return device_array
     import torch
     if device_array.dtype == np.uint16 and str(obj.dtype) == "torch.bfloat16":
         return torch.from_dlpack(device_array.view(np.int16)).view(torch.bfloat16)
     return torch.from_dlpack(device_array)
+
+
+class DeviceTensor:
+    """One device tensor of a request: ``tensor`` as the caller passed it, ``flat`` a 1-D view of its memory
+    (in the stream interface's array type), ``dtype`` (numpy; bfloat16 as ``ml_dtypes.bfloat16``) and
+    ``shape``, ``streams`` the stream interface of its GPU, ``ready`` the event after which its values are
+    there, and, once the collective has been queued, ``done``: the event after which the result is."""
+
+    __slots__ = ("tensor", "streams", "flat", "dtype", "shape", "ready", "done")
+
+    def __init__(self, tensor, streams, flat, dtype: np.dtype, shape: tuple, ready=None):
+        self.tensor = tensor
+        self.streams = streams
+        self.flat = flat
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.ready = ready
+        self.done = None
+
+    @classmethod
+    def submitted(cls, tensor, streams) -> "DeviceTensor":
+        """``tensor`` as submitted now, by this thread: ready once the stream its library queues work on
+        in this thread has run what it holds now."""
+        dtype, shape = declared_layout(tensor)
+        return cls(tensor, streams, streams.flat(tensor), dtype, shape, streams.record(streams.user_stream(tensor)))
+
+    def like(self) -> "DeviceTensor":
+        """A new tensor of the same library, dtype, shape and GPU (the output of an out-of-place call)."""
+        buffer = self.streams.empty(int(np.prod(self.shape, dtype=np.int64)), self.dtype)
+        return DeviceTensor(self.streams.result(self.tensor, buffer, self.shape), self.streams, buffer, self.dtype,
+                            self.shape)
+
+    def consumed(self):
+        """The caller's tensor, with the stream its library queues work on in this thread ordered after
+        ``done``: what the caller queues next sees the result."""
+        if self.done is not None:
+            self.streams.wait(self.streams.user_stream(self.tensor), self.done)
+        return self.tensor
+
+
+class DeviceHandle(Handle):
+    """The handle of a device request: the inner handle's result (a :class:`DeviceTensor`, or alltoall's
+    (DeviceTensor, splits)) becomes the caller's tensor, consumed by the caller's stream (see
+    :meth:`DeviceTensor.consumed`), once, in the thread that asks for it."""
+
+    __slots__ = ("_finished",)
+
+    def __init__(self, inner: Handle):
+        super().__init__(inner.name, parts=[inner])
+        self._finished = None
+
+    def result(self):
+        if self._finished is None:
+            result = self._parts[0].result()
+            if isinstance(result, tuple):
+                result = (result[0].consumed(),) + result[1:]
+            elif isinstance(result, DeviceTensor):
+                result = result.consumed()
+            self._finished = (result,)
+        return self._finished[0]
 
 
 class Staged:

@@ -61,6 +61,10 @@ class Engine:
         self.topology = topology
         self.config = config
         self.context = AlgorithmContext.create(transport, topology, config)
+        #: the algorithm of host buffers that name none: the configured one, or auto where that one reduces
+        #: device buffers only (COMMLIB_ALGORITHM=nccl)
+        configured = spec.BY_NAME.get(config.algorithm)
+        self.host_algorithm = spec.AUTO if configured is not None and configured.device else config.algorithm
         #: ``auto``'s plan per request while it learns (:meth:`plan_allreduce`): a small call's latency is
         #: mostly decisions like these, and each plan follows the learner
         self._learning_plans = BoundedCache(256)
@@ -129,7 +133,7 @@ class Engine:
         op = as_op(op)
         check_options(dtype, codec, prescale, postscale, name)
         ctx = self.context
-        algorithm = algorithm or self.config.algorithm
+        algorithm = algorithm or self.host_algorithm
         pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
         if algorithm == spec.AUTO and self.size > 1 and count and select.learner(ctx) is not None:
@@ -225,7 +229,7 @@ class Engine:
                 self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
             return
         check_options(flats[0].dtype, codec, prescale, postscale, name)
-        algorithm = algorithm or self.config.algorithm
+        algorithm = algorithm or self.host_algorithm
         total = sum(f.nbytes for f in flats)
         if algorithm == spec.AUTO and select.learner(self.context) is not None:
             prepare(self.context, flats[0].dtype, total, algorithm, codec)  # the checks

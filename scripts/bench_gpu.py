@@ -8,10 +8,11 @@ casting: commlib's fused scale-and-cast kernel (float32 -> float16 / bfloat16 bi
 GB/s counted as bytes read + written, and the ratio to the device-to-device copy of the same bytes (the
 physical bound of a memory-bound kernel).
 
-staged: commlib's staged allreduce (pinned buffers, segment copies overlapped with MPI) against the plain
-loop ``host = cupy.asnumpy(x); comm.Allreduce(IN_PLACE, host); x.set(host)``, and MPI's own Allreduce of
-a host buffer of the same size (the network part alone: the bound neither can beat). Interleaved, median
-of the repetitions, on every size.
+staged: ``commlib.allreduce_`` of a CuPy array (the coordinator's device path: segments to pinned memory
+overlapped with the host reduction, or NCCL where its route allows) against the plain loop
+``host = cupy.asnumpy(x); comm.Allreduce(IN_PLACE, host); x.set(host)``, and MPI's own Allreduce of a host
+buffer of the same size (the network part alone). Interleaved, median of the repetitions, on every size.
+``commlib-bench --device cuda`` measures the device path against the copy bound.
 """
 
 from __future__ import annotations
@@ -73,26 +74,24 @@ def staged(args) -> None:
     import cupy
     from mpi4py import MPI
 
-    from commlib.config import Config
-    from commlib.engine import Engine
-    from commlib.topology import Topology
-    from commlib.transport.mpi import MPITransport
-    from commlib.transport.staged import CudaOps, StagedAllreduce
+    import commlib as cl
+    from commlib import lifecycle
 
+    cl.init()
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm), Config.load())
-    pipeline = StagedAllreduce(CudaOps(cupy), engine.allreduce_, size, args.segment_bytes)
+    cupy.cuda.Device(cl.local_rank() % cupy.cuda.runtime.getDeviceCount()).use()
     if rank == 0:
-        print(f"# ranks={size} segment={args.segment_bytes} B reps={args.reps} (interleaved, median; ms per call)")
-        print(f"# {'bytes':>11} {'staged':>9} {'plain':>9} {'mpi host':>9} {'plain/staged':>12} {'mpi/staged':>10}")
+        print(f"# ranks={size} COMMLIB_DEVICE_SEGMENT={lifecycle.config().device_segment_bytes} B reps={args.reps} "
+              "(interleaved, median; ms per call)")
+        print(f"# {'bytes':>11} {'commlib':>9} {'plain':>9} {'mpi host':>9} {'plain/commlib':>13} {'mpi/commlib':>11}")
     for nbytes in (4 << 10, 256 << 10, 4 << 20, 64 << 20, 256 << 20):
         count = nbytes // 4
         x = cupy.ones(count, cupy.float32)
         host = np.ones(count, np.float32)
 
-        def run_staged():
-            pipeline.allreduce_([x], _sum())
+        def run_commlib():  # the public API: the coordinator's device path
+            cl.allreduce_(x, op=cl.Sum, name="x")
             cupy.cuda.get_current_stream().synchronize()
 
         def run_plain():
@@ -103,12 +102,13 @@ def staged(args) -> None:
         def run_mpi():
             comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
 
-        cases = {"staged": run_staged, "plain": run_plain, "mpi": run_mpi}
+        cases = {"commlib": run_commlib, "plain": run_plain, "mpi": run_mpi}
         times = {name: [] for name in cases}
         for rep in range(args.reps + 1):
             for name, fn in cases.items():
                 x.fill(1.0)
                 host.fill(1.0)
+                cupy.cuda.get_current_stream().synchronize()
                 comm.Barrier()
                 t0 = time.perf_counter()
                 fn()
@@ -119,14 +119,9 @@ def staged(args) -> None:
                 assert got == size, f"{name}: wrong result {got} on {size} ranks"
         if rank == 0:
             med = {name: statistics.median(v) * 1e3 for name, v in times.items()}
-            print(f"  {nbytes:>11} {med['staged']:9.3f} {med['plain']:9.3f} {med['mpi']:9.3f} "
-                  f"{med['plain'] / med['staged']:12.2f} {med['mpi'] / med['staged']:10.2f}")
-    engine.close()
-
-
-def _sum():
-    from commlib.ops import ReduceOp
-    return ReduceOp.SUM
+            print(f"  {nbytes:>11} {med['commlib']:9.3f} {med['plain']:9.3f} {med['mpi']:9.3f} "
+                  f"{med['plain'] / med['commlib']:13.2f} {med['mpi'] / med['commlib']:11.2f}", flush=True)
+    cl.shutdown()
 
 
 def main() -> None:
@@ -134,7 +129,6 @@ def main() -> None:
     parser.add_argument("what", choices=("casting", "staged"))
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--segment-bytes", type=int, default=4 << 20)
     args = parser.parse_args()
     {"casting": casting, "staged": staged}[args.what](args)
 

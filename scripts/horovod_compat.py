@@ -184,10 +184,11 @@ def run_one(test: str, where: Path, args) -> tuple[str, str, str, float]:
     """Run one test on ``args.np`` ranks; return (test, outcome, reason, seconds)."""
     logs = where / "logs" / test.replace("::", ".")
     logs.mkdir(parents=True, exist_ok=True)
-    # faulthandler_timeout: a test that hangs dumps every thread's stack into its rank log before the kill
+    # faulthandler_timeout: a test that hangs dumps every thread's stack into its rank log before the kill;
+    # the rank from MPICH's PMI_RANK or Open MPI's OMPI_COMM_WORLD_RANK
     inner = (f"exec {args.python} -m pytest -q -rfEs -p no:cacheprovider -W ignore::DeprecationWarning "
              f"-o faulthandler_timeout={max(args.timeout - 15, 5)} "
-             f"{args.test_name}::{test} > {logs}/rank$PMI_RANK.log 2>&1")
+             f"{args.test_name}::{test} > {logs}/rank${{PMI_RANK:-${{OMPI_COMM_WORLD_RANK:-0}}}}.log 2>&1")
     command = [mpiexec(args.python), "-n", str(args.np), "sh", "-c", inner]
     env = dict(os.environ, COLUMNS="1000", PYTHONPATH=os.pathsep.join(filter(None, [str(args.root / "pkg"),
                                                                     os.environ.get("PYTHONPATH")])))

@@ -20,8 +20,9 @@ from .scaling import with_scaling_passes
 from .select import Choice
 from .spec import SPECS, AlgorithmSpec
 
-#: Every concrete algorithm, by name (the registry's view for callers that only run them).
-ALGORITHMS = {s.name: s.run for s in SPECS}
+#: Every concrete algorithm of host buffers, by name (the registry's view for callers that only run them;
+#: the device-only ones, nccl, run on the coordinator's device path).
+ALGORITHMS = {s.name: s.run for s in SPECS if not s.device}
 
 __all__ = ["ALGORITHMS", "AlgorithmContext", "AlgorithmSpec", "Choice", "SPECS", "TorusGrid", "execute",
            "prepare", "resolve", "run_allreduce"]

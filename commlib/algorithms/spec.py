@@ -43,6 +43,7 @@ class AlgorithmSpec:
     cost: Callable[..., float]  # (model, nbytes, shape, codec) -> predicted seconds
     summary: str  # one line for --help, the docs and --explain
     segmented: bool = False  # pipelines in ``ctx.segment_bytes`` segments (auto chooses the size)
+    device: bool = False  # reduces device buffers only, on the coordinator's device path (docs/gpu.md)
 
 
 def _passes(schedule: Callable[..., int]) -> Callable[..., int]:
@@ -76,6 +77,20 @@ def _anywhere(ctx, codec) -> str | None:
     return None
 
 
+NCCL_ON_HOST = ("nccl reduces CUDA device tensors (CuPy arrays, torch CUDA tensors) on the coordinator's device "
+                "path; this buffer is in host memory (a configured COMMLIB_ALGORITHM=nccl leaves host tensors to auto)")
+
+
+def _device_only(ctx, codec) -> str | None:
+    return NCCL_ON_HOST
+
+
+def _nccl_on_host(ctx, buf, op, codec=None, *, prescale: float = 1.0, postscale: float = 1.0) -> int:
+    from ..errors import ConfigError
+
+    raise ConfigError(NCCL_ON_HOST)
+
+
 SPECS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec("native", _passes(native.allreduce), None, False, native.requires, cost.native,
                   "MPI's own MPI_Allreduce (no wire compression)"),
@@ -99,6 +114,10 @@ SPECS: tuple[AlgorithmSpec, ...] = (
     AlgorithmSpec("ps", ps.allreduce, None, True, ps.requires, ps.chosen_cost,
                   "through summation servers (push_pull): each rank sends and receives its buffer once; needs "
                   "servers in the job (docs/servers.md)"),
+    AlgorithmSpec("nccl", _nccl_on_host, None, False, _device_only, cost.ring,
+                  "device tensors: NCCL on the lane's stream when every rank has a GPU of its own (NCCL inside "
+                  "each node, the staged host path across nodes), else the staged path (docs/gpu.md)",
+                  device=True),
 )
 
 BY_NAME: dict[str, AlgorithmSpec] = {spec.name: spec for spec in SPECS}

@@ -15,6 +15,7 @@ import sys
 import traceback
 
 from . import calibrate as calibration
+from . import device as device_bench
 from . import progress as progress_bar
 from . import report
 from ..algorithms import cost, select, spec
@@ -87,6 +88,8 @@ def run(options: Options, comm, collective=None, command: str = "commlib-bench",
         lane.engine.context.servers = ServerLane(client, "commlib-bench", comm.Get_size(), nodes)
     lane.engine.recall()  # auto starts from what earlier jobs of this layout settled, as a job's would
     try:
+        if options.device == "cuda":  # device buffers: a table of its own (bench/device.py)
+            return device_bench.run(options, comm, lane, command)
         refused = refusals(options, collective, lane.engine)
         error = _refusal_error(options, refused)
         if error:

@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from ..algorithms.spec import names as algorithm_names
+from ..algorithms.spec import get as spec_of, names as algorithm_names
 from ..config import Config, parse_shape, parse_size
 from ..dtypes import TABLE
 from ..errors import ConfigError
@@ -64,6 +64,7 @@ class Options:
     calibrate_path: str | None = None  # --calibrate: fit the cost model and write the profile here
     explain: bool = False  # --explain: the model's predicted time beside each measured one
     link_rate: float | None = None  # --link-rate: bytes/s of each node's link, for the "x bound" column
+    device: str = "cpu"  # --device cuda: device buffers through the staged path and NCCL (bench/device.py)
 
     @property
     def dtype_name(self) -> str:
@@ -130,8 +131,8 @@ def _choice(table: dict):
 
 def _algorithms(text: str) -> tuple[str, ...]:
     names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    if names == ["all"]:
-        return algorithm_names(with_auto=False) + ("auto",)
+    if names == ["all"]:  # the algorithms of host buffers (nccl is measured by --device cuda)
+        return tuple(n for n in algorithm_names(with_auto=False) if not spec_of(n).device) + ("auto",)
     unknown = [n for n in names if n not in algorithm_names()]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
@@ -209,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--link-rate", type=parse_rate, default=None, metavar="RATE",
         help="each node's link rate as tc writes it (e.g. 1gbit, 10gbit, 125mbps = bytes): add each time as a multiple of the link "
              "bound 2(n-1)/n x size / rate for n nodes (wire bytes with --compression)")
+    add("--device", choices=("cpu", "cuda"), default="cpu",
+        help="cuda: allreduce CuPy device buffers through commlib's device path, the staged path and NCCL "
+             "where it can run, against the copy bound (device to host + host to device at the measured "
+             "PCIe rate); needs CuPy and a GPU on every rank (default cpu)")
     progress = parser.add_mutually_exclusive_group()
     progress.add_argument("--progress", dest="progress", action="store_true", default=None,
                           help="show a progress bar on stderr (default: only when stderr is a terminal)")
@@ -267,7 +272,13 @@ def validate(args: argparse.Namespace) -> Options:
         all_algorithms=args.algo == _algorithms("all"),
         local_size=args.local_size, torus_shape=args.torus, compression=args.compression,
         json_path=args.json_path, plot_path=args.plot_path, progress=args.progress,
-        calibrate_path=args.calibrate_path, explain=args.explain, link_rate=args.link_rate)
+        calibrate_path=args.calibrate_path, explain=args.explain, link_rate=args.link_rate, device=args.device)
+    if options.device == "cuda":
+        if options.collective != "allreduce":
+            raise UsageError(f"--device cuda measures allreduce, not {options.collective}")
+        if args.algo is not None or options.calibrate_path is not None or options.plot_path is not None:
+            raise UsageError("--device cuda measures the staged path and NCCL in one table: drop --algo, "
+                             "--calibrate and --plot")
     if (options.explain or options.calibrate_path is not None) and options.collective != "allreduce":
         raise UsageError(f"--explain and --calibrate model allreduce, not {options.collective}")
     if options.stepfactor == 1 and options.minbytes != options.maxbytes:

@@ -4,7 +4,7 @@ A lane is an :class:`~commlib.engine.Engine` on a communicator of its own. With 
 inline in whichever thread drives the coordinator (no thread hand-off: the lowest latency). With k > 1
 lanes, each lane has a thread and a queue; response number i runs on lane i mod k on every rank, so the
 same collective meets on the same communicator everywhere, and one lane packs or compresses while another
-communicates.
+communicates. A response of device tensors runs on the lane's device half (:mod:`.device_path`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ..compression import Compression, codec_for
 from ..errors import CollectiveError
 from ..ops import ReduceOp
 from ..timeline import COMMUNICATION, MEMCPY_IN_FUSION_BUFFER, MEMCPY_OUT_FUSION_BUFFER, QUEUE
+from .device_path import DevicePath
 from .fusion import pack, unpack
 from .requests import Entry, Kind, Response
 
@@ -38,6 +39,7 @@ class Lane:
         self.timeline = timeline
         self._scratch = ScratchPool()
         self._plans = BoundedCache(_PLANS)   # id(meta) -> (meta, engine plan); the meta keeps the id valid
+        self._device: DevicePath | None = None  # made by the lane's first device response
 
     def execute(self, response: Response, entries: list[Entry | None]) -> None:
         """Run one response; ``entries[i]`` is this rank's request for ``response.metas[i]`` (None for a
@@ -57,6 +59,9 @@ class Lane:
         kind = response.kind
         if kind is _ALLREDUCE:
             self._allreduce(response, entries)
+            return
+        if response.metas[0].device != _CPU:
+            self._run_on_device(response, entries)
             return
         entry = entries[0]
         meta = response.metas[0]
@@ -81,11 +86,14 @@ class Lane:
     def _allreduce(self, response: Response, entries: list[Entry | None]) -> None:
         meta = response.metas[0]
         if len(entries) == 1:  # kept lean: a small synchronous call's latency is mostly this kind of code
-            entry = entries[0]
-            output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
             plan = self._plans.get(id(meta))
             if plan is None or plan[0] is not meta:
                 plan = self._plan(meta)
+            if plan[1] is None:  # a device tensor's (see _plan)
+                self._run_on_device(response, entries)
+                return
+            entry = entries[0]
+            output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
             flat = output if output.ndim == 1 else output.reshape(-1)
             if self.timeline is None:
                 plan[1](flat)
@@ -95,6 +103,9 @@ class Lane:
                 self._learned(response)
             if entry is not None:
                 entry.handle.set_result(output)
+            return
+        if meta.device != _CPU:
+            self._run_on_device(response, entries)
             return
         op = ReduceOp(meta.op)
         codec = _codec(meta)
@@ -122,9 +133,27 @@ class Lane:
             if entry is not None:
                 entry.handle.set_result(output)
 
+    @property
+    def device(self) -> DevicePath:
+        """The lane's device half (streams, buffers, NCCL communicators), made on first use."""
+        if self._device is None:
+            self._device = DevicePath(self.engine, self.engine.config.device_segment_bytes)
+        return self._device
+
+    def _run_on_device(self, response: Response, entries: list[Entry | None]) -> None:
+        def span(activity: str, **args):
+            return self._span(activity, response, **args)
+        if response.kind is _ALLREDUCE:
+            self.device.allreduce(response, entries, span)
+        else:
+            self.device.collective(response, entries, span)
+
     def _plan(self, meta) -> tuple:
         """The engine's plan for ``meta`` (an agreed, validated request), remembered by the Meta object:
-        the coordinator hands the same one for every call of a negotiated name."""
+        the coordinator hands the same one for every call of a negotiated name. None for a device tensor's
+        request: it runs on the lane's device half (decided once per request, not per call)."""
+        if meta.device != _CPU:
+            return self._plans.put(id(meta), (meta, None))
         plan = (meta, self.engine.plan_allreduce(np.dtype(meta.dtype), math.prod(meta.shape), ReduceOp(meta.op),
                                                   meta.algorithm or None, meta.prescale, meta.postscale,
                                                   _codec(meta), meta.name))
@@ -150,6 +179,8 @@ class Lane:
                      **_args(response, self.index), **args)
 
     def close(self) -> None:
+        if self._device is not None:
+            self._device.close()
         self.engine.close()
 
 
@@ -165,6 +196,7 @@ def _codec(meta):
 
 
 MPI_ALLREDUCE = COMMUNICATION["ALLREDUCE"]
+_CPU = "cpu"  # Meta.device of a host tensor
 _ALLREDUCE = Kind.ALLREDUCE  # a global: an enum member costs an attribute lookup on the hot path
 _PLANS = 4096  # plans kept per lane; emptied when full (auto-named tensors make a new Meta per call)
 _NO_SPAN = contextlib.nullcontext()  # stateless: safe to share between lanes and calls

@@ -9,6 +9,8 @@ are not); larger ones are never copied: the group is reduced in one pass over th
 large tensors in place (``Engine.allreduce_many_``, with the ring or cma algorithm). The threshold bounds
 the fusion buffer, so in-place tensors do not count against it: gradients all ready at once run as one
 group rather than several (docs/results/design_choices.md).
+Device tensors fuse only with device tensors, and every one of them is packed (on the device, in one
+kernel: :mod:`.device_path`), so the threshold bounds the whole of a device group.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int,
             out.append(response)
             continue
         meta = response.metas[0]
-        nbytes = meta.nbytes if meta.nbytes < inplace_bytes else 0  # bytes it adds to the fusion buffer
+        # bytes it adds to the fusion buffer (a device group packs every tensor: the threshold bounds all)
+        nbytes = meta.nbytes if meta.nbytes < inplace_bytes or meta.device != "cpu" else 0
         if threshold_bytes <= 0 or nbytes > threshold_bytes:
             out.append(response)
             continue

@@ -116,7 +116,8 @@ class PriorityQueue:
         nbytes = sum(m.nbytes for m in response.metas)
         priority = max(m.priority for m in response.metas)
         if (response.kind is Kind.ALLREDUCE and len(response.metas) == 1 and nbytes > self.partition_bytes
-                and meta.op in _SPLITTABLE_OPS and meta.compression in _SPLITTABLE_CODECS):
+                and meta.op in _SPLITTABLE_OPS and meta.compression in _SPLITTABLE_CODECS
+                and meta.device == "cpu"):  # a device tensor is segmented by its own pipeline
             self._push_parts(response, entries, nbytes, priority)
             return
         self._add(priority, nbytes, response, entries)

@@ -59,8 +59,9 @@ class Meta:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def fusion_key(self) -> tuple:
-        """Allreduces with equal keys may share one fused buffer."""
-        return (self.dtype, self.op, self.prescale, self.postscale, self.compression, self.algorithm)
+        """Allreduces with equal keys may share one fused buffer (host tensors with host tensors, device
+        tensors with device tensors)."""
+        return (self.dtype, self.op, self.prescale, self.postscale, self.compression, self.algorithm, self.device)
 
     def matched_fields(self) -> dict[str, Any]:
         """The fields that must be equal on every rank (allgather and alltoall may differ in the first

@@ -1,9 +1,9 @@
 """Process queries and build queries, answered truthfully for this build (every plug-in re-exports them).
 
 commlib runs over MPI (mpi4py) on the host. It has no Gloo, oneCCL, DDL or ROCm backend, so those queries
-say so. ``cuda_built()`` is True where CUDA tensors can be communicated (CuPy and a visible GPU: they are
-staged through host memory). The plug-ins do not use NCCL, so ``nccl_built()`` returns 0 like Horovod's
-built without NCCL (``commlib.nccl_built()`` answers for commlib's own NCCL transport).
+say so. ``cuda_built()`` is True where CUDA tensors can be communicated (CuPy and a visible GPU), and
+``nccl_built()`` is NCCL's version code where the device path can reduce them with NCCL (docs/gpu.md), as
+Horovod's answers for a build with NCCL; 0 otherwise.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def gloo_enabled() -> bool:
 
 
 def nccl_built() -> int:
-    """0: commlib is built without NCCL (Horovod returns the NCCL version code when it is built with it)."""
-    return 0
+    """NCCL's version code where commlib's device path can use NCCL here (CuPy, NCCL and a GPU), else 0."""
+    return _cl.nccl_built()
 
 
 def ddl_built() -> bool:

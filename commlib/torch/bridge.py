@@ -32,7 +32,8 @@ def check_tensor(tensor, name: str | None, what: str) -> None:
     label = f"{what} of tensor {name!r}" if name else what
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{label}: expected a torch.Tensor, got {type(tensor).__name__}")
-    # CUDA tensors go through commlib's API, which stages them through pinned host memory (docs/gpu.md)
+    # CUDA tensors go to commlib's API as they are: the coordinator's device path (docs/gpu.md); the
+    # torch.distributed backend reaches it through as_array too
     if tensor.device.type != "cpu" and not (tensor.device.type == "cuda" and cuda_built()):
         if tensor.device.type == "cuda":
             raise DeviceNotSupportedError(

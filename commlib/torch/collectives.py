@@ -405,7 +405,7 @@ def barrier(process_set=None) -> None:
 def join(device=-1) -> int:
     """Tell the other ranks this rank has no more data; block until all joined. Returns the last rank to
     join. ``device`` (Horovod: the GPU for the zeros a joined rank contributes) is accepted and unused:
-    a joined rank's zeros are made on the host, where commlib reduces (device tensors are staged there)."""
+    a joined rank's lane makes its zeros on the GPU it used before (docs/gpu.md)."""
     if isinstance(device, bool) or not isinstance(device, int):
         raise TypeError(f"join(device={device!r}): device is an integer (-1 for the CPU)")
     return int(_cl.join())

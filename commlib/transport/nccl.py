@@ -1,57 +1,75 @@
-"""The NCCL transport: allreduce of CuPy device arrays with NCCL, one GPU per rank (``cupy.cuda.nccl``).
+"""NCCL: finding the library, the rule for when it can run, and one communicator per lane.
 
-Set up over MPI: rank 0 of the MPI communicator makes a unique id per lane, ``bcast`` gives it to every
-rank, and each rank joins an ``NcclCommunicator`` on its GPU. Lanes are CUDA streams, ``num_streams`` of them (the
-coordinator's ``COMMLIB_NUM_STREAMS`` lanes, once it drives this transport): lane i has its own
-communicator and stream, so collectives on different lanes overlap. Each call orders its lane after the caller's current stream, and the caller's
-stream after the lane (an event each way): the call returns at once, and kernels queued later on the
-caller's stream see the result.
+- :func:`nccl_module` is ``cupy.cuda.nccl`` with the NCCL library found at run time: the
+  ``nvidia-nccl-cu12``/``-cu13`` wheel's ``libnccl.so.2`` when one is installed (loaded first, so that
+  CuPy's NCCL module binds to it), else whatever the system's loader finds. :func:`nccl_built` is its
+  version code, 0 when it cannot run here.
+- :func:`route` is the rule, on facts every rank has gathered (:class:`GpuRecord`, one per rank), for how
+  device allreduces run: ``nccl`` (one node: NCCL among all ranks), ``hierarchical`` (NCCL inside each
+  node, the staged host path across nodes), or the staged path, with the reason. NCCL needs every rank to
+  load it and every rank on a GPU of its own: NCCL refuses two ranks of one communicator on one GPU.
+- :class:`NcclComm` is one NCCL communicator over the ranks of a transport (a lane's, or a node's): rank
+  0 makes the unique id and the transport broadcasts it. The library object is handed in, so the tests
+  can set communicators up over real MPI with a stand-in library.
 
-- :meth:`NcclTransport.allreduce_` reduces several arrays in one NCCL group call (the fused buffers of
-  one response); ``wire=float16`` casts float32 on the device and reduces in float16. NCCL accumulates
-  in the wire type (it has no float32 accumulation for float16 data), so each reduction step rounds to
-  float16: the prescale divides first for Average so that the sum cannot overflow.
-- :meth:`NcclTransport.hierarchical_allreduce_` follows Horovod's hierarchical allreduce: NCCL
-  reduce-scatter among the ranks of a host, MPI allreduce of each rank's shard among the ranks with the
-  same local rank (staged through pinned memory: MPI here is not CUDA-aware), NCCL allgather in the host.
-
-``nccl_built()`` says whether this can run here. NCCL refuses two ranks of one communicator on the same
-GPU, so with one GPU only the 1-rank path can be run; the multi-rank path is the same code.
+The collectives take raw device addresses and a stream handle from the stream interface
+(:mod:`.streams`) and are queued on that stream.
 """
 
 from __future__ import annotations
 
-import ctypes
+import dataclasses
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
 from ..device import DeviceSupportError, cupy_module
 from ..dtypes import BFLOAT16
-from ..errors import CommlibError
 from ..ops import ReduceOp
-from .device_kernels import DeviceKernels, device_dtype
-from .staged import check_request, scaling
 
 # NCCL's ncclDataType_t and ncclRedOp_t (nccl.h); CuPy exports the same numbers as nccl.NCCL_*.
-_NCCL_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 4,
-               np.dtype(np.float16): 6, np.dtype(np.float32): 7, np.dtype(np.float64): 8, BFLOAT16: 9}
-_NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3,
-             ReduceOp.AVERAGE: 0}  # Average: a Sum, divided by the size on the device
+NCCL_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2, np.dtype(np.int64): 4,
+              np.dtype(np.float16): 6, np.dtype(np.float32): 7, np.dtype(np.float64): 8, BFLOAT16: 9}
+NCCL_OPS = {ReduceOp.SUM: 0, ReduceOp.PRODUCT: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
+NO_LIBRARY = ("install the NCCL wheel for your CUDA version (pip install 'commlib[cuda12]' or "
+              "'commlib[cuda13]': nvidia-nccl-cu12/-cu13) or the system's libnccl2")
+
+
+def wheel_library() -> Path | None:
+    """``libnccl.so.2`` of an installed ``nvidia-nccl-cu12``/``-cu13`` wheel (``nvidia/nccl/lib/``), or None."""
+    try:
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        candidate = Path(location) / "lib" / "libnccl.so.2"
+        if candidate.exists():
+            return candidate
+    return None
 
 
 def nccl_module():
-    """``cupy.cuda.nccl`` when CuPy has NCCL, else a :class:`DeviceSupportError` saying what to install."""
+    """``cupy.cuda.nccl`` bound to the NCCL library found at run time (module docstring), or a
+    :class:`DeviceSupportError` saying what to install."""
     cupy_module()
-    from cupy.cuda import nccl
+    library = wheel_library()
+    if library is not None:
+        import ctypes
+
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)  # CuPy's module then binds to this one
+    try:
+        from cupy.cuda import nccl
+    except ImportError as exc:
+        raise DeviceSupportError(f"CuPy cannot load NCCL ({exc}); {NO_LIBRARY}") from None
     if not getattr(nccl, "available", True):
-        raise DeviceSupportError("CuPy cannot load NCCL; install the NCCL wheel for your CUDA version: "
-                                 "pip install 'commlib[cuda12]' or 'commlib[cuda13]' (nvidia-nccl-cu12/-cu13)")
+        raise DeviceSupportError(f"CuPy cannot load NCCL; {NO_LIBRARY}")
     return nccl
 
 
 def nccl_built() -> int:
-    """NCCL's version code (e.g. 22703 for 2.27.3) when the NCCL transport can run here: CuPy imports,
-    ``cupy.cuda.nccl`` loads NCCL, and a CUDA device is visible; else 0 (as Horovod's ``nccl_built``)."""
+    """NCCL's version code (e.g. 22703 for 2.27.3) when NCCL can run here: CuPy imports, the library
+    loads, and a CUDA device is visible; else 0 (as Horovod's ``nccl_built``)."""
     try:
         nccl = nccl_module()
         import cupy
@@ -62,156 +80,135 @@ def nccl_built() -> int:
         return 0
 
 
-class NcclTransport:
-    """NCCL communicators (one per lane) over the ranks of an MPI communicator, one GPU per rank."""
+# ---- when NCCL can run ----------------------------------------------------------------------------------
 
-    def __init__(self, comm, num_streams: int = 1, device: int | None = None, local_comm=None):
-        """``comm``: an mpi4py communicator (set-up and the cross-host step of the hierarchical
-        allreduce). ``device``: this rank's GPU, by default its rank within its host modulo the number
-        of GPUs. ``local_comm``: the ranks of this host (default: MPI's shared-memory split)."""
-        from mpi4py import MPI
+@dataclasses.dataclass(frozen=True)
+class GpuRecord:
+    """What one rank tells the others before the first device allreduce: its node (as commlib's topology
+    counts them, COMMLIB_LOCAL_SIZE included), the machine it really runs on (:func:`this_host`), its GPU's
+    PCI address (domain, bus, device; equal for two ranks that share the GPU) and its NCCL version (0:
+    none)."""
 
-        self.cupy = cupy = cupy_module()
-        self.nccl = nccl_module()
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self._own_local = local_comm is None
-        self.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED) if local_comm is None else local_comm
-        self.local_rank, self.local_size = self.local_comm.Get_rank(), self.local_comm.Get_size()
-        self.cross_comm = comm.Split(self.local_rank, self.rank)   # the ranks with this local rank
-        count = cupy.cuda.runtime.getDeviceCount()
-        if count < 1:
-            raise DeviceSupportError("no CUDA device is visible to this process (CUDA_VISIBLE_DEVICES?)")
-        self.device = cupy.cuda.Device(self.local_rank % count if device is None else device)
-        self.kernels = DeviceKernels(cupy)
-        self.lanes, self.local_lanes = [], []
-        with self.device:
-            for _ in range(num_streams):
-                self.lanes.append(self._communicator(comm))
-                self.local_lanes.append(self._communicator(self.local_comm))
+    node: int
+    host: int
+    gpu: tuple[int, int, int]
+    nccl: int
 
-    def _communicator(self, comm):
-        uid = self.nccl.get_unique_id() if comm.Get_rank() == 0 else None
-        uid = comm.bcast(uid, root=0)
-        return (self.nccl.NcclCommunicator(comm.Get_size(), uid, comm.Get_rank()),
-                self.cupy.cuda.Stream(non_blocking=True))
+    def encode(self) -> np.ndarray:
+        return np.array([self.node, self.host, *self.gpu, self.nccl], np.int64)
+
+    @classmethod
+    def decode(cls, row) -> "GpuRecord":
+        node, host, domain, bus, dev, version = (int(v) for v in row)
+        return cls(node, host, (domain, bus, dev), version)
+
+
+#: integers in a :class:`GpuRecord`
+RECORD_SIZE = 6
+
+
+def this_host() -> int:
+    """This machine, as a number every process on it computes alike (emulated nodes share one)."""
+    import socket
+    import zlib
+
+    return zlib.crc32(socket.gethostname().encode())
+
+
+STAGED, NCCL, HIERARCHICAL = "staged", "nccl", "hierarchical"
+
+
+def route(records: list[GpuRecord], node_sizes: list[int]) -> tuple[str, str]:
+    """(how device allreduces run, why): ``nccl`` on one node, ``hierarchical`` across nodes of equal
+    size, else ``staged`` with the reason NCCL cannot run. Every rank decides from the same records."""
+    missing = [r for r, record in enumerate(records) if record.nccl <= 0]
+    if missing:
+        return STAGED, f"rank(s) {missing} cannot load NCCL (commlib.nccl_built() is 0 there): {NO_LIBRARY}"
+    seen: dict[tuple, int] = {}
+    for r, record in enumerate(records):
+        key = (record.host, record.gpu)
+        if key in seen:
+            domain, bus, dev = record.gpu
+            return STAGED, (f"ranks {seen[key]} and {r} share one GPU (PCI {domain:04x}:{bus:02x}:{dev:02x} on "
+                            f"node {record.node}); NCCL refuses two ranks of one communicator on one GPU, "
+                            "so device tensors go through the host (give each rank a GPU of its own: "
+                            "CUDA_VISIBLE_DEVICES or one rank per GPU)")
+        seen[key] = r
+    if len(node_sizes) == 1:
+        return NCCL, f"every rank has a GPU of its own (NCCL {_version(min(r.nccl for r in records))})"
+    if len(set(node_sizes)) > 1:
+        return STAGED, (f"hierarchical NCCL needs the same number of ranks on every node, but the nodes have "
+                        f"{list(node_sizes)}")
+    return HIERARCHICAL, (f"every rank has a GPU of its own on {len(node_sizes)} nodes: NCCL inside each node, "
+                          "the staged host path across nodes")
+
+
+def _version(code: int) -> str:
+    if code >= 10000:
+        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+    return f"{code // 1000}.{code // 100 % 10}.{code % 100}"
+
+
+def why_not_dtype(dtype: np.dtype) -> str | None:
+    """Why NCCL cannot reduce ``dtype`` (None: it can)."""
+    if np.dtype(dtype) in NCCL_TYPES:
+        return None
+    return f"NCCL has no {np.dtype(dtype)} type (it takes {', '.join(str(d) for d in NCCL_TYPES)})"
+
+
+# ---- a communicator -------------------------------------------------------------------------------------
+
+def exchange_unique_id(transport, unique_id) -> tuple:
+    """Rank 0's ``unique_id`` (a sequence of ints, NCCL's 128 bytes) on every rank of ``transport``."""
+    if transport.size == 1:
+        return tuple(int(v) for v in unique_id)
+    length = np.array([len(unique_id) if transport.rank == 0 else 0], np.int64)
+    transport.bcast_(length, 0)
+    payload = (np.array(unique_id, np.int64) if transport.rank == 0 else np.empty(int(length[0]), np.int64))
+    transport.bcast_(payload, 0)
+    return tuple(int(v) for v in payload)
+
+
+class NcclComm:
+    """One NCCL communicator over the ranks of ``transport`` (its rank 0 makes the unique id), on the GPU of
+    ``streams``. ``nccl`` is the library (:func:`nccl_module`, or a stand-in in the tests)."""
+
+    def __init__(self, nccl, transport, streams):
+        self.nccl = nccl
+        self.streams = streams
+        self.rank, self.size = transport.rank, transport.size
+        unique_id = exchange_unique_id(transport, nccl.get_unique_id() if transport.rank == 0 else ())
+        with streams.activate():
+            self.comm = nccl.NcclCommunicator(transport.size, unique_id, transport.rank)
+
+    def allreduce(self, stream, source, target, dtype: np.dtype, op: ReduceOp) -> None:
+        """``target`` = the reduction of every rank's ``source`` (1-D, ``dtype``; they may be one buffer)."""
+        if source.size:
+            s = self.streams
+            self.comm.allReduce(s.pointer(source), s.pointer(target), int(source.size), NCCL_TYPES[np.dtype(dtype)],
+                                NCCL_OPS[op], s.handle(stream))
+
+    def reduce_scatter(self, stream, source, target, dtype: np.dtype, op: ReduceOp) -> None:
+        """``target`` (``source.size / size`` elements) = this rank's block of the reduction of ``source``."""
+        if target.size:
+            s = self.streams
+            self.comm.reduceScatter(s.pointer(source), s.pointer(target), int(target.size),
+                                    NCCL_TYPES[np.dtype(dtype)], NCCL_OPS[op], s.handle(stream))
+
+    def all_gather(self, stream, source, target, dtype: np.dtype) -> None:
+        """``target`` = every rank's ``source``, in rank order."""
+        if source.size:
+            s = self.streams
+            self.comm.allGather(s.pointer(source), s.pointer(target), int(source.size), NCCL_TYPES[np.dtype(dtype)],
+                                s.handle(stream))
+
+    def broadcast(self, stream, buffer, dtype: np.dtype, root: int) -> None:
+        if buffer.size:
+            s = self.streams
+            self.comm.broadcast(s.pointer(buffer), s.pointer(buffer), int(buffer.size), NCCL_TYPES[np.dtype(dtype)],
+                                root, s.handle(stream))
 
     def close(self) -> None:
-        for nccl_comm, _ in self.lanes + self.local_lanes:
-            nccl_comm.destroy()
-        self.lanes, self.local_lanes = [], []
-        self.cross_comm.Free()
-        if self._own_local:
-            self.local_comm.Free()
-
-    # ---- stream ordering ------------------------------------------------------------------------------
-
-    def _enter(self, stream) -> None:
-        stream.wait_event(self.cupy.cuda.get_current_stream().record())
-
-    def _leave(self, stream) -> None:
-        self.cupy.cuda.get_current_stream().wait_event(stream.record())
-
-    # ---- collectives ------------------------------------------------------------------------------------
-
-    def allreduce_(self, arrays, op: ReduceOp = ReduceOp.AVERAGE, lane: int = 0, prescale: float = 1.0,
-                   postscale: float = 1.0, wire: np.dtype | None = None) -> None:
-        """Reduce CuPy arrays (contiguous, on this rank's GPU) in place across ranks, in one group call."""
-        if not arrays:
-            return
-        _, sent_dtype = check_request("NCCL allreduce", arrays, op, prescale, postscale, wire)
-        nccl_comm, stream = self.lanes[lane % len(self.lanes)]
-        before, after = scaling(op, self.size, prescale, postscale, sent_dtype)
-        self._enter(stream)
-        with stream:
-            sent = [self._wire_buffer(a, before, wire) for a in arrays]
-            self.nccl.groupStart()
-            try:
-                for buf, ntype in sent:
-                    if buf.size:
-                        nccl_comm.allReduce(buf.data.ptr, buf.data.ptr, buf.size, ntype, _NCCL_OPS[op], stream.ptr)
-            finally:
-                self.nccl.groupEnd()
-            for array, (buf, _) in zip(arrays, sent):
-                if buf.data.ptr != array.data.ptr or after != 1.0:
-                    self.kernels.scale_cast(buf, after, array.reshape(-1))
-        self._leave(stream)
-
-    def _wire_buffer(self, array, factor: float, wire):
-        """(the buffer NCCL reduces for ``array``, its NCCL type): the array itself, or a scaled/cast copy."""
-        _check(array, self.device.id)
-        flat = array.reshape(-1)
-        target = np.dtype(array.dtype) if wire is None else np.dtype(wire)
-        ntype = _nccl_type(target)
-        if target == array.dtype and factor == 1.0:
-            return flat, ntype
-        buf = self.cupy.empty(flat.size, device_dtype(target))
-        self.kernels.scale_cast(flat, factor, buf)
-        return buf, ntype
-
-    def hierarchical_allreduce_(self, array, op: ReduceOp = ReduceOp.AVERAGE, lane: int = 0) -> None:
-        """Reduce one CuPy array in place: NCCL inside the host, MPI between hosts (see the module)."""
-        from mpi4py import MPI
-
-        _check(array, self.device.id)
-        check_request("hierarchical NCCL allreduce", [array], op, 1.0, 1.0, None)
-        if np.dtype(array.dtype).kind == "f" and np.dtype(array.dtype).itemsize < 4:
-            raise CommlibError(f"hierarchical NCCL allreduce: {array.dtype} cannot cross MPI here (no 16-bit "
-                               "float MPI type); use float32/float64, or allreduce_ with wire=float16")
-        nccl_comm, stream = self.local_lanes[lane % len(self.local_lanes)]
-        flat = array.reshape(-1)
-        shard = -(-flat.size // self.local_size)          # padded so that every local rank gets a shard
-        padded = self.cupy.zeros(shard * self.local_size, flat.dtype)
-        mine = self.cupy.empty(shard, flat.dtype)
-        ntype, nop = _nccl_type(np.dtype(flat.dtype)), _NCCL_OPS[op]
-        self._enter(stream)
-        with stream:
-            padded[:flat.size] = flat
-            if shard:
-                nccl_comm.reduceScatter(padded.data.ptr, mine.data.ptr, shard, ntype, nop, stream.ptr)
-            if self.cross_comm.Get_size() > 1 and shard:
-                host = self._pinned(shard, flat.dtype)
-                mine.data.copy_to_host_async(ctypes.c_void_p(host.ctypes.data), mine.nbytes, stream)
-                stream.synchronize()
-                self.cross_comm.Allreduce(MPI.IN_PLACE, host, op=_MPI_OPS[op]())
-                mine.data.copy_from_host_async(ctypes.c_void_p(host.ctypes.data), mine.nbytes, stream)
-            if shard:
-                nccl_comm.allGather(mine.data.ptr, padded.data.ptr, shard, ntype, stream.ptr)
-            if op is ReduceOp.AVERAGE:
-                self.kernels.scale_cast(padded[:flat.size], 1.0 / self.size, flat)
-            else:
-                flat[...] = padded[:flat.size]
-            stream.synchronize()  # the pinned buffer and the temporaries stay valid until here
-        self._leave(stream)
-
-    def _pinned(self, count: int, dtype) -> np.ndarray:
-        import cupyx
-        return cupyx.empty_pinned(count, dtype)
-
-
-def _mpi_op(name):
-    def get():
-        from mpi4py import MPI
-        return getattr(MPI, name)
-    return get
-
-
-_MPI_OPS = {ReduceOp.SUM: _mpi_op("SUM"), ReduceOp.AVERAGE: _mpi_op("SUM"), ReduceOp.PRODUCT: _mpi_op("PROD"),
-            ReduceOp.MAX: _mpi_op("MAX"), ReduceOp.MIN: _mpi_op("MIN")}
-
-
-def _nccl_type(dtype: np.dtype) -> int:
-    try:
-        return _NCCL_TYPES[dtype]
-    except KeyError:
-        raise CommlibError(f"NCCL cannot reduce {dtype}; supported: "
-                           f"{', '.join(str(d) for d in _NCCL_TYPES)}") from None
-
-
-def _check(array, device_id: int) -> None:
-    if not array.flags.c_contiguous:
-        raise CommlibError(f"NCCL allreduce: array is not contiguous (shape: {array.shape}, strides: "
-                           f"{array.strides}); pass cupy.ascontiguousarray(x)")
-    if array.device.id != device_id:
-        raise CommlibError(f"NCCL allreduce: array is on GPU {array.device.id}, this rank's communicator on "
-                           f"GPU {device_id}")
+        if self.comm is not None:
+            self.comm.destroy()
+            self.comm = None

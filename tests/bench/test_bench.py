@@ -20,7 +20,8 @@ from commlib.compression import Compression
 from commlib.ops import ReduceOp
 
 # ps needs summation servers, which these jobs do not have: commlib-bench skips it under --algo all
-ALL = [a for a in names(with_auto=False) if a != "ps"] + ["auto"]
+# (nccl reduces device tensors only: --device cuda measures it)
+ALL = [a for a in names(with_auto=False) if a not in ("ps", "nccl")] + ["auto"]
 ALL_MULTINODE = [a for a in ALL if a != "cma"]  # cma needs every rank on one node
 
 
@@ -217,7 +218,7 @@ def test_options_parse_like_nccl_tests():
                           "-d", "bfloat16", "--algo", "all", "--local-size", "2", "--torus", "2x2"])
     assert (opts.minbytes, opts.maxbytes, opts.stepfactor) == (4096, 64 << 20, 4)
     assert (opts.iters, opts.warmup_iters, opts.check, opts.op) == (7, 2, False, ReduceOp.PRODUCT)
-    assert opts.dtype_name == "bfloat16" and opts.algorithms == names(with_auto=False) + ("auto",)
+    assert opts.dtype_name == "bfloat16" and opts.algorithms == tuple(a for a in names(with_auto=False) if a != "nccl") + ("auto",)
     assert opts.sizes() == [4096 * 4 ** i for i in range(8)]
     assert opts.config().local_size == 2 and opts.config().torus_shape == (2, 2)
     assert opts.rounds == 5

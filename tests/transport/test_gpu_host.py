@@ -1,5 +1,6 @@
 """The GPU paths' parts that run without a GPU, on real MPI jobs and real torch: where a tensor lives,
-device agreement between ranks, the missing-CuPy error, and the host-staged pipeline run with HostOps.
+device agreement between ranks and the missing-CuPy error (the device path itself, on host streams:
+tests/coordinator/test_device_responses.py).
 Nothing here runs CUDA code (see test_gpu_device.py for that)."""
 
 import importlib.util
@@ -10,8 +11,6 @@ import numpy as np
 import pytest
 
 from commlib import device
-from commlib.transport.staged import scaling, segments
-from commlib.ops import ReduceOp
 from mpirun import run_mpi
 
 HAVE_CUPY = importlib.util.find_spec("cupy") is not None
@@ -64,20 +63,6 @@ def test_without_cupy_the_gpu_queries_say_no_and_staging_says_what_to_install():
                                                           "version": 3}), "grad")
     assert "grad" in staged.error and "cuda:0" in staged.error and "commlib[cuda13]" in staged.error
     assert staged.host.dtype == np.float16 and staged.host.shape == (4,)
-
-
-def test_segments_and_average_scaling():
-    assert segments(10, 4, 16) == [(0, 4), (4, 8), (8, 10)]
-    assert segments(1, 8, 1) == [(0, 1)]
-    assert scaling(ReduceOp.AVERAGE, 4, 1.0, 2.0, np.dtype(np.float16)) == (0.25, 2.0)   # divide first
-    assert scaling(ReduceOp.AVERAGE, 4, 1.0, 2.0, np.dtype(np.float32)) == (1.0, 0.5)
-    assert scaling(ReduceOp.MAX, 4, 3.0, 2.0, np.dtype(np.float32)) == (3.0, 2.0)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
-def test_staged_pipeline_with_host_ops(nprocs):
-    run_mpi(nprocs, "gpu_staged_check.py", timeout=300)
 
 
 @pytest.mark.mpi
