@@ -55,7 +55,7 @@ _SEND_SLOTS = 2  # encoded outgoing segments in flight; a slot is reused once it
 _CODEC_SEGMENT_DIVISOR = 16
 
 
-def _segment(ctx, count: int, itemsize: int) -> int:
+def segment_elements(ctx, count: int, itemsize: int) -> int:
     """Elements per segment: ``ctx.segment_bytes`` of data (``config.ring_segment_bytes`` unless ``auto``
     chose another; ``itemsize`` 0: a codec's segment), at
     most ``count``. Sender and receiver must cut a message alike: ``count`` must be at least the size of
@@ -64,7 +64,7 @@ def _segment(ctx, count: int, itemsize: int) -> int:
     return min(max(1, per), max(count, 1))
 
 
-def _exchange(ctx, transport: Transport, nsend: int, dest: int, nrecv: int, source: int, seg: int,
+def exchange_segments(ctx, transport: Transport, nsend: int, dest: int, nrecv: int, source: int, seg: int,
               dtype: np.dtype, fill, drain, recv_into: np.ndarray | None = None,
               send_slots: bool = False, send_segs=None, recv_segs=None) -> None:
     """Send ``nsend`` elements to ``dest`` while receiving ``nrecv`` from ``source``, in segments of ``seg``.
@@ -129,7 +129,7 @@ def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, tar
     ``_CODEC_SEGMENT_DIVISOR``); all sends are posted at once (with a codec: as soon as one of the
     ``_SEND_SLOTS`` encoded-segment slots is free), receives go to ``_SLOTS`` segment-sized slots, and each
     segment is reduced as soon as it has arrived - still in cache, while the next one is in flight."""
-    seg = _segment(ctx, max(target.size, outgoing.size), target.itemsize if codec is None else 0)
+    seg = segment_elements(ctx, max(target.size, outgoing.size), target.itemsize if codec is None else 0)
     if codec is None:
         if scale != 1.0 or dst_scale != 1.0:
             raise ValueError("send_reduce_: scale and dst_scale need a codec; scale the buffer first")
@@ -137,7 +137,7 @@ def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, tar
             kernels.reduce_(target[a:b], got, op)
             kernels.scale_(target[a:b], then_scale)
 
-        _exchange(ctx, transport, outgoing.size, dest, target.size, source, seg, target.dtype,
+        exchange_segments(ctx, transport, outgoing.size, dest, target.size, source, seg, target.dtype,
                   lambda a, b, slot: outgoing[a:b],
                   reduce_then_scale if then_scale != 1.0 else lambda a, b, got: kernels.reduce_(target[a:b], got, op))
         return 0
@@ -148,7 +148,7 @@ def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, tar
         overflow += codec.encode(outgoing[a:b], slot, scale)
         return slot
 
-    _exchange(ctx, transport, outgoing.size, dest, target.size, source, seg, codec.wire_dtype, encode,
+    exchange_segments(ctx, transport, outgoing.size, dest, target.size, source, seg, codec.wire_dtype, encode,
               lambda a, b, got: codec.accumulate(target[a:b], got, op, dst_scale), send_slots=True)
     return overflow
 
@@ -213,7 +213,7 @@ def allgather_(ctx, transport: Transport, buf: np.ndarray, offs: Sequence[int],
     kept = _kept(ctx, offs, codec)
     recv_chunk = (r - 1) % p
     rs, re = offs[recv_chunk], offs[recv_chunk + 1]
-    _exchange(ctx, transport, own.size, (r + 1) % p, re - rs, (r - 1) % p, _segment(ctx, max(own.size, re - rs), 0),
+    exchange_segments(ctx, transport, own.size, (r + 1) % p, re - rs, (r - 1) % p, segment_elements(ctx, max(own.size, re - rs), 0),
               codec.wire_dtype, round_trip, _decoder(codec, buf[rs:re], postscale),
               recv_into=None if kept is None else kept[rs - offs[0]:re - offs[0]], send_slots=True)
     _forward(ctx, transport, buf, offs, codec, postscale, kept)
@@ -242,7 +242,7 @@ def _forward(ctx, transport: Transport, buf: np.ndarray, offs: Sequence[int], co
         s, e = offs[send_chunk], offs[send_chunk + 1]
         rs, re = offs[recv_chunk], offs[recv_chunk + 1]
         forward = kept[s - base:e - base]
-        _exchange(ctx, transport, e - s, (r + 1) % p, re - rs, (r - 1) % p, _segment(ctx, max(e - s, re - rs), 0),
+        exchange_segments(ctx, transport, e - s, (r + 1) % p, re - rs, (r - 1) % p, segment_elements(ctx, max(e - s, re - rs), 0),
                   codec.wire_dtype, lambda a, b, slot, fwd=forward: fwd[a:b],
                   _decoder(codec, buf[rs:re], postscale),
                   recv_into=None if step == p - 2 else kept[rs - base:re - base])
@@ -272,7 +272,7 @@ def _finish_and_share(ctx, transport: Transport, buf: np.ndarray, offs: Sequence
     rg, eg = offs[left], offs[left + 1]
     gathered = buf[rg:eg]
     keep = None if kept is None else kept[rg - offs[0]:eg - offs[0]]
-    seg = _segment(ctx, max(outgoing.size, own.size, gathered.size), 0)
+    seg = segment_elements(ctx, max(outgoing.size, own.size, gathered.size), 0)
     slots = ctx.scratch.get("exchange.finish_slots", 4 * seg, codec.wire_dtype)
     reduce_out, reduce_in, gather_out, gather_in = (slots[k * seg:(k + 1) * seg] for k in range(4))
     out_segs = partition.segments(0, outgoing.size, seg)

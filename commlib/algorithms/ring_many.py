@@ -22,7 +22,7 @@ from .. import kernels
 from ..ops import ReduceOp
 from ..transport.base import Transport
 from . import partition
-from .ring import _exchange, _segment
+from .ring import exchange_segments, segment_elements
 
 
 class VirtualArray:
@@ -75,7 +75,7 @@ def allreduce(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, transport: Transpor
         return
     dtype = data.bufs[0].dtype
     offs = partition.offsets(data.size, p)
-    seg = _segment(ctx, max(offs[i + 1] - offs[i] for i in range(p)), dtype.itemsize)
+    seg = segment_elements(ctx, max(offs[i + 1] - offs[i] for i in range(p)), dtype.itemsize)
     right, left = (r + 1) % p, (r - 1) % p
     for step in range(p - 1):  # reduce-scatter
         send_chunk, recv_chunk = (r - step - 1) % p, (r - step - 2) % p
@@ -89,7 +89,7 @@ def allreduce(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, transport: Transpor
             if finish != 1.0:
                 kernels.scale_(target, finish)
 
-        _exchange(ctx, transport, s1 - s0, right, r1 - r0, left, seg, dtype,
+        exchange_segments(ctx, transport, s1 - s0, right, r1 - r0, left, seg, dtype,
                   lambda a, b, slot, s0=s0: data.view(s0 + a, s0 + b), drain,
                   send_segs=data.pieces(s0, s1, seg), recv_segs=data.pieces(r0, r1, seg))
     for step in range(p - 1):  # allgather: every piece straight from and into place

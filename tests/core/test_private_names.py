@@ -34,9 +34,6 @@ STRING_ACCESSORS = {"getattr", "setattr", "hasattr", "delattr"}
 # Known cases that other streams of work are removing: (file, name) -> who removes it and how. Delete an
 # entry when its work lands (test_the_allow_list_is_current fails on an entry that no longer matches).
 KNOWN: dict[tuple[str, str], str] = {
-    # learn: algorithms/ is theirs; ring_many reuses ring's exchange and segment helpers
-    ("commlib/algorithms/ring_many.py", "_exchange"): "learn",
-    ("commlib/algorithms/ring_many.py", "_segment"): "learn",
 }
 
 
