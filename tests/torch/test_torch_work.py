@@ -9,7 +9,8 @@
   under torchrun (no MPI launcher: the MPI world is built from torch's store).
 - ``workers/torch_link_cut.py`` on 2 emulated hosts: the link cut, every rank raises torch's
   ``DistBackendError`` within the process group's timeout, naming the lost rank.
-- In process: the rendezvous decision, Options, the backend known by name to a fresh interpreter.
+- In process: the rendezvous decision, Options, the backend known by name to a fresh interpreter, and
+  ``import torch`` unharmed where commlib cannot load.
 """
 
 from __future__ import annotations
@@ -147,3 +148,20 @@ def test_torch_knows_the_backend_by_name():
     code = "import torch.distributed as dist; print(dist.Backend.COMMLIB, 'commlib' in dist.Backend.backend_list)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=job_env())
     assert done.stdout.split() == ["commlib", "True"], done.stdout + done.stderr
+
+
+def test_import_torch_survives_a_commlib_that_cannot_load(tmp_path):
+    """The entry point never breaks ``import torch``: where commlib cannot be imported (here a ``commlib``
+    first on the path that raises, as a missing dependency or MPI library would), torch still imports, and
+    the warning says why the backend's name is missing."""
+    broken = tmp_path / "commlib"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise ImportError('no MPI library in this environment')\n")
+    env = job_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    code = "import torch.distributed as dist; print('imported', 'commlib' in dist.Backend.backend_list)"
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout.split() == ["imported", "False"], done.stdout + done.stderr
+    assert "commlib could not register its torch.distributed backend" in done.stderr, done.stderr
+    assert "no MPI library in this environment" in done.stderr, done.stderr

@@ -2,7 +2,8 @@
 
 :func:`register` runs when ``commlib.torch`` is imported, and when torch itself is imported if commlib is
 installed: torch calls the ``torch.backends`` entry points at the end of ``import torch`` (setup.py names
-:func:`autoload`; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that off), so ``init_process_group("commlib")``
+``commlib_torch_backend.autoload``, which calls :func:`register`; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns that
+off), so ``init_process_group("commlib")``
 knows the name without importing commlib. Registering starts nothing: it adds the name to torch's table of
 backends (``Backend.register_backend``, with the extended API that hands the creator the group's global
 ranks and options) and the MPI fallback to torch's ``env://`` rendezvous (:mod:`.rendezvous`).
@@ -14,7 +15,6 @@ checks that MPI's rank and size are torch's. Where no MPI launcher started the p
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import torch.distributed as dist
@@ -26,7 +26,6 @@ from ...errors import ConfigError
 from .options import Options
 from .process_group import BACKEND_NAME, ProcessGroupCommlib, options_of, seconds, shorter_than_commlib
 
-log = logging.getLogger("commlib")
 _registered = False
 
 
@@ -45,14 +44,6 @@ def register() -> None:
     if not hasattr(handlers["env"], "commlib_wrapped"):
         handlers["env"] = wrap(handlers["env"])
     _registered = True
-
-
-def autoload() -> None:
-    """torch's ``torch.backends`` entry point: register, and never break ``import torch``."""
-    try:
-        register()
-    except Exception as exc:  # noqa: BLE001 - torch would refuse to import
-        log.warning("commlib could not register its torch.distributed backend: %r", exc)
 
 
 def _create(backend_options, pg_options) -> ProcessGroupCommlib:
