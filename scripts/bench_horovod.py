@@ -68,7 +68,9 @@ def horovod_build(venv: Path) -> dict | None:
     probe = ("import horovod, horovod.torch as h, torch, mpi4py; from mpi4py import MPI; "
              "print(horovod.__version__); print(torch.__version__); print(h.mpi_built()); "
              "print(MPI.Get_library_version().splitlines()[0].strip())")
-    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120)
+    # (run outside the repository: a ``python -c`` in it would see commlib's egg-info and torch would load
+    # commlib's backend entry point in a virtualenv without commlib's dependencies)
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=120, cwd=venv)
     if done.returncode != 0:
         return None
     version, torch_version, mpi_built, mpi = done.stdout.strip().splitlines()[:4]
