@@ -135,7 +135,8 @@ def run_row(launcher, variants: list[str], args, base_env: dict, servers: bool =
     return runs
 
 
-def row_lines(layout: str, row: str, runs: dict, bound: float | None) -> list[str]:
+def row_lines(layout: str, row: str, runs: dict, bound: float | None, unbound: str = "none (one host)") -> list[str]:
+    """The table's rows for one layout and row; ``unbound``: the link-bound cell where ``bound`` is None."""
     variants = list(runs)
     base = statistics.median(summary(s)[1] for s in runs[variants[0]])
     lines = []
@@ -143,7 +144,7 @@ def row_lines(layout: str, row: str, runs: dict, bound: float | None) -> list[st
         steadies = [summary(s)[1] for s in runs[variant]]
         firsts = [summary(s)[0] for s in runs[variant]]
         steady, first = statistics.median(steadies), statistics.median(firsts)
-        bound_text = f"{bound * 1e3:.0f} ms ({steady / bound:.2f}x)" if bound else "none (one host)"
+        bound_text = f"{bound * 1e3:.0f} ms ({steady / bound:.2f}x)" if bound else unbound
         lines.append(f"| {layout} | {row} | {variant} | {', '.join(f'{t * 1e3:.0f}' for t in steadies)} | "
                      f"{steady * 1e3:.1f} | {steady / base:.2f}x | {first * 1e3:.1f} ({first / steady:.2f}x) | "
                      f"{bound_text} |")
@@ -197,7 +198,7 @@ def main() -> int:
     if args.fsdp:
         with Launcher(2, 1, args.rate) as launcher:
             runs = run_row(launcher, ROWS["fsdp2"], args, base_env)
-        new = row_lines("2x1 (emulated)", "fsdp2", runs, None)
+        new = row_lines("2x1 (emulated)", "fsdp2", runs, None, unbound="not computed")
         lines += new
         record["2x1 fsdp2"] = runs
         print("\n".join(new), flush=True)
