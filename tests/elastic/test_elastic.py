@@ -359,7 +359,12 @@ def test_survivor_decision():
     # a mutual suspicion is never explained (it may be a cut link between the two)
     assert decide(members, {0: [1, 2], 1: [0, 2]}, waited=4.0, settle=4, limit=13) == [0]
     assert decide([0, 1, 2, 3], {0: [2, 3], 1: [2, 3], 2: [0, 1, 3]}, waited=4.0, settle=4, limit=13) == [0, 1]
-    # a suspect that waited for no gone member is not explained: it leaves
+    # recursive doubling with rank 2's link cut: 0 waits for 2, 2 for 0, 1 for 0 (behind the broken pair)
+    assert decide(members, {0: [2], 1: [0], 2: [0]}, waited=0.1, settle=4, limit=13) == [0, 1]
+    assert decide(members, {0: [1], 1: [2], 2: [1]}, waited=0.1, settle=4, limit=13) == [0, 1]
+    # a ring waiting on a cut host (0 on 2, 2 on 1, 1 on 0): a cycle explains nothing; the cut one leaves
+    assert decide(members, {0: [2], 1: [0], 2: [1]}, waited=0.1, settle=4, limit=13) == [1]
+    # a suspect that waited for no fault is not explained: it leaves
     assert decide(members, {0: [1], 1: [0], 2: []}, waited=4.0, settle=4, limit=13) == [0, 2]
     # past the limit: whoever reported
     assert decide(members, {0: [1]}, waited=13.0, settle=4, limit=13) == [0]
