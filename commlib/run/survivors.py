@@ -9,7 +9,7 @@ suspects; a killed rank writes nothing. :func:`decide` turns the reports into th
   have passed since the first report (to gather reports made at nearly the same moment); a suspected
   member is not waited for (a killed one never reports), so it stays only if it reported by then;
 - a suspicion is explained, and ignored, when the suspected reporter was itself waiting behind a fault
-  (:func:`_behind`: a member that is gone, that is did not report, or two reporters that suspect each
+  (:func:`_behind`: a member that is gone, i.e. did not report, or two reporters that suspect each
   other; directly, or behind another reporter that was), and does not suspect its suspecter back: with
   no notices between the workers (commlib.coordinator.lifecycle), in a chain rank 0 runs out of time
   waiting for rank 1, which waits for the killed rank 2 (and so reports first); rank 1 is healthy and
