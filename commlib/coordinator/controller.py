@@ -79,6 +79,7 @@ class Coordinator(Lifecycle):
 
     def __init__(self, channel, lanes: list, config, timeline=None, world_ranks=None, label: str = ""):
         self._channel = channel
+        channel.quiet_after_loss = config.recovers_in_process  # (a send to a dead rank can crash the sender)
         self.rank = channel.rank
         self.size = channel.size
         self._config = config

@@ -7,7 +7,8 @@
   a peer's notice that it lost one): a failure as above, and before it a notice to every peer outside the
   rounds naming the lost ranks, so that a peer waiting for this rank fails at once naming them. Shutdown
   and the exit hook then neither wait for goodbyes nor free communicators (nothing collective after a
-  loss).
+  loss). Under in-process recovery (``config.recovers_in_process``) a rank sends no notice, and after the
+  loss nothing at all (no ``gone``, no goodbye): a send to a dead rank can crash the sender there.
 - Shutdown (``shutdown()``): pending operations fail; this rank's last message says ``gone``; then it sends
   every peer a goodbye and waits (at most ``_SHUTDOWN_GRACE_S``) for theirs. Messages from one sender on
   one tag never overtake each other, so once every goodbye is in, nothing of the peers' is in flight and
@@ -72,10 +73,9 @@ class Lifecycle:
             return
         self._failure = exc
         if isinstance(exc, PeerLostError):
-            if self._config.recovers_in_process:  # a send to a dead rank can crash the sender there
-                self.forget(exc.ranks or ())
-            # (otherwise the lost ranks are told as the others are: a held or frozen rank that wakes
-            # then fails at once, naming who gave up on it)
+            # Under in-process recovery the channel sends nothing from here on (ControlChannel.post);
+            # otherwise the lost ranks are told as the others are: a held or frozen rank that wakes then
+            # fails at once, naming who gave up on it.
             self._channel.deadline.lose(exc)  # every transport of the runtime: later waits raise it at once
             if not isinstance(exc, StallShutdown):  # (a stall verdict was logged and told already)
                 log.error("commlib on rank %d: %s", self._world_ranks[self.rank], exc)
@@ -90,7 +90,15 @@ class Lifecycle:
 
     def _tell_peers(self, text: str, lost) -> None:
         """A notice to every peer outside the rounds, naming the world ranks this rank gave up on: a peer
-        waiting for this rank (in a round, or in a transfer: :meth:`watch`) fails at once, naming them."""
+        waiting for this rank (in a round, or in a transfer: :meth:`watch`) fails at once, naming them.
+
+        Under in-process recovery, none: a rank that runs out of time does not know which of its peers are
+        alive (in a chain, rank 0 waits for rank 1, which waits for the dead rank 2, which nobody has
+        blamed yet), and a send to a dead rank can crash the sender there. Each survivor then reaches its
+        own verdict within the timeout, and the elastic driver decides from the reports
+        (commlib/run/survivors.py)."""
+        if self._config.recovers_in_process:
+            return
         for peer in range(self.size):
             if peer != self.rank and self._world_ranks[peer] not in lost:
                 try:

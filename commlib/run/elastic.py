@@ -348,10 +348,12 @@ class Driver:
         if recovery.first_report is None:
             recovery.first_report = now
             self.say(f"rank(s) {sorted(reports)} report a failed collective; deciding who goes on")
-        chosen = survivors.decide(recovery.members, {r: rep.get("suspects", []) for r, rep in reports.items()},
-                                  now - recovery.first_report, SETTLE_S, 2 * self.peer_timeout + 5.0)
+        suspects = {r: rep.get("suspects", []) for r, rep in sorted(reports.items())}
+        chosen = survivors.decide(recovery.members, suspects, now - recovery.first_report, SETTLE_S,
+                                  2 * self.peer_timeout + 5.0)
         if chosen is None:
             return
+        self.say(f"reports (rank: the ranks it suspects): {suspects}")
         lost = sorted(set(recovery.members) - set(chosen))
         lost_hosts = sorted({recovery.hosts[r] for r in lost})
         for host in lost_hosts:

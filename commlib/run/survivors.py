@@ -7,12 +7,19 @@ suspects; a killed rank writes nothing. :func:`decide` turns the reports into th
 - a member that did not report is gone once every member not suspected by anyone has reported (a rank
   waiting behind the lost one fails its own wait within the timeout and reports) and ``settle`` seconds
   have passed since the first report (to gather reports made at nearly the same moment); a suspected
-  member is not waited for, since it leaves even if it reports (below);
-- a reporter that another reporter suspects leaves too, the one suspected by the most leaving first
-  (ties: the higher rank) until no remaining reporter suspects another: a host whose link went down
-  suspects everyone and everyone suspects it, so it leaves and the connected side stays. This errs on
-  the safe side: a slow but healthy rank may be left out; a communicator built with an unreachable rank
-  would hang in its creation;
+  member is not waited for (a killed one never reports), so it stays only if it reported by then;
+- a suspicion is explained, and ignored, when the suspected reporter was itself waiting behind a fault
+  (:func:`_behind`: a member that is gone, i.e. did not report, or two reporters that suspect each
+  other; directly, or behind another reporter that was), and does not suspect its suspecter back: with
+  no notices between the workers (commlib.coordinator.lifecycle), in a chain rank 0 runs out of time
+  waiting for rank 1, which waits for the killed rank 2 (and so reports first); rank 1 is healthy and
+  stays. A cycle of one-way suspicions (a ring waiting on a cut-off host) explains nothing;
+- a reporter that another reporter suspects (unexplained) leaves too, the one suspected by the most
+  leaving first (ties: the higher rank) until no remaining reporter suspects another: a host whose link
+  went down suspects everyone and everyone suspects it, so it leaves and the connected side stays. This
+  errs on the safe side: a slow but healthy rank may be left out (two survivors that each name the other,
+  as ranks waiting in MPI's own collective name every rank, lose one of them); a communicator built with
+  an unreachable rank would hang in its creation;
 - past ``limit`` seconds the reporters so far are the survivors, whatever is missing.
 """
 
@@ -50,13 +57,29 @@ def decide(members: Sequence[int], reports: Mapping[int, Sequence[int]], waited:
             return None
         if waited < settle:
             return None
+    behind = _behind(reports, reporters, members - reporters)
+    standing = {s: {r for r in reports[s] if not (r in behind and s not in reports[r])} for s in reporters}
     alive = set(reporters)
     while True:
-        votes = {r: sum(1 for s in alive if s != r and r in reports[s]) for r in alive}
+        votes = {r: sum(1 for s in alive if s != r and r in standing[s]) for r in alive}
         worst = max(alive, key=lambda r: (votes[r], r), default=None)
         if worst is None or votes[worst] == 0:
             return sorted(alive)
         alive.discard(worst)
+
+
+def _behind(reports: Mapping[int, Sequence[int]], reporters: set[int], gone: set[int]) -> set[int]:
+    """The reporters that waited behind a fault: each suspects a gone member, or is one of two reporters
+    that suspect each other (a broken link between them, or one of them cut off), or suspects a reporter
+    behind one that does not suspect it back (a chain: 0 waits for 1, which waits for 2, which waits for
+    the killed 3). A suspicion of such a reporter is explained, unless the two suspect each other."""
+    behind = {r for r in reporters
+              if any(s in gone or (s in reporters and r in reports[s]) for s in reports[r])}
+    while True:
+        more = {r for r in reporters - behind if any(s in behind and r not in reports[s] for s in reports[r])}
+        if not more:
+            return behind
+        behind |= more
 
 
 def write_decision(directory: str, generation: int, decision: dict) -> None:

@@ -73,10 +73,13 @@ class ControlChannel:
         # -disable-auto-cleanup (elastic recovery) a dead rank's endpoint stays in MPI, and a send to it
         # crashed the sender (segmentation fault in MPICH's UCX netmod, mpich 5.0.2 wheel)
         self.unreachable: set[int] = set()
+        # under in-process recovery: once the runtime lost a peer (``deadline.lost``), send nothing at all.
+        # Which peers are dead is known only to the elastic driver, and the recovery abandons this channel
+        self.quiet_after_loss = False
 
     def post(self, dest: int, message: Any) -> None:
         """Send ``message`` to ``dest`` without waiting for it to be received."""
-        if dest in self.unreachable:
+        if dest in self.unreachable or (self.quiet_after_loss and self.deadline.lost is not None):
             return
         self._sends.append(self._comm.isend(message, dest, _TAG))
         self._held.append(None)  # isend keeps its own buffer
@@ -91,6 +94,8 @@ class ControlChannel:
             data = b"\x00" + message.to_bytes((message.bit_length() + 7) // 8, "little")
         else:
             data = _PICKLE.dumps(message)
+        if self.quiet_after_loss and self.deadline.lost is not None:
+            return
         send, spec = self._comm.Isend, [data, MPI.BYTE]
         for dest in dests:
             if dest in self.unreachable:

@@ -25,7 +25,8 @@ fails at once, naming that rank instead of the peer it waited for). A wait that 
 the others whom it suspects, then keeps listening for ``GRACE_S`` more (at most a quarter of the
 timeout) before it blames them: in a ring a rank waits for a neighbour that itself waits for the lost
 rank, both run out of time within moments of each other, and the neighbour, which ignores a suspicion
-of itself, tells the rank whom to blame.
+of itself, tells the rank whom to blame. (Under elastic in-process recovery the coordinator tells no one:
+a send to a dead rank can crash the sender, and the elastic driver sorts out whom to blame.)
 """
 
 from __future__ import annotations

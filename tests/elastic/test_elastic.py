@@ -347,6 +347,25 @@ def test_survivor_decision():
     assert decide(members, {0: [], 2: [], 1: []}, waited=0.0, settle=4, limit=13) == [0, 1, 2]
     # a cut host blames everyone, everyone blames it: it leaves
     assert decide(members, {0: [2], 1: [2], 2: [0, 1]}, waited=0.1, settle=4, limit=13) == [0, 1]
+    # no notices between the workers: in a chain rank 0 ran out of time waiting for rank 1, which waited for
+    # the killed rank 2; rank 1's suspicion is explained by the gone rank it waited for, and it stays
+    assert decide(members, {0: [1]}, waited=5.0, settle=4, limit=13) is None    # rank 2 unsuspected so far
+    assert decide(members, {0: [1], 1: [2]}, waited=0.5, settle=4, limit=13) is None
+    assert decide(members, {0: [1], 1: [2]}, waited=4.0, settle=4, limit=13) == [0, 1]
+    assert decide(members, {1: [0], 0: [2]}, waited=4.0, settle=4, limit=13) == [0, 1]
+    assert decide([0, 1, 2, 3], {0: [1], 1: [2], 2: [3]}, waited=4.0, settle=4, limit=13) == [0, 1, 2]
+    # a killed rank that both others suspect
+    assert decide(members, {0: [2], 1: [2]}, waited=4.0, settle=4, limit=13) == [0, 1]
+    # a mutual suspicion is never explained (it may be a cut link between the two)
+    assert decide(members, {0: [1, 2], 1: [0, 2]}, waited=4.0, settle=4, limit=13) == [0]
+    assert decide([0, 1, 2, 3], {0: [2, 3], 1: [2, 3], 2: [0, 1, 3]}, waited=4.0, settle=4, limit=13) == [0, 1]
+    # recursive doubling with rank 2's link cut: 0 waits for 2, 2 for 0, 1 for 0 (behind the broken pair)
+    assert decide(members, {0: [2], 1: [0], 2: [0]}, waited=0.1, settle=4, limit=13) == [0, 1]
+    assert decide(members, {0: [1], 1: [2], 2: [1]}, waited=0.1, settle=4, limit=13) == [0, 1]
+    # a ring waiting on a cut host (0 on 2, 2 on 1, 1 on 0): a cycle explains nothing; the cut one leaves
+    assert decide(members, {0: [2], 1: [0], 2: [1]}, waited=0.1, settle=4, limit=13) == [1]
+    # a suspect that waited for no fault is not explained: it leaves
+    assert decide(members, {0: [1], 1: [0], 2: []}, waited=4.0, settle=4, limit=13) == [0, 2]
     # past the limit: whoever reported
     assert decide(members, {0: [1]}, waited=13.0, settle=4, limit=13) == [0]
     assert decide([0, 2], {0: [], 2: []}, waited=0.0, settle=4, limit=13) == [0, 2]  # a failure, nobody lost
