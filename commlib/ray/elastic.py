@@ -159,6 +159,24 @@ class ElasticJob:
                 continue
             worker.apply.remote(_end)
 
+    def _workers_gone(self) -> bool:
+        """Every worker's function of the running launch has ended and none returned: each actor was lost or
+        its process died (MPICH can crash a rank that sends to a lost peer)."""
+        with self.lock:
+            refs = list(self.refs)
+        if not refs:
+            return False
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        if len(ready) < len(refs):
+            return False
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=0)
+                return False  # one finished its work: the launch ends as usual
+            except Exception:  # noqa: BLE001 - lost, crashed, or ended by a restart
+                continue
+        return True
+
     def _kill(self, job: subprocess.Popen) -> None:
         kill_group(job)
         with self.lock:
@@ -178,7 +196,8 @@ class ElasticJob:
         self.call = (fn, list(args or []), dict(kwargs or {}))
         if callbacks and self.queue is None:
             self.queue = _logger.make_queue()
-        launcher = _elastic.Launcher(command=self._command, kill=self._kill, static_hosts=[], in_process=True)
+        launcher = _elastic.Launcher(command=self._command, kill=self._kill, static_hosts=[], in_process=True,
+                                     workers_gone=self._workers_gone)
         driver = _RayDriver(self.options, launcher, {}, discover=self.hosts)
         done = threading.Event()
         drain = threading.Thread(target=self._drain, args=(callbacks, done), daemon=True)

@@ -147,10 +147,18 @@ class Launcher:
     discovery_env: dict = dataclasses.field(default_factory=dict)
     check_hosts: Callable[[list[Host]], None] | None = None
     in_process: bool = False  # hydra: survivors of a lost rank go on (-disable-auto-cleanup), see survivors.py
+    #: True when every worker of the running launch has ended and none finished its work (a launcher that
+    #: can tell, as Ray's actors can): then nothing is left to report to the driver, and mpiexec may wait
+    #: for ever on a lost host's connection (commlib.run.relay keeps it open)
+    workers_gone: Callable[[], bool] | None = None
 
 
 #: the timeout (COMMLIB_TIMEOUT) of an elastic job that sets none: how long a lost rank takes to be noticed
 ELASTIC_TIMEOUT_S = 10.0
+#: how often the driver asks the launcher whether every worker is gone, and how long mpiexec then has to
+#: end by itself before the driver ends it
+GONE_CHECK_S = 1.0
+GONE_GRACE_S = 5.0
 #: after the first report of a failed collective, how long the driver collects near-simultaneous ones
 #: before leaving out the suspected ranks that have not reported (a suspect leaves either way)
 SETTLE_S = 0.25
@@ -277,9 +285,15 @@ class Driver:
         flagged = False
         recovery = _Recovery(survivors.rank_hosts(hosts)) if self.launcher.in_process else None
         next_discovery = self.clock() + self.opts.interval
+        next_gone_check = self.clock() + GONE_CHECK_S
         try:
             while job.poll() is None:
                 time.sleep(0.05 if recovery is not None else self.opts.interval)
+                if self.launcher.workers_gone is not None and self.clock() >= next_gone_check:
+                    next_gone_check = self.clock() + GONE_CHECK_S
+                    if self.launcher.workers_gone():
+                        self._end_orphaned(job)
+                        break
                 if recovery is not None:
                     self._recover(recovery, directory)
                     if recovery.finished(directory):  # every survivor ended; mpiexec may wait on a cut host
@@ -338,6 +352,24 @@ class Driver:
                 code = max(bad.values())
                 return code, lost_hosts if code == control.RESTART_EXIT_CODE else [recovery.hosts[r] for r in bad]
         return code, [h for h in died if h in running] or died
+
+    def _end_orphaned(self, job: subprocess.Popen) -> None:
+        """Every worker ended without finishing (each lost or crashed) while mpiexec still runs: let it end
+        by itself for a moment, else end it, so that the launch fails (and the driver restarts or gives up)
+        instead of waiting for reports that no process is left to write."""
+        try:
+            job.wait(timeout=GONE_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        self.say("every worker of this launch ended without finishing (lost or crashed) and mpiexec still "
+                 "waits: ending the launch")
+        self.launcher.kill(job)
+        try:
+            job.wait(timeout=GONE_GRACE_S)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
 
     def _recover(self, recovery: "_Recovery", directory: str) -> None:
         """Decide on the survivors once the reports of the current generation allow it."""

@@ -74,6 +74,59 @@ def test_discovery_blacklist_and_choice():
     assert not cooling.allows("a", 14.0) and cooling.allows("a", 15.0) and cooling.listed(14.0) == ["a"]
 
 
+@pytest.mark.parametrize("gone", [True, False])
+def test_a_launch_whose_workers_are_all_gone_is_ended(tmp_path, gone):
+    """Every worker of an in-process launch ended without finishing (each lost or crashed) while mpiexec waits
+    on (here a process that never ends by itself): the driver ends the launch and reports it failed, instead
+    of waiting for reports nobody is left to write. While a worker is left, it waits as before."""
+    import io
+    import threading
+
+    opts = driver.ElasticOptions(min_np=1, max_np=None, discovery_script=None, slots_per_host=None,
+                                 elastic_timeout=10, reset_limit=0, cooldown=None)
+    killed = []
+
+    def kill(job):  # as the launchers' kill: the whole session, gone or not
+        killed.append(time.monotonic() - start)
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    launcher = driver.Launcher(command=None, kill=kill, static_hosts=[], in_process=True,
+                               workers_gone=lambda: gone)
+    out = io.StringIO()
+    job_driver = driver.Driver(opts, launcher, {}, out=out)
+    job_driver.peer_timeout = 1.0
+    argv = [sys.executable, "-c", "import time; time.sleep(30)"]
+    start = time.monotonic()
+    if not gone:  # nothing would end it: stop the job from outside after a while, as its own end would
+        threading.Timer(8.0, lambda: [os.killpg(pid, signal.SIGTERM) for pid in _children_sessions(argv)]).start()
+    code, _ = job_driver._run_job({}, argv, [Host("localhost", 1)], str(tmp_path))
+    took = time.monotonic() - start
+    assert code != 0
+    if gone:
+        assert killed and killed[0] < 25, (killed, took)  # the grace for mpiexec to end by itself, then ended
+        assert "every worker of this launch ended without finishing" in out.getvalue()
+    else:
+        assert took >= 8 and (not killed or killed[0] >= 8), (killed, took)  # ended from outside, not by the driver
+        assert "every worker of this launch ended" not in out.getvalue()
+
+
+def _children_sessions(argv) -> list[int]:
+    """The session leaders running ``argv`` (the driver starts each job in a session of its own)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().split(b"\0")[:len(argv)] == [a.encode() for a in argv]:
+                pid = int(cmdline.parent.name)
+                if os.getsid(pid) == pid:
+                    pids.append(pid)
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["-np", "2", "--reset-limit", "3", "x"], "applies to elastic jobs"),
     (["--min-np", "3", "--max-np", "2", "x"], "min-np <= max-np"),
