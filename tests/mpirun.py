@@ -201,16 +201,15 @@ STACKS_GRACE_S = 15.0
 
 
 def _dump_stacks(proc: subprocess.Popen) -> str:
-    """End a job that ran out of time, first making every Python process of it (its session) print each
+    """End a job that ran out of time, first making every Python process under its launcher print each
     thread's stack (SIGABRT; ``PYTHONFAULTHANDLER=1`` from :func:`job_env` makes Python print them on that
     signal, then the process dies), so that a hang shows where every rank waited. Returns the job's whole
     output; whatever is left of the job after ``STACKS_GRACE_S`` is killed."""
-    session = proc.pid  # start_new_session: the launcher leads its own session
-    for pid in _session_processes(session):
+    for pid in _descendants(proc.pid):  # (hydra's proxies start sessions of their own: found by parent)
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 program = os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))
-            if pid != session and program.startswith("python"):  # the ranks, not the launcher
+            if program.startswith("python"):  # the ranks, not the launcher's proxies
                 os.kill(pid, signal.SIGABRT)
         except OSError:  # gone meanwhile
             pass
@@ -219,25 +218,27 @@ def _dump_stacks(proc: subprocess.Popen) -> str:
     except subprocess.TimeoutExpired:
         out = None
     try:
-        os.killpg(session, signal.SIGKILL)  # what is left: the launcher, or a rank that did not die
+        os.killpg(proc.pid, signal.SIGKILL)  # what is left: the launcher
     except ProcessLookupError:
         pass
     return out if out is not None else proc.communicate()[0]
 
 
-def _session_processes(session: int) -> list[int]:
-    """The processes of ``session`` (Linux /proc; none elsewhere)."""
-    found = []
+def _descendants(root: int) -> list[int]:
+    """The processes below ``root`` (Linux /proc; none elsewhere)."""
+    parent_of = {}
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+                parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])  # after the name: state, ppid
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[3]) == session:  # after the name: state, ppid, pgrp, session
-            found.append(int(entry))
+    found, frontier = [], {root}
+    while frontier:
+        frontier = {pid for pid, parent in parent_of.items() if parent in frontier}
+        found.extend(frontier)
     return found
 
 
