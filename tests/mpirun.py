@@ -3,9 +3,9 @@
 Tests call :func:`run_mpi` (or :func:`run_mpmd`, :func:`run_on_cluster`). A worker written with
 ``tests/spmd.py`` reports each named case per rank; these functions read that report and fail naming the
 case and the rank that failed, the cases a rank never finished, or where each rank was when the job timed
-out. A test that launches a job must carry the marker of its kind (``mpi``; ``cluster`` on emulated
-hosts): :func:`require_marker` fails it otherwise, so ``pytest -m "not mpi and not cluster"`` stays the
-in-process tests (docs/testing.md).
+out (after every thread's Python stack on every rank: :func:`_dump_stacks`). A test that launches a job
+must carry the marker of its kind (``mpi``; ``cluster`` on emulated hosts): :func:`require_marker` fails
+it otherwise, so ``pytest -m "not mpi and not cluster"`` stays the in-process tests (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -179,9 +179,11 @@ def uses_spmd(script: str | Path) -> bool:
     return re.search(r"^\s*(import spmd|from spmd import)", text, re.M) is not None
 
 
-def _checked(out: str, command: str, failed: str | None, size: int | None, ranks, cases, report: bool) -> None:
+def _checked(out: str, command: str, failed: str | None, size: int | None, ranks, cases, report: bool,
+             tail: int = 6000) -> None:
     """Raise MPIJobFailed when the job failed (``failed``: how) or, with ``report``, when its ranks did not
-    all pass their cases; the message leads with the failing case and rank."""
+    all pass their cases; the message leads with the failing case and rank, and ends with the last ``tail``
+    characters of the job's output."""
     got = read_report(out)
     problems = got.problems(ranks, cases, size) if report else got.failures()
     if failed is None and not problems:
@@ -189,7 +191,55 @@ def _checked(out: str, command: str, failed: str | None, size: int | None, ranks
     if failed and failed.startswith("timed out") and report:
         failed += "; " + ", ".join(f"rank {r} {got.unfinished(r)}" for r in ranks)
     lines = problems[:8] + ([failed] if failed else [])
-    raise MPIJobFailed("\n".join(lines) + f"\n{command}\n{out[-6000:]}")
+    raise MPIJobFailed("\n".join(lines) + f"\n{command}\n{out[-tail:]}")
+
+
+#: How much of a timed-out job's output its error keeps: every rank's stacks (:func:`_dump_stacks`).
+STACKS_TAIL = 40000
+#: How long a timed-out job's ranks get to print their stacks before the job is killed.
+STACKS_GRACE_S = 15.0
+
+
+def _dump_stacks(proc: subprocess.Popen) -> str:
+    """End a job that ran out of time, first making every Python process under its launcher print each
+    thread's stack (SIGABRT; ``PYTHONFAULTHANDLER=1`` from :func:`job_env` makes Python print them on that
+    signal, then the process dies), so that a hang shows where every rank waited. Returns the job's whole
+    output; whatever is left of the job after ``STACKS_GRACE_S`` is killed."""
+    for pid in _descendants(proc.pid):  # (hydra's proxies start sessions of their own: found by parent)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                program = os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))
+            if program.startswith("python"):  # the ranks, not the launcher's proxies
+                os.kill(pid, signal.SIGABRT)
+        except OSError:  # gone meanwhile
+            pass
+    try:
+        out, _ = proc.communicate(timeout=STACKS_GRACE_S)  # (a retried communicate loses no output)
+    except subprocess.TimeoutExpired:
+        out = None
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what is left: the launcher
+    except ProcessLookupError:
+        pass
+    return out if out is not None else proc.communicate()[0]
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes below ``root`` (Linux /proc; none elsewhere)."""
+    parent_of = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent_of[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])  # after the name: state, ppid
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], {root}
+    while frontier:
+        frontier = {pid for pid, parent in parent_of.items() if parent in frontier}
+        found.extend(frontier)
+    return found
 
 
 def _mpich_shm_files() -> set[Path]:
@@ -226,6 +276,7 @@ def job_env(env: dict[str, str] | None = None) -> dict[str, str]:
     spmd.py, torch_common.py) come first on the import path, before any PYTHONPATH ``env`` gives."""
     full_env = dict(os.environ)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    full_env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank's fatal signal prints its threads' stacks
     full_env["CMA_EXPECTED"] = "1" if cross_memory_attach_permitted() else "0"
     for key in [k for k in full_env if k.startswith("COMMLIB_")]:
         del full_env[key]
@@ -262,10 +313,9 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        out = _dump_stacks(proc)
         _remove_new_mpich_shm(shm_before)
-        _checked(out, command, f"timed out after {timeout}s", nprocs, ranks, cases, report)
+        _checked(out, command, f"timed out after {timeout}s", nprocs, ranks, cases, report, tail=STACKS_TAIL)
     if proc.returncode != 0:
         _remove_new_mpich_shm(shm_before)
     if expect_fail and proc.returncode == 0:

@@ -56,7 +56,11 @@ class _Goodbye:
 
 
 class ControlChannel:
-    """Non-blocking object messages over a communicator of its own."""
+    """Non-blocking object messages over a communicator of its own.
+
+    One thread at a time: :meth:`receive_all` probes, then receives the probed message into a buffer and
+    a status kept on the channel, and the sends are listed without a lock. Its coordinator calls it only
+    from the thread that holds its cycle (``Progress.lock``: the cycle, the lone path, ``watch``, close)."""
 
     def __init__(self, comm: "MPI.Comm", deadline: Deadline | None = None):
         self._comm = comm

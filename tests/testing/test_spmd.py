@@ -1,6 +1,8 @@
 """The tests' own machinery: workers' named cases per rank (tests/spmd.py) as run_mpi reads them, and the
 markers a test that launches jobs must carry (tests/mpirun.py)."""
 
+import re
+
 import pytest
 
 import mpirun
@@ -82,6 +84,8 @@ def test_a_timeout_says_where_each_rank_was():
     text = str(failed.value)
     assert "rank 0 did not finish its cases: in case 'hangs_on_rank_0'" in text, text
     assert "timed out after 15s; rank 0 in case 'hangs_on_rank_0', rank 1 after its last case" in text, text
+    # and every rank's stacks: rank 0's names the function it hung in (a hang in CI shows where it waited)
+    assert re.search(r'File ".*spmd_demo.py", line \d+ in hangs_on_rank_0', text), text[-5000:]
 
 
 @pytest.mark.mpi
