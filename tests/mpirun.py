@@ -205,7 +205,7 @@ def _dump_stacks(proc: subprocess.Popen) -> str:
     thread's stack (SIGABRT; ``PYTHONFAULTHANDLER=1`` from :func:`job_env` makes Python print them on that
     signal, then the process dies), so that a hang shows where every rank waited. Returns the job's whole
     output; whatever is left of the job after ``STACKS_GRACE_S`` is killed."""
-    for pid in _descendants(proc.pid):  # (hydra's proxies start sessions of their own: found by parent)
+    for pid in _descendants(proc.pid):  # (hydra's proxies call setsid: found by parent)
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 program = os.path.basename(f.read().split(b"\0")[0].decode(errors="replace"))

@@ -86,7 +86,7 @@ def test_a_launch_whose_workers_are_all_gone_is_ended(tmp_path, gone):
                                  elastic_timeout=10, reset_limit=0, cooldown=None)
     killed = []
 
-    def kill(job):  # as the launchers' kill: the whole session, gone or not
+    def kill(job):  # as the launchers' kill: the whole process group, gone or not
         killed.append(time.monotonic() - start)
         try:
             os.killpg(job.pid, signal.SIGKILL)
@@ -101,7 +101,7 @@ def test_a_launch_whose_workers_are_all_gone_is_ended(tmp_path, gone):
     argv = [sys.executable, "-c", "import time; time.sleep(30)"]
     start = time.monotonic()
     if not gone:  # nothing would end it: stop the job from outside after a while, as its own end would
-        threading.Timer(8.0, lambda: [os.killpg(pid, signal.SIGTERM) for pid in _children_sessions(argv)]).start()
+        threading.Timer(8.0, lambda: [os.killpg(pid, signal.SIGTERM) for pid in _group_leaders(argv)]).start()
     code, _ = job_driver._run_job({}, argv, [Host("localhost", 1)], str(tmp_path))
     took = time.monotonic() - start
     assert code != 0
@@ -113,14 +113,14 @@ def test_a_launch_whose_workers_are_all_gone_is_ended(tmp_path, gone):
         assert "every worker of this launch ended" not in out.getvalue()
 
 
-def _children_sessions(argv) -> list[int]:
-    """The session leaders running ``argv`` (the driver starts each job in a session of its own)."""
+def _group_leaders(argv) -> list[int]:
+    """The process-group leaders running ``argv`` (the driver starts each job with setsid)."""
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             if cmdline.read_bytes().split(b"\0")[:len(argv)] == [a.encode() for a in argv]:
                 pid = int(cmdline.parent.name)
-                if os.getsid(pid) == pid:
+                if os.getpgid(pid) == pid:
                     pids.append(pid)
         except (OSError, ValueError):
             continue
