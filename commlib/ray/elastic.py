@@ -159,23 +159,29 @@ class ElasticJob:
                 continue
             worker.apply.remote(_end)
 
+    def _ranks_gone(self) -> set[int]:
+        """The ranks of the running launch whose function ended without returning (``refs[r]`` is rank r's:
+        the workers are in rank order): each actor lost or its process dead."""
+        with self.lock:
+            refs = list(self.refs)
+        if not refs:
+            return set()
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        gone = set()
+        for rank, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except Exception:  # noqa: BLE001 - lost, crashed, or ended by a restart
+                    gone.add(rank)
+        return gone
+
     def _workers_gone(self) -> bool:
         """Every worker's function of the running launch has ended and none returned: each actor was lost or
         its process died (MPICH can crash a rank that sends to a lost peer)."""
         with self.lock:
-            refs = list(self.refs)
-        if not refs:
-            return False
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        if len(ready) < len(refs):
-            return False
-        for ref in refs:
-            try:
-                ray.get(ref, timeout=0)
-                return False  # one finished its work: the launch ends as usual
-            except Exception:  # noqa: BLE001 - lost, crashed, or ended by a restart
-                continue
-        return True
+            count = len(self.refs)
+        return count > 0 and len(self._ranks_gone()) == count
 
     def _kill(self, job: subprocess.Popen) -> None:
         kill_group(job)
@@ -197,7 +203,7 @@ class ElasticJob:
         if callbacks and self.queue is None:
             self.queue = _logger.make_queue()
         launcher = _elastic.Launcher(command=self._command, kill=self._kill, static_hosts=[], in_process=True,
-                                     workers_gone=self._workers_gone)
+                                     workers_gone=self._workers_gone, ranks_gone=self._ranks_gone)
         driver = _RayDriver(self.options, launcher, {}, discover=self.hosts)
         done = threading.Event()
         drain = threading.Thread(target=self._drain, args=(callbacks, done), daemon=True)

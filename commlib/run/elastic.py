@@ -151,6 +151,9 @@ class Launcher:
     #: can tell, as Ray's actors can): then nothing is left to report to the driver, and mpiexec may wait
     #: for ever on a lost host's connection (commlib.run.relay keeps it open)
     workers_gone: Callable[[], bool] | None = None
+    #: the world ranks of the running launch whose worker has ended (a launcher that can tell), so that the
+    #: driver need not wait for their reports (commlib.run.survivors.decide)
+    ranks_gone: Callable[[], set[int]] | None = None
 
 
 #: the timeout (COMMLIB_TIMEOUT) of an elastic job that sets none: how long a lost rank takes to be noticed
@@ -162,6 +165,9 @@ GONE_GRACE_S = 5.0
 #: after the first report of a failed collective, how long the driver collects near-simultaneous ones
 #: before leaving out the suspected ranks that have not reported (a suspect leaves either way)
 SETTLE_S = 0.25
+#: how long after its timeout a live rank may take to fail its wait and report (the deadline's grace for a
+#: peer's notice, docs/failures.md)
+PEER_GRACE_S = 1.0
 
 
 class Driver:
@@ -381,8 +387,10 @@ class Driver:
             recovery.first_report = now
             self.say(f"rank(s) {sorted(reports)} report a failed collective; deciding who goes on")
         suspects = {r: rep.get("suspects", []) for r, rep in sorted(reports.items())}
+        gone = self.launcher.ranks_gone() if self.launcher.ranks_gone is not None else set()
         chosen = survivors.decide(recovery.members, suspects, now - recovery.first_report, SETTLE_S,
-                                  2 * self.peer_timeout + 5.0)
+                                  2 * self.peer_timeout + 5.0, gone=gone,
+                                  patience=self.peer_timeout + PEER_GRACE_S + SETTLE_S)
         if chosen is None:
             return
         self.say(f"reports (rank: the ranks it suspects): {suspects}")

@@ -13,7 +13,9 @@ suspects; a killed rank writes nothing. :func:`decide` turns the reports into th
   other; directly, or behind another reporter that was), and does not suspect its suspecter back: with
   no notices between the workers (commlib.coordinator.lifecycle), in a chain rank 0 runs out of time
   waiting for rank 1, which waits for the killed rank 2 (and so reports first); rank 1 is healthy and
-  stays. A cycle of one-way suspicions (a ring waiting on a cut-off host) explains nothing;
+  stays. A cycle of one-way suspicions (a ring waiting on a cut-off host) explains nothing. An explanation
+  that rests on a missing member waits for it up to ``patience`` seconds unless it is known gone: before a
+  late report arrives, a cut-off rank 2 waiting for rank 0 (reports {1: [2], 2: [0]}) reads as the chain;
 - a reporter that another reporter suspects (unexplained) leaves too, the one suspected by the most
   leaving first (ties: the higher rank) until no remaining reporter suspects another: a host whose link
   went down suspects everyone and everyone suspects it, so it leaves and the connected side stays. This
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 
 def read_reports(directory: str, generation: int) -> dict[int, dict]:
@@ -45,9 +47,15 @@ def read_reports(directory: str, generation: int) -> dict[int, dict]:
 
 
 def decide(members: Sequence[int], reports: Mapping[int, Sequence[int]], waited: float, settle: float,
-           limit: float) -> list[int] | None:
+           limit: float, gone: AbstractSet[int] = frozenset(), patience: float = 0.0) -> list[int] | None:
     """The survivors (sorted world ranks), or None to wait for more reports. ``reports``: reporter ->
-    the ranks it suspects; ``waited``: seconds since the first report."""
+    the ranks it suspects; ``waited``: seconds since the first report; ``gone``: members known to have
+    ended (a launcher that can tell, as Ray's actors can).
+
+    A missing member that a suspicion's explanation rests on (a reporter waited behind it) may only be late:
+    a chain 0 -> 1 -> 2 with 2 silent reads the same as a cut-off 1 -> 2 -> 0 before 0's report arrives. Such
+    a member counts as gone once known gone, or after ``patience`` seconds (a live member fails its own
+    wait within the timeout and its grace, and reports)."""
     members = set(members)
     reporters = set(reports) & members
     suspected = {r for suspects in reports.values() for r in suspects} & members
@@ -57,7 +65,15 @@ def decide(members: Sequence[int], reports: Mapping[int, Sequence[int]], waited:
             return None
         if waited < settle:
             return None
-    behind = _behind(reports, reporters, members - reporters)
+    chosen = _vote(reports, reporters, _behind(reports, reporters, missing))
+    if waited < min(patience, limit) and chosen != _vote(reports, reporters,
+                                                         _behind(reports, reporters, missing & set(gone))):
+        return None  # the verdict rests on a member that may still report
+    return chosen
+
+
+def _vote(reports: Mapping[int, Sequence[int]], reporters: set[int], behind: set[int]) -> list[int]:
+    """The reporters left once the most suspected leave in turn (suspicions of ``behind`` explained)."""
     standing = {s: {r for r in reports[s] if not (r in behind and s not in reports[r])} for s in reporters}
     alive = set(reporters)
     while True:

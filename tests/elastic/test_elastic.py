@@ -407,8 +407,17 @@ def test_survivor_decision():
     assert decide(members, {0: [1], 1: [2]}, waited=4.0, settle=4, limit=13) == [0, 1]
     assert decide(members, {1: [0], 0: [2]}, waited=4.0, settle=4, limit=13) == [0, 1]
     assert decide([0, 1, 2, 3], {0: [1], 1: [2], 2: [3]}, waited=4.0, settle=4, limit=13) == [0, 1, 2]
-    # a killed rank that both others suspect
+    # the chain and a cut-off rank 2 that waited for rank 0, before 0's report (0 runs out of time a little
+    # later): the same reports. An explanation resting on a missing member waits for it (patience), unless
+    # the member is known gone (Ray's actors tell)
+    assert decide(members, {0: [1], 1: [2]}, waited=4.0, settle=4, limit=13, patience=5) is None
+    assert decide(members, {0: [1], 1: [2]}, waited=4.0, settle=4, limit=13, gone={2}, patience=5) == [0, 1]
+    assert decide(members, {0: [1], 1: [2]}, waited=5.0, settle=4, limit=13, patience=5) == [0, 1]
+    assert decide(members, {1: [2], 2: [0]}, waited=4.0, settle=4, limit=13, patience=5) is None
+    assert decide(members, {1: [2], 2: [0], 0: [2]}, waited=4.5, settle=4, limit=13, patience=5) == [0, 1]
+    # a killed rank that both others suspect: nothing rests on it, no patience needed
     assert decide(members, {0: [2], 1: [2]}, waited=4.0, settle=4, limit=13) == [0, 1]
+    assert decide(members, {0: [2], 1: [2]}, waited=4.0, settle=4, limit=13, patience=5) == [0, 1]
     # a mutual suspicion is never explained (it may be a cut link between the two)
     assert decide(members, {0: [1, 2], 1: [0, 2]}, waited=4.0, settle=4, limit=13) == [0]
     assert decide([0, 1, 2, 3], {0: [2, 3], 1: [2, 3], 2: [0, 1, 3]}, waited=4.0, settle=4, limit=13) == [0, 1]
