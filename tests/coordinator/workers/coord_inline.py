@@ -160,7 +160,10 @@ def a_rank_that_leaves_is_named():
         for _ in range(1000):
             call(HOW, np.full(4, RANK + 1, np.float32), "grad")
     except cl.CollectiveError as exc:
-        print(f"rank {RANK} {HOW} error: {str(exc).splitlines()[0]}", flush=True)
+        # one write, newline included: unbuffered, print() writes the line and its newline apart, and
+        # another rank's line could land between them
+        sys.stdout.write(f"rank {RANK} {HOW} error: {str(exc).splitlines()[0]}\n")
+        sys.stdout.flush()
         assert f"rank {SIZE - 1} left" in str(exc), exc
     else:
         raise AssertionError("no error after a rank left")
