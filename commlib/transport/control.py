@@ -94,12 +94,12 @@ class ControlChannel:
         """Send ``message`` to every rank of ``dests``, encoded once: a bare non-negative int as its bytes
         (:data:`_RAW_INT`), anything else pickled (what ``isend`` does per destination); ``receive_all``
         decodes either."""
+        if self.quiet_after_loss and self.deadline.lost is not None:
+            return
         if type(message) is int and message >= 0:
             data = b"\x00" + message.to_bytes((message.bit_length() + 7) // 8, "little")
         else:
             data = _PICKLE.dumps(message)
-        if self.quiet_after_loss and self.deadline.lost is not None:
-            return
         send, spec = self._comm.Isend, [data, MPI.BYTE]
         for dest in dests:
             if dest in self.unreachable:
