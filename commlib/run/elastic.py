@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from ..config import FIELDS, environment, for_job, is_set
 from ..elastic import control
@@ -154,6 +154,10 @@ class Launcher:
     #: the world ranks of the running launch whose worker has ended (a launcher that can tell), so that the
     #: driver need not wait for their reports (commlib.run.survivors.decide)
     ranks_gone: Callable[[], set[int]] | None = None
+    #: host name -> the address its hydra proxy connects to mpiexec from, for the hosts given (a launcher
+    #: whose proxies run under commlib.run.relay with the elastic directory, which marks each proxy that
+    #: ended: the ranks of its host are gone too)
+    proxy_addresses: Callable[[Sequence[str]], Mapping[str, str]] | None = None
 
 
 #: the timeout (COMMLIB_TIMEOUT) of an elastic job that sets none: how long a lost rank takes to be noticed
@@ -388,6 +392,7 @@ class Driver:
             self.say(f"rank(s) {sorted(reports)} report a failed collective; deciding who goes on")
         suspects = {r: rep.get("suspects", []) for r, rep in sorted(reports.items())}
         gone = self.launcher.ranks_gone() if self.launcher.ranks_gone is not None else set()
+        gone |= self._behind_closed_proxies(recovery, directory)
         chosen = survivors.decide(recovery.members, suspects, now - recovery.first_report, SETTLE_S,
                                   2 * self.peer_timeout + 5.0, gone=gone,
                                   patience=self.peer_timeout + PEER_GRACE_S + SETTLE_S)
@@ -414,11 +419,24 @@ class Driver:
         recovery.first_report = None
 
 
+    def _behind_closed_proxies(self, recovery: "_Recovery", directory: str) -> set[int]:
+        """The members whose host's proxy ended (commlib.run.relay's marks), where the launcher can tell."""
+        if self.launcher.proxy_addresses is None:
+            return set()
+        closed = survivors.closed_proxies(directory)
+        if not closed:
+            return set()
+        if recovery.addresses is None:  # asked once a proxy has ended: nothing to ask in a healthy launch
+            recovery.addresses = dict(self.launcher.proxy_addresses(sorted(set(recovery.hosts))))
+        return {r for r in recovery.members if recovery.addresses.get(recovery.hosts[r]) in closed}
+
+
 class _Recovery:
     """One launch's in-process recoveries: its current members (world ranks) and what was lost."""
 
     def __init__(self, hosts: list[str]):
         self.hosts = hosts
+        self.addresses: dict[str, str] | None = None  # host -> its proxy's address (Launcher.proxy_addresses)
         self.members = list(range(len(hosts)))
         self.lost: set[int] = set()
         self.generation = 0

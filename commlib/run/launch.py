@@ -205,7 +205,7 @@ def _run_elastic(args, env: dict[str, str], opts) -> int:
                                         relay_dir=settings[FIELDS["elastic_dir"].env])
 
         launcher = _elastic.Launcher(command=slurm_command, kill=_kill, static_hosts=given,
-                                     in_process=flavor == _mpi.MPICH)
+                                     in_process=flavor == _mpi.MPICH, proxy_addresses=_slurm.node_addresses)
         return _elastic.Driver(opts, launcher, env).run()
 
     def check(hosts):

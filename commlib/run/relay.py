@@ -7,9 +7,11 @@ killed), the kernel closes that connection and hydra's mpiexec stops the whole j
 recovery handles (docs/elastic.md). This relay turns the first case into the second: run as hydra's
 launcher (``-launcher-exec``), it rewrites the proxies' ``--control-port HOST:PORT`` to a port of its own
 and copies each proxy's connection to mpiexec both ways; when a proxy's side closes, mpiexec's side stays
-open and silent until mpiexec closes it.
+open and silent until mpiexec closes it. With ``--closed-dir DIR`` it also marks each proxy whose side
+closed first in ``DIR`` by the address it connected from (:func:`commlib.run.survivors.mark_proxy_closed`):
+its host's ranks have ended, which the elastic driver need not wait to hear from a silence.
 
-    python -m commlib.run.relay LAUNCHER [ARGS...]      # e.g. srun --nodelist ... hydra_pmi_proxy ...
+    python -m commlib.run.relay [--closed-dir DIR] LAUNCHER [ARGS...]   # e.g. srun --nodelist ... hydra_pmi_proxy
 
 It runs ``LAUNCHER ARGS`` (the real srun or ssh) with the rewritten address and ends when that command has
 ended and mpiexec has closed every connection, with the command's exit status; SIGTERM and SIGINT go on
@@ -25,6 +27,8 @@ import socket
 import subprocess
 import sys
 from typing import Sequence
+
+from . import survivors
 
 _CONTROL = re.compile(r"--control-port[ =]([^\s:]+):(\d+)")
 
@@ -50,17 +54,19 @@ def rewrite(argv: Sequence[str], old: tuple[str, int], port: int) -> list[str]:
 class _Pair:
     """One proxy's connection (``down``) and its copy to mpiexec (``up``)."""
 
-    def __init__(self, down: socket.socket, up: socket.socket):
+    def __init__(self, down: socket.socket, up: socket.socket, address: str):
         self.down: socket.socket | None = down
         self.up = up
+        self.address = address  # where the proxy connected from: its host
 
 
 class Relay:
     """Copies connections accepted on ``listener`` to ``target``; a closed proxy side leaves mpiexec's
     side open."""
 
-    def __init__(self, target: tuple[str, int]):
+    def __init__(self, target: tuple[str, int], closed_dir: str | None = None):
         self.target = target
+        self.closed_dir = closed_dir
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("0.0.0.0", 0))
@@ -82,9 +88,9 @@ class Relay:
                 self._pump(pair, side)
 
     def _accept(self) -> None:
-        down, _ = self.listener.accept()
+        down, address = self.listener.accept()
         up = socket.create_connection(self.target)
-        pair = _Pair(down, up)
+        pair = _Pair(down, up, address[0])
         self.pairs.append(pair)
         self.selector.register(down, selectors.EVENT_READ, (pair, "down"))
         self.selector.register(up, selectors.EVENT_READ, (pair, "up"))
@@ -98,6 +104,8 @@ class Relay:
         if side == "down":
             if not data:  # the proxy is gone: mpiexec's side stays open and silent
                 self._close_down(pair)
+                if self.closed_dir is not None:
+                    survivors.mark_proxy_closed(self.closed_dir, pair.address)
                 return
             pair.up.sendall(data)
             return
@@ -122,13 +130,16 @@ class Relay:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    closed_dir = None
+    if argv[:1] == ["--closed-dir"] and len(argv) > 1:
+        closed_dir, argv = argv[1], argv[2:]
     if not argv:
-        print("usage: python -m commlib.run.relay LAUNCHER [ARGS...]", file=sys.stderr)
+        print("usage: python -m commlib.run.relay [--closed-dir DIR] LAUNCHER [ARGS...]", file=sys.stderr)
         return 2
     target = control_port(argv)
     if target is None:  # not a proxy launch: nothing to hold
         return subprocess.call(argv)
-    relay = Relay(target)
+    relay = Relay(target, closed_dir)
     child = subprocess.Popen(rewrite(argv, target, relay.port))
 
     def forward(signum, frame):

@@ -220,16 +220,53 @@ def srun_args(alloc: Allocation, hosts: Sequence[Host], elastic: bool) -> list[s
 def relay_launcher(directory: str) -> str:
     """An executable in ``directory`` that hydra runs as its srun (``-launcher-exec``): srun under
     :mod:`commlib.run.relay`, which keeps a lost node's connection to mpiexec open so that the survivors
-    go on (an elastic job)."""
+    go on (an elastic job), and marks in ``directory`` each node whose proxy ended."""
     import shutil
     import sys
 
     srun = shutil.which("srun") or "srun"
     path = os.path.join(directory, "srun-relay")
     with open(path, "w") as f:
-        f.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m commlib.run.relay {shlex.quote(srun)} \"$@\"\n")
+        f.write(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m commlib.run.relay --closed-dir "
+                f"{shlex.quote(directory)} {shlex.quote(srun)} \"$@\"\n")
     os.chmod(path, 0o755)
     return path
+
+
+def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
+    """Node name -> its address (``NodeAddr``; the name where Slurm has none), as ``scontrol`` tells: where
+    a node's processes connect from, which the elastic driver matches with the relay's marks. Empty when
+    scontrol cannot tell (the driver then waits for a silent node's ranks as for a cut link)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "-o", "show", "node", ",".join(nodes)], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if done.returncode != 0:
+        return {}
+    return {name: _resolved(address) for name, address in parse_node_addresses(done.stdout).items()}
+
+
+def _resolved(address: str) -> str:
+    """``address`` as an IP address where it is a name that resolves (the relay sees IP addresses)."""
+    import socket
+
+    try:
+        return socket.gethostbyname(address)
+    except OSError:
+        return address
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """``scontrol -o show node``'s lines (``NodeName=a ... NodeAddr=10.0.0.1 ...``) as name -> address."""
+    found = {}
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("NodeName"):
+            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return found
 
 
 def through_slurm(flavor: str, env: dict[str, str], argv: list[str], alloc: Allocation, hosts: Sequence[Host],

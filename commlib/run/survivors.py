@@ -50,7 +50,7 @@ def decide(members: Sequence[int], reports: Mapping[int, Sequence[int]], waited:
            limit: float, gone: AbstractSet[int] = frozenset(), patience: float = 0.0) -> list[int] | None:
     """The survivors (sorted world ranks), or None to wait for more reports. ``reports``: reporter ->
     the ranks it suspects; ``waited``: seconds since the first report; ``gone``: members known to have
-    ended (a launcher that can tell, as Ray's actors can).
+    ended (a launcher that can tell: Ray's actors, or a Slurm node's proxy that commlib.run.relay saw end).
 
     A missing member that a suspicion's explanation rests on (a reporter waited behind it) may only be late:
     a chain 0 -> 1 -> 2 with 2 silent reads the same as a cut-off 1 -> 2 -> 0 before 0's report arrives. Such
@@ -118,10 +118,29 @@ def exit_codes(directory: str, ranks: Sequence[int]) -> dict[int, int]:
     return codes
 
 
+#: the prefix of :func:`mark_proxy_closed`'s files
+_CLOSED = "proxy-closed"
+
+
+def mark_proxy_closed(directory: str, address: str) -> None:
+    """Record that the hydra proxy that connected from ``address`` closed its connection to mpiexec: it
+    ended, and with it every rank it was the parent of (commlib.run.relay calls this)."""
+    try:
+        open(os.path.join(directory, f"{_CLOSED}.{address}"), "w").close()
+    except OSError:  # the directory is gone: the launch is over
+        pass
+
+
+def closed_proxies(directory: str) -> set[str]:
+    """The addresses of the proxies marked by :func:`mark_proxy_closed` since the launch began."""
+    prefix = f"{_CLOSED}."
+    return {name[len(prefix):] for name in os.listdir(directory) if name.startswith(prefix)}
+
+
 def clear(directory: str) -> None:
     """Remove the previous launch's recovery files (a new launch numbers its ranks afresh)."""
     for name in os.listdir(directory):
-        if name.split(".", 1)[0] in ("report", "members", "exit"):
+        if name.split(".", 1)[0] in ("report", "members", "exit", _CLOSED):
             try:
                 os.remove(os.path.join(directory, name))
             except FileNotFoundError:

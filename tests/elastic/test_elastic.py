@@ -433,6 +433,46 @@ def test_survivor_decision():
     assert decide([0, 2], {0: [], 2: []}, waited=0.0, settle=4, limit=13) == [0, 2]  # a failure, nobody lost
 
 
+
+def test_a_proxy_that_ended_tells_the_driver_its_hosts_ranks_are_gone(tmp_path):
+    """A chain (0 waited for 1, 1 for the silent 2): the driver waits for rank 2 (it may be cut off and
+    report late) until the relay marks h2's proxy ended (commlib.run.relay); then 0 and 1 go on at once.
+    The launcher is asked for its hosts' addresses only then, once."""
+    import io
+
+    from commlib.run import survivors
+
+    asked = []
+
+    def addresses(names):
+        asked.append(list(names))
+        return {"h0": "10.0.0.1", "h1": "10.0.0.2", "h2": "10.0.0.3"}
+
+    now = [100.0]
+    opts = driver.ElasticOptions(min_np=1, max_np=None, discovery_script=None, slots_per_host=None,
+                                 elastic_timeout=10, reset_limit=0, cooldown=None)
+    launcher = driver.Launcher(command=None, kill=None, static_hosts=[], in_process=True,
+                               proxy_addresses=addresses)
+    job_driver = driver.Driver(opts, launcher, {}, out=io.StringIO(), clock=lambda: now[0])
+    job_driver.peer_timeout = 10.0
+    recovery = driver._Recovery(["h0", "h1", "h2"])
+    for rank, suspects in ((0, [1]), (1, [2])):
+        (tmp_path / f"report.0.{rank}").write_text(json.dumps({"suspects": suspects}))
+    job_driver._recover(recovery, str(tmp_path))
+    now[0] += 2.0  # past the settling time, within the patience for a silent rank
+    job_driver._recover(recovery, str(tmp_path))
+    assert recovery.generation == 0 and not asked
+    survivors.mark_proxy_closed(str(tmp_path), "10.0.0.9")  # another launch's host: nobody here
+    job_driver._recover(recovery, str(tmp_path))
+    assert recovery.generation == 0 and asked == [["h0", "h1", "h2"]]
+    survivors.mark_proxy_closed(str(tmp_path), "10.0.0.3")
+    job_driver._recover(recovery, str(tmp_path))
+    assert recovery.generation == 1 and recovery.members == [0, 1] and recovery.lost == {2}
+    assert json.loads((tmp_path / "members.0").read_text()) == {"members": [0, 1]}
+    assert len(asked) == 1
+    survivors.clear(str(tmp_path))  # the next launch starts without the marks
+    assert survivors.closed_proxies(str(tmp_path)) == set()
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [3])
 def test_torch_state_and_sampler_across_ranks(nprocs):

@@ -106,7 +106,7 @@ def test_hydra_through_slurm(tmp_path):
     assert env == {"HYDRA_LAUNCHER_EXTRA_ARGS": "--cpus-per-task=4 --no-kill --kill-on-bad-exit=0"}
     assert argv[:5] == ["mpiexec", "-launcher", "slurm", "-launcher-exec", str(tmp_path / "srun-relay")]
     script = (tmp_path / "srun-relay").read_text()
-    assert "-m commlib.run.relay" in script and script.rstrip().endswith('"$@"')
+    assert f"-m commlib.run.relay --closed-dir {tmp_path} " in script and script.rstrip().endswith('"$@"')
 
 
 def test_open_mpi_through_slurm():
@@ -157,8 +157,10 @@ def test_control_port_found_and_rewritten():
 def test_relay_keeps_mpiexecs_side_open_when_a_proxy_dies(tmp_path):
     """A stand-in mpiexec listens; the relay runs a launcher that starts two proxies, which connect, say
     their name, read a reply and exit (A at once, B after 1 s). mpiexec's side of each connection stays
-    open and silent (no EOF) after its proxy is gone; once mpiexec closes them, the relay ends with the
-    launcher's exit status."""
+    open and silent (no EOF) after its proxy is gone, and the relay marks the proxy's address as ended
+    (``--closed-dir``); once mpiexec closes them, the relay ends with the launcher's exit status."""
+    from commlib.run import survivors
+
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(4)
@@ -172,7 +174,10 @@ def test_relay_keeps_mpiexecs_side_open_when_a_proxy_dies(tmp_path):
     launcher.write_text(f'#!/bin/sh\n{sys.executable} -c "$PROXY" "$@" 0 A &\n'
                         f'{sys.executable} -c "$PROXY" "$@" 1 B &\nwait\nexit 3\n')
     launcher.chmod(0o755)
-    job = subprocess.Popen([sys.executable, "-m", "commlib.run.relay", str(launcher), "--control-port",
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = subprocess.Popen([sys.executable, "-m", "commlib.run.relay", "--closed-dir", str(marks),
+                            str(launcher), "--control-port",
                             f"127.0.0.1:{port}"], env={"PROXY": proxy, "PATH": "/usr/bin:/bin"})
     conns = {}
     try:
@@ -188,6 +193,7 @@ def test_relay_keeps_mpiexecs_side_open_when_a_proxy_dies(tmp_path):
             with pytest.raises(socket.timeout):  # the proxy exited: silence, never EOF
                 conn.recv(1)
         assert job.poll() is None  # mpiexec still holds the connections
+        assert survivors.closed_proxies(str(marks)) == {"127.0.0.1"}
     finally:
         for conn in conns.values():
             conn.close()
@@ -198,3 +204,12 @@ def test_relay_keeps_mpiexecs_side_open_when_a_proxy_dies(tmp_path):
             if job.poll() is None:
                 job.kill()
     assert code == 3
+
+
+def test_node_addresses_from_scontrol():
+    """``scontrol -o show node``'s one line per node: NodeAddr where given (the relay's marks are addresses),
+    the name where not."""
+    text = ("NodeName=h0 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.200.3.1 NodeHostName=h0 State=IDLE\n"
+            "NodeName=h1 Arch=x86_64 NodeAddr= State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@now]\n"
+            "\n")
+    assert S.parse_node_addresses(text) == {"h0": "10.200.3.1", "h1": "h1"}
