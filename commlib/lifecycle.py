@@ -79,6 +79,14 @@ def current_or_none() -> "Runtime | None":
     return _process.runtime
 
 
+def job_layout(comm) -> "Job":
+    """The job's layout over ``comm`` (its workers and summation servers), found once per process and kept
+    for every runtime on ``comm``: collective over ``comm`` the first time (a server answers once)."""
+    from .server import discovery
+
+    return discovery.worker_job(comm, _process.layouts, config().start_timeout_s)
+
+
 def is_initialized() -> bool:
     return _process.runtime is not None
 

@@ -5,8 +5,9 @@
   collective, 40 calls in flight, a mismatched shape as an error on every rank after which the group still
   works, the error on the Work and its future, per-group options (fp16, an algorithm, a lossy compressor
   giving what commlib's own allreduce gives) and their errors, a send's future.
-- ``workers/torch_launch.py``: ``init_process_group("commlib")`` without importing commlib, under mpiexec and
-  under torchrun (no MPI launcher: the MPI world is built from torch's store).
+- ``workers/torch_launch.py``: ``init_process_group("commlib")`` without importing commlib, under mpiexec (also
+  with a summation server in the job) and under torchrun (no MPI launcher: the MPI world is built from
+  torch's store).
 - ``workers/torch_link_cut.py`` on 2 emulated hosts: the link cut, every rank raises torch's
   ``DistBackendError`` within the process group's timeout, naming the lost rank.
 - In process: the rendezvous decision, Options, the backend known by name to a fresh interpreter, and
@@ -24,7 +25,7 @@ import time
 
 import pytest
 
-from mpirun import check_report, job_env, run_mpi, worker_path
+from mpirun import check_report, job_env, run_mpi, run_mpmd, worker_path
 from torch_jobs import CLUSTER_ENV
 
 # A cut link (as tests/transport/test_failures.py, whose reasons hold here): the bounds are the feature (a
@@ -50,6 +51,13 @@ def test_work_rules_errors_and_options(ranks):
 @pytest.mark.mpi
 def test_init_process_group_under_mpiexec():
     run_mpi(3, "torch_launch.py", timeout=120)
+
+
+@pytest.mark.mpi
+def test_init_process_group_under_mpiexec_with_summation_servers():
+    """2 workers and a summation server in one MPMD job, every allreduce through the server: the
+    rendezvous and commlib's init() find the job's layout once (a server answers one roll call)."""
+    run_mpmd(2, 1, "torch_launch.py", "1", timeout=180, env={"COMMLIB_ALGORITHM": "ps"})
 
 
 @pytest.mark.mpi

@@ -23,9 +23,7 @@ def workers_communicator():
     duplicate. Collective over COMM_WORLD the first time."""
     from mpi4py import MPI
 
-    from ...server import discovery
-
-    return discovery.job(MPI.COMM_WORLD, discovery.WORKER, config().start_timeout_s).own
+    return lifecycle.job_layout(MPI.COMM_WORLD).own
 
 
 def point_to_point(process_set=None):

@@ -1,8 +1,11 @@
 """Worker for tests/torch/test_torch_work.py: ``init_process_group("commlib")`` as a plain script would call
-it, under whatever launched it (mpiexec, torchrun), and one collective of each kind, as named cases.
+it, under whatever launched it (mpiexec, torchrun; with summation servers as further ranks of the job: give
+their number), and one collective of each kind, as named cases.
 
-    python torch_launch.py
+    python torch_launch.py [SERVERS]
 """
+
+import sys
 
 import torch
 import torch.distributed as dist
@@ -14,7 +17,9 @@ import spmd
 def init_process_group():
     dist.init_process_group("commlib")  # known without importing commlib: torch's backend entry point
     assert dist.get_backend() == "commlib", dist.get_backend()
-    assert (dist.get_rank(), dist.get_world_size()) == spmd.rank_and_size()
+    rank, size = spmd.rank_and_size()
+    servers = int(sys.argv[1]) if len(sys.argv) > 1 else 0  # the job's last ranks: not torch ranks
+    assert (dist.get_rank(), dist.get_world_size()) == (rank, size - servers)
 
 
 @spmd.case
