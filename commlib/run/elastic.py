@@ -418,7 +418,6 @@ class Driver:
         recovery.generation += 1
         recovery.first_report = None
 
-
     def _behind_closed_proxies(self, recovery: "_Recovery", directory: str) -> set[int]:
         """The members whose host's proxy ended (commlib.run.relay's marks), where the launcher can tell."""
         if self.launcher.proxy_addresses is None:

@@ -239,6 +239,8 @@ def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
     scontrol cannot tell (the driver then waits for a silent node's ranks as for a cut link)."""
     import subprocess
 
+    from ..server.tcp import resolve
+
     try:
         done = subprocess.run(["scontrol", "-o", "show", "node", ",".join(nodes)], capture_output=True,
                               text=True, timeout=10)
@@ -246,17 +248,8 @@ def node_addresses(nodes: Sequence[str]) -> dict[str, str]:
         return {}
     if done.returncode != 0:
         return {}
-    return {name: _resolved(address) for name, address in parse_node_addresses(done.stdout).items()}
-
-
-def _resolved(address: str) -> str:
-    """``address`` as an IP address where it is a name that resolves (the relay sees IP addresses)."""
-    import socket
-
-    try:
-        return socket.gethostbyname(address)
-    except OSError:
-        return address
+    # the relay sees IP addresses: a NodeAddr that is a name counts as the address it resolves to
+    return {name: resolve(address) or address for name, address in parse_node_addresses(done.stdout).items()}
 
 
 def parse_node_addresses(text: str) -> dict[str, str]:

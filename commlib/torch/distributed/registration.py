@@ -3,9 +3,10 @@
 :func:`register` runs when ``commlib.torch`` is imported, and when torch itself is imported if commlib is
 installed: torch calls the ``torch.backends`` entry points at the end of ``import torch`` (setup.py names
 ``commlib_torch_backend.autoload``, which calls :func:`register`; ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns
-that off), so ``init_process_group("commlib")`` knows the name without importing commlib. Registering starts nothing: it adds the name to torch's table of
-backends (``Backend.register_backend``, with the extended API that hands the creator the group's global
-ranks and options) and the MPI fallback to torch's ``env://`` rendezvous (:mod:`.rendezvous`).
+that off), so ``init_process_group("commlib")`` knows the name without importing commlib. Registering starts
+nothing: it adds the name to torch's table of backends (``Backend.register_backend``, with the extended API
+that hands the creator the group's global ranks and options) and the MPI fallback to torch's ``env://``
+rendezvous (:mod:`.rendezvous`).
 
 The default group's creator starts commlib on MPI's world (unless the program started it already) and
 checks that MPI's rank and size are torch's. Where no MPI launcher started the process (torchrun,
