@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..errors import ConfigError
+from . import partition
 
 INF = float("inf")
 PROFILE_VERSION = 1
@@ -353,14 +354,15 @@ def hierarchical(model: CostModel, nbytes: float, shape: Shape, codec=None, seg:
 
 def hierarchical_pipelined(model: CostModel, nbytes: float, shape: Shape, codec=None,
                            seg: int = 1 << 20) -> float:
-    """hierarchical's phases on blocks of 8 segments, block b's cross-node rings overlapping block b+1's
-    reduce-scatter and block b-1's allgather: per block the slower of the two, plus one block's other."""
+    """hierarchical's phases on blocks (:func:`.partition.pipeline_block_bytes`), block b's cross-node rings
+    overlapping block b+1's reduce-scatter and block b-1's allgather: per block the slower of the two, plus
+    one block's other."""
     if shape.ranks < 2 or nbytes <= 0:
         return 0.0
     nodes = shape.node_groups()
     width = max(len(g) for g in nodes)
     shards = [[g[j] for g in nodes if j < len(g)] for j in range(width)]
-    block = min(nbytes, 8 * seg)
+    block = min(nbytes, partition.pipeline_block_bytes(seg))
     count = math.ceil(nbytes / block)
     codec_inside = codec_inside_nodes(len(nodes), codec)
     inside = (_ring_half(model, shape, nodes, block, codec_inside, seg, True)

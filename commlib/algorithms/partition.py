@@ -28,3 +28,17 @@ def segments(start: int, stop: int, segment: int) -> list[tuple[int, int]]:
     if stop <= start:
         return [(start, start)]
     return [(s, min(s + segment, stop)) for s in range(start, stop, segment)]
+
+
+#: hierarchical_pipelined's block: this many pipeline segments ...
+PIPELINE_BLOCK_SEGMENTS = 8
+#: ... and at most this many bytes. On 2 emulated hosts at 1 Gbit/s, DDP's step with its backward pass
+#: computing on every core while buckets cross: 2 MiB blocks 878 ms, 4 and 8 MiB 898-903 ms, gloo 866 ms
+#: (docs/results/design_choices.md); alone, a 16.8 MB allreduce 142 ms against 151 ms (bound 140 ms).
+PIPELINE_BLOCK_MAX_BYTES = 2 << 20
+
+
+def pipeline_block_bytes(segment_bytes: int) -> int:
+    """Bytes per block of hierarchical_pipelined at pipeline segment ``segment_bytes`` (the schedule and
+    its cost model both use this)."""
+    return min(PIPELINE_BLOCK_SEGMENTS * segment_bytes, PIPELINE_BLOCK_MAX_BYTES)

@@ -2,8 +2,9 @@
 
 :mod:`.hierarchical` runs its three phases one after the other: while a node reduce-scatters and
 allgathers over shared memory, its network link is idle (at 1 Gbit/s and 64 MiB on 2 nodes of 2 ranks,
-those phases cost 10-15% on top of the link bound). Here the buffer is cut into blocks of
-``8 * ctx.segment_bytes`` (``auto`` chooses the segment) and the phases of consecutive blocks overlap:
+those phases cost 10-15% on top of the link bound). Here the buffer is cut into blocks of 8 segments
+(``auto`` chooses the segment), at most 2 MiB (:func:`.partition.pipeline_block_bytes`), and the phases of
+consecutive blocks overlap:
 
     block b:   intra reduce-scatter | cross allreduce (posted, non-blocking) ........ | intra allgather
     block b+1:                        intra reduce-scatter | cross allreduce ...
@@ -33,10 +34,6 @@ from ..ops import ReduceOp
 from ..transport.base import Transport
 from . import hierarchical, partition, ring
 from .scaling import with_scaling_passes
-
-#: Blocks are this many ring segments (8 MiB at the default 1 MiB segment).
-BLOCK_SEGMENTS = 8
-
 
 def _cross_ring(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None,
                 key: str) -> Iterator[list]:
@@ -128,7 +125,7 @@ def allreduce(ctx, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None = None
     width = topo.max_local_size
     held = partition.offsets(width, topo.local_size)
     mine = range(held[topo.local_rank], held[topo.local_rank + 1])
-    block = max(1, BLOCK_SEGMENTS * ctx.segment_bytes // buf.itemsize)
+    block = max(1, partition.pipeline_block_bytes(ctx.segment_bytes) // buf.itemsize)
     blocks = partition.segments(0, n, block)
     overflow = 0
     crossing: _Crossing | None = None
