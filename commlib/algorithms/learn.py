@@ -28,7 +28,10 @@ buffer or several fused in place. Its :class:`State`:
 :data:`NEXT` lists the moves between states, and every move goes through ``Bucket._enter``. A new bucket
 of long calls whose sibling (the same class and codec, fused or not) has settled starts ``WATCHED`` on the
 sibling's times instead of exploring: such calls are the bytes they move. A settled bucket can be kept
-(:meth:`Bucket.to_settled`) and a later learner started from it (:meth:`Bucket.from_settled`).
+(:meth:`Bucket.to_settled`) and a later learner started from it (:meth:`Bucket.from_settled`). Where a
+restored bucket's first ``WATCH_CALLS`` watched calls run more than ``STALE`` times slower or faster than
+its kept time, the kept times were measured under other conditions (another network under the same
+layout, a shared cache directory): the rivals' kept times are forgotten and the nearest re-checked at once.
 
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times, the count of
 calls), never of a rank's own clock, so ranks whose clocks disagree still choose alike. Exploring is
@@ -66,6 +69,8 @@ CHECK_ROUNDS = 2     # rounds per re-check
 SWITCH = 0.05        # a re-check switches to an algorithm faster than the settled one by more than this
 WATCH_S = 50e-3      # settled buckets whose calls take at least this keep timing them (watch)
 WATCH_CALLS = 3      # the settled algorithm's watched time: the median of its last this many calls
+STALE = 1.5          # a restored bucket's first watched calls this far off its kept time: the kept times
+                     # are not this job's (either way)
 
 Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
 
@@ -130,6 +135,8 @@ class Bucket:
     watch_switches: int = 0         # settled algorithms given up because their calls ran slower than a rival
     seeded: bool = False            # settled on its sibling's times (Learner._adopt)
     restored: bool = False          # settled on an earlier learner's times (from_settled)
+    kept_compared: bool = False     # restored and watched: its first watched calls were held against it
+    stale: bool = False             # ... and were STALE off: the kept times were forgotten
     # -- the state as the per-call path reads it: one attribute each, set by _enter alone
     running: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED or WATCHED
     untimed: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED
@@ -346,17 +353,7 @@ class Learner:
         has no room (False)."""
         bucket.since = 0
         bucket.next_check *= 4
-        times = bucket.best_times()
-        mine = times.get(bucket.settled)
-        if mine is None:
-            return False
-        near = DROP if bucket.short else RECHECK
-        rivals = sorted((n for n in times if n != bucket.settled and times[n] <= near * mine),
-                        key=lambda n: (times[n], bucket.candidates.index(n)))
-        if "native" in rivals[2:]:  # MPI's own, the baseline, is checked whenever it qualifies
-            rivals.remove("native")
-            rivals.insert(1, "native")
-        rivals = rivals[:2]
+        rivals = _rivals(bucket, bucket.best_times())
         if not rivals or not self._may_explore(bucket, 0, (1 + len(rivals)) * bucket.reps * CHECK_ROUNDS):
             return False
         bucket.check([bucket.settled] + rivals)
@@ -455,6 +452,12 @@ class Learner:
         if len(bucket.watched) < WATCH_CALLS:
             return
         typical = float(np.median(bucket.watched[-WATCH_CALLS:]))
+        if bucket.restored and not bucket.kept_compared:
+            bucket.kept_compared = True
+            kept = bucket.best_times().get(bucket.settled)
+            if kept and not 1 / STALE <= typical / kept <= STALE:
+                self._forget_kept(bucket, typical)
+                return
         times = bucket.best_times()
         rivals = [n for n in times if n != bucket.settled]
         if not rivals:
@@ -467,6 +470,22 @@ class Learner:
             bucket.watched = []
             bucket.watch_switches += 1
             self.notes.append(describe(bucket) + f" (watched: {old} ran {typical * 1e3:.3f} ms per call)")
+
+    def _forget_kept(self, bucket: Bucket, typical: float) -> None:
+        """A restored bucket whose settled algorithm runs ``typical`` per call, STALE off its kept time: keep
+        that time alone, and re-check at once the two rivals its kept times ranked nearest (MPI's own among
+        them), so that the rivals' times too are this job's; the others are measured no more."""
+        kept = bucket.best_times()
+        rivals = _rivals(bucket, kept, within=False)
+        bucket.agreed = {bucket.settled: [typical]}
+        bucket.stale = True
+        bucket.watched = []
+        self.notes.append(describe(bucket) + f" (kept times not this job's: {bucket.settled} ran "
+                          f"{typical * 1e3:.3f} ms per call against {kept[bucket.settled] * 1e3:.3f} kept; "
+                          + (f"re-checking {', '.join(rivals)})" if rivals else "nothing to re-check)"))
+        if rivals and self._may_explore(bucket, 0, (1 + len(rivals)) * bucket.reps * CHECK_ROUNDS):
+            bucket.since = 0
+            bucket.check([bucket.settled] + rivals)
 
     def restore(self, bucket: Bucket) -> None:
         """Start ``bucket``'s class settled (``Bucket.from_settled``) instead of exploring it; before the
@@ -491,6 +510,23 @@ class Learner:
         what was measured and chosen (for --explain)."""
         lines = [describe(b) for _, b in sorted(self.buckets.items(), key=lambda kv: _order(kv[0]))]
         return [self.origin] + lines if self.origin else lines
+
+
+def _rivals(bucket: Bucket, times: Mapping[str, float], within: bool = True) -> list[str]:
+    """The (at most two) algorithms a re-check of ``bucket`` measures beside the settled one, nearest in
+    ``times`` first, MPI's own among them whenever it qualifies: those within RECHECK (short calls: DROP)
+    of the settled one's time, or (``within`` False) any not dropped."""
+    mine = times.get(bucket.settled)
+    if mine is None:
+        return []
+    near = (DROP if bucket.short else RECHECK) if within else float("inf")
+    rivals = sorted((n for n in times if n != bucket.settled and times[n] <= near * mine
+                     and (within or n not in bucket.dropped)),
+                    key=lambda n: (times[n], bucket.candidates.index(n)))
+    if "native" in rivals[2:]:  # MPI's own, the baseline, is checked whenever it qualifies
+        rivals.remove("native")
+        rivals.insert(1, "native")
+    return rivals[:2]
 
 
 def _order(key: tuple):
@@ -530,7 +566,7 @@ def describe(bucket: Bucket) -> str:
     if bucket.seeded:
         extra += ", from its " + ("single" if bucket.key[2] else "fused") + " calls' times"
     if bucket.restored:
-        extra += ", from an earlier job's times"
+        extra += ", from an earlier job's times" + (" (not this job's: forgotten)" if bucket.stale else "")
     checks = f", {bucket.checks} re-check(s), {bucket.switches} switch(es)" if bucket.checks else ""
     if bucket.watch_switches:
         checks += f", {bucket.watch_switches} switch(es) on watched calls"

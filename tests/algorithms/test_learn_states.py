@@ -252,3 +252,36 @@ def test_what_cannot_be_kept_or_restored_is_an_error():
         Bucket.from_settled(dict(kept, settled="torus2d"))
     with pytest.raises(ValueError, match="already has a bucket"):
         job.learner.restore(Bucket.from_settled(kept))
+
+
+def test_kept_times_of_other_conditions_are_forgotten_and_rechecked_at_once():
+    """Kept on a fast network (ring fastest), restored where every call is slower and MPI's own is now
+    the fastest: the first WATCH_CALLS watched calls run STALE off the kept time, so the rivals' kept
+    times are forgotten and a re-check of the settled algorithm and its two nearest rivals starts at
+    once; it settles on native with this job's times. Within STALE of the kept time, nothing changes."""
+    predicted = {"ring": 0.06, "recursive_doubling": 0.065, "native": 0.07}
+    first = Job(predicted, {"ring": 0.06, "recursive_doubling": 0.07, "native": 0.08})
+    first.run(20)
+    kept = first.learner.buckets[(20, None, False)].to_settled()
+    assert kept["settled"] == "ring"
+
+    slower = {"ring": 0.15, "recursive_doubling": 0.20, "native": 0.12}
+    later = Job(predicted, slower)
+    later.learner.restore(Bucket.from_settled(kept))
+    ran = later.run(learn.WATCH_CALLS)
+    bucket = later.learner.buckets[(20, None, False)]
+    assert ran == ["ring"] * learn.WATCH_CALLS and bucket.stale and bucket.state is CHECKING
+    assert bucket.checking == ["ring", "recursive_doubling", "native"]
+    assert bucket.agreed == {"ring": [pytest.approx(0.15)]}
+    assert "kept times not this job's: ring ran 150.000 ms per call against 60.000 kept" in later.learner.notes[0]
+    later.run(3 * bucket.reps * learn.CHECK_ROUNDS + 5)
+    assert bucket.settled == "native" and bucket.state is WATCHED
+    assert bucket.best_times() == pytest.approx(slower)
+    assert "not this job's: forgotten" in later.learner.summary()[0]
+
+    near = Job(predicted, {"ring": 0.065, "recursive_doubling": 0.075, "native": 0.085})  # within STALE
+    near.learner.restore(Bucket.from_settled(kept))
+    assert near.run(10) == ["ring"] * 10
+    bucket = near.learner.buckets[(20, None, False)]
+    assert not bucket.stale and bucket.kept_compared and bucket.state is WATCHED
+    assert bucket.best_times()["native"] == pytest.approx(0.08)  # the kept rivals' times stay
