@@ -474,16 +474,18 @@ class Learner:
     def _forget_kept(self, bucket: Bucket, typical: float) -> None:
         """A restored bucket whose settled algorithm runs ``typical`` per call, STALE off its kept time: keep
         that time alone, and re-check at once the two rivals its kept times ranked nearest (MPI's own among
-        them), so that the rivals' times too are this job's; the others are measured no more."""
+        them), so that the rivals' times too are this job's; the others are measured no more. Where the
+        exploring budget has no room, the kept times stay (the watch and later re-checks still use them)."""
         kept = bucket.best_times()
         rivals = _rivals(bucket, kept, within=False)
-        bucket.agreed = {bucket.settled: [typical]}
-        bucket.stale = True
-        bucket.watched = []
+        room = bool(rivals) and self._may_explore(bucket, 0, (1 + len(rivals)) * bucket.reps * CHECK_ROUNDS)
+        if room:
+            bucket.agreed = {bucket.settled: [typical]}
+            bucket.stale = True
         self.notes.append(describe(bucket) + f" (kept times not this job's: {bucket.settled} ran "
                           f"{typical * 1e3:.3f} ms per call against {kept[bucket.settled] * 1e3:.3f} kept; "
-                          + (f"re-checking {', '.join(rivals)})" if rivals else "nothing to re-check)"))
-        if rivals and self._may_explore(bucket, 0, (1 + len(rivals)) * bucket.reps * CHECK_ROUNDS):
+                          + (f"re-checking {', '.join(rivals)})" if room else "no rival to re-check now)"))
+        if room:
             bucket.since = 0
             bucket.check([bucket.settled] + rivals)
 
