@@ -129,6 +129,51 @@ def _locked() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+SHM = Path("/dev/shm")
+
+
+def shm_files() -> set[Path]:
+    try:
+        return set(SHM.iterdir())
+    except OSError:
+        return set()
+
+
+def _mapped() -> set[str]:
+    """Every file under /dev/shm that a live process maps or holds open."""
+    held = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for line in (proc / "maps").read_text().splitlines():
+                if f" {SHM}/" in line:
+                    held.add(line.split(None, 5)[-1].replace(" (deleted)", ""))
+            for fd in (proc / "fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith(f"{SHM}/"):
+                    held.add(target)
+        except OSError:
+            continue
+    return held
+
+
+def clean_shm(before: set[Path]) -> list[str]:
+    """Remove what appeared under /dev/shm since ``before`` and no live process maps or holds (a killed MPI
+    job's segments); return what is new and still held by someone."""
+    held = _mapped()
+    kept = []
+    for path in sorted(shm_files() - before):
+        if str(path) in held:
+            kept.append(str(path))
+            continue
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    return kept
+
+
 def _remove_cluster(state_dir: Path) -> list[str]:
     """Destroy what the state folder describes, then the folder; return the errors."""
     try:
@@ -219,6 +264,7 @@ class Cluster:
         self.owned = owned
         self.subnet = None
         self._saved_handlers: dict[int, object] = {}
+        self._shm_before: set[Path] = set()
         self._up = False
 
     # -- derived --------------------------------------------------------------------------------------
@@ -263,6 +309,7 @@ class Cluster:
             raise ClusterUnavailable("cannot emulate a cluster here; missing: " + "; ".join(missing))
         check_hydra(find_mpiexec())
         sweep_stale()
+        self._shm_before = shm_files()
         rng = random.Random()
         with _locked():
             if self.name is None:
@@ -286,12 +333,14 @@ class Cluster:
         return self
 
     def down(self) -> None:
-        """Kill what still runs on the hosts and remove everything the cluster created (idempotent)."""
+        """Kill what still runs on the hosts and remove everything the cluster created, the shared memory of
+        MPI jobs killed there included (idempotent)."""
         if not self._up:
             return
         self._up = False
         self._remove_teardown()
         errors = _remove_cluster(self.state_dir)
+        clean_shm(self._shm_before)  # the segments of MPI jobs killed on the hosts (no process maps them)
         if errors:
             raise RuntimeError(f"cluster {self.name} not fully removed: {'; '.join(errors)}")
 

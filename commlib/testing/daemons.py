@@ -1,5 +1,5 @@
 """Daemons on emulated hosts (what :mod:`.slurm` and :mod:`.ray` share): start one in a host's namespace
-under the host's name, find what a cluster's daemons left behind, clean the shared memory a killed job left.
+under the host's name, find what a cluster's daemons left behind.
 
 A daemon runs in the foreground as a child of the process that made the cluster, inside the host's network
 namespace and a UTS namespace of its own whose host name is the host's (``gethostname()`` in the daemon and
@@ -15,10 +15,7 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .cluster import Cluster, leftovers
-
-SHM = Path("/dev/shm")
-
+from .cluster import Cluster, clean_shm, leftovers, shm_files
 
 def start(namespace: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """``argv`` in the foreground inside ``namespace``, with the namespace's name as host name; stdout and
@@ -51,48 +48,6 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline:
             found.append(f"{proc.name} {cmdline[:200]}")
     return found
-
-
-def shm_files() -> set[Path]:
-    try:
-        return set(SHM.iterdir())
-    except OSError:
-        return set()
-
-
-def _mapped() -> set[str]:
-    """Every file under /dev/shm that a live process maps or holds open."""
-    held = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            for line in (proc / "maps").read_text().splitlines():
-                if f" {SHM}/" in line:
-                    held.add(line.split(None, 5)[-1].replace(" (deleted)", ""))
-            for fd in (proc / "fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith(f"{SHM}/"):
-                    held.add(target)
-        except OSError:
-            continue
-    return held
-
-
-def clean_shm(before: set[Path]) -> list[str]:
-    """Remove what appeared under /dev/shm since ``before`` and no live process maps or holds (a killed MPI
-    job's segments); return what is new and still held by someone."""
-    held = _mapped()
-    kept = []
-    for path in sorted(shm_files() - before):
-        if str(path) in held:
-            kept.append(str(path))
-            continue
-        try:
-            path.unlink()
-        except OSError:
-            pass
-    return kept
 
 
 class DaemonCluster:

@@ -86,6 +86,25 @@ def test_per_host_rates_shape_each_host_alone(make_cluster):
     print(f"{report['mbit_s']:.0f} Mbit/s over a 250 Mbit/s link")
 
 
+@pytest.mark.cluster
+def test_down_removes_the_shared_memory_of_a_killed_job(make_cluster):
+    """2 ranks on one emulated host meet over MPICH's shared memory, then both are killed (SIGKILL): their
+    segments stay under /dev/shm, which no process maps any more; taking the cluster down removes them."""
+    import sys
+
+    from commlib.testing.cluster import shm_files
+
+    cluster = make_cluster([2])
+    before = shm_files()
+    killed = ("from mpi4py import MPI; import os, signal; MPI.COMM_WORLD.Barrier(); "
+              "os.kill(os.getpid(), signal.SIGKILL)")
+    cluster.mpiexec([sys.executable, "-c", killed], timeout=60, check=False)
+    left = shm_files() - before
+    assert left, "the killed job left no shared memory: nothing to check here"
+    cluster.down()
+    assert not (left & shm_files()), sorted(map(str, left & shm_files()))
+
+
 def test_missing_prerequisites_are_named(monkeypatch, tmp_path):
     """Without root and without the tools, up() says what is missing (nothing is created)."""
     from commlib.testing.cluster import Cluster, ClusterUnavailable
