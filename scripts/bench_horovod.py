@@ -18,7 +18,8 @@ commlib runs once per ``--layout-cache`` variant: ``new``, a job whose layout co
 ``COMMLIB_AUTO_CACHE`` directory per job: auto explores), and ``seen``, a job whose layout ran before (one
 directory per row, filled by an untimed job of the same script first: auto starts settled).
 ``--base-tree DIR`` also runs commlib from another tree (its C extensions built in place), the row's
-``commlib@base``: the same jobs before a change, in the same run.
+``commlib@base``: the same jobs before a change, in the same run, with the first ``--layout-cache`` variant's
+cache (without one, a tree would read the user's cache, filled by whatever ran before).
 
 Layouts: ``1x2`` is one host, 2 ranks; ``HxR`` with H > 1 is H emulated hosts of R ranks each
 (:mod:`commlib.testing.cluster`, needs root), each host's link shaped to ``--rate`` (default 1gbit).
@@ -233,7 +234,7 @@ def main() -> int:
             variants.append(Variant("commlib@base", Path(sys.executable), venv_bin / "mpiexec",
                                     dict(base, PYTHONPATH=os.pathsep.join([str(scratch / "shim"),
                                                                            str(args.base_tree.resolve())]),
-                                         BENCH_LIBRARY="commlib@base")))
+                                         BENCH_LIBRARY="commlib@base"), cache=caches[0] if caches else None))
         if hvd is not None:
             variants.append(Variant("Horovod", args.horovod_venv / "bin" / "python",
                                     args.horovod_venv / "bin" / "mpiexec", dict(base, BENCH_LIBRARY="horovod")))
