@@ -340,9 +340,14 @@ class Cluster:
         self._up = False
         self._remove_teardown()
         errors = _remove_cluster(self.state_dir)
-        clean_shm(self._shm_before)  # the segments of MPI jobs killed on the hosts (no process maps them)
+        self.clean_shared_memory()
         if errors:
             raise RuntimeError(f"cluster {self.name} not fully removed: {'; '.join(errors)}")
+
+    def clean_shared_memory(self) -> list[str]:
+        """Remove what appeared under /dev/shm since the cluster came up and no process maps any more (the
+        segments of MPI jobs killed on the hosts); return what is new and still held by someone."""
+        return clean_shm(self._shm_before)
 
     def __enter__(self) -> "Cluster":
         return self.up()

@@ -15,7 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .cluster import Cluster, clean_shm, leftovers, shm_files
+from .cluster import Cluster, leftovers
+
 
 def start(namespace: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """``argv`` in the foreground inside ``namespace``, with the namespace's name as host name; stdout and
@@ -59,7 +60,6 @@ class DaemonCluster:
     def __init__(self, hosts: Cluster):
         self.hosts = hosts
         self.daemons: dict = {}
-        self._shm_before: set[Path] = set()
 
     @property
     def name(self) -> str | None:
@@ -70,7 +70,6 @@ class DaemonCluster:
         return self.hosts.state_dir / self.folder
 
     def up_hosts(self) -> None:
-        self._shm_before = shm_files()
         self.hosts.up()
 
     def down(self) -> list[str]:
@@ -87,7 +86,7 @@ class DaemonCluster:
             except subprocess.TimeoutExpired:
                 pass
         self.daemons.clear()
-        return clean_shm(self._shm_before)
+        return self.hosts.clean_shared_memory()  # again: the killed daemons have been waited for now
 
     def __enter__(self):
         return self.up()
