@@ -11,7 +11,9 @@ buffer or several fused in place. Its :class:`State`:
   the lane (``sync``): without it a rank that enters early times its wait for the others; blocks, because
   a job's calls come back to back and a call can pay for how the one before it ended. The candidates are
   the model's ranking within ``SPREAD`` of its best, at most ``MAX_CANDIDATES`` of commlib's, and MPI's own
-  (``native``, the baseline auto must never lose to). After the first round those slower than ``DROP``
+  (``native``, the baseline auto must never lose to). Where the model predicts ``LARGE_S`` or more, each
+  block's first call is agreed at once, and a block whose first call took ``WATCH_S`` or more and ``CUT``
+  longer than the best so far ends there (it cannot take over). After the first round those slower than ``DROP``
   times the best are dropped; short calls (under ``SMALL_S``) get a second round, the order rotated (a
   block can fall on a busy moment); the best and its closest within ``NEAR`` get up to ``EXTRA_ROUNDS``
   more (one block cannot separate near-equal algorithms), within ``MAX_CALLS`` calls. A round ends in one
@@ -71,6 +73,8 @@ WATCH_S = 50e-3      # settled buckets whose calls take at least this keep timin
 WATCH_CALLS = 3      # the settled algorithm's watched time: the median of its last this many calls
 STALE = 1.5          # a restored bucket's first watched calls this far off its kept time: the kept times
                      # are not this job's (either way)
+CUT = 1 + SWITCH     # a block whose first call of WATCH_S or more is this much slower than the best so far
+                     # ends there: it cannot take over (a long block's time is its slower call)
 
 Agree = Callable[[np.ndarray], np.ndarray]  # elementwise MAX over the ranks of a float64 vector
 
@@ -128,6 +132,8 @@ class Bucket:
     # -- what the bucket measured and did, in every state
     agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call, per block
     dropped: list[str] = dataclasses.field(default_factory=list)
+    cut: list[str] = dataclasses.field(default_factory=list)  # blocks ended after their first call (CUT)
+    firsts: list[float] = dataclasses.field(default_factory=list)  # long calls: agreed first calls this round
     explored: int = 0               # calls run while exploring or checking
     extra: int = 0                  # near-tie rounds run
     checks: int = 0                 # re-checks run
@@ -146,6 +152,19 @@ class Bucket:
         """The model predicts this class's calls under ``SMALL_S``: a second round, earlier and wider
         re-checks."""
         return min(self.predicted_s.values(), default=0.0) < SMALL_S
+
+    @property
+    def long(self) -> bool:
+        """The model predicts this class's calls at ``LARGE_S`` or more: each measured block's first call is
+        agreed as it ends, so that a block that cannot win ends there (:meth:`Learner._probe`). One small
+        allreduce costs little beside such a call, where a second call of a slower algorithm costs a
+        training step that call's time."""
+        return min(self.predicted_s.values(), default=0.0) >= LARGE_S
+
+    def block_starts(self) -> list[int]:
+        """Where each block of the round under way begins in ``slots`` (a candidate's consecutive calls)."""
+        slots = self.slots
+        return [i for i in range(len(slots)) if i == 0 or slots[i] != slots[i - 1]]
 
     @property
     def watching(self) -> bool:
@@ -168,6 +187,7 @@ class Bucket:
     def _round(self, order: Sequence[str], calls: int) -> None:
         self.slots = [name for name in order for _ in range(calls)]
         self.local = []
+        self.firsts = []
 
     def warm_up(self, cold: Sequence[str]) -> None:
         """WARMING: ``cold`` (candidates not run on this lane yet) once each."""
@@ -333,19 +353,40 @@ class Learner:
         call (per-call maxima would add up each call's wait for the others within the block), or where
         that is at least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and an
         algorithm whose long calls are fast and slow by turns shows it in a block's slower call, where the
-        mean would halve it."""
-        reps = bucket.reps
+        mean would halve it. A block cut after its first call (``CUT``) is that call."""
         local = np.asarray(bucket.local, np.float64)
-        sums = np.add.reduceat(local, np.arange(0, len(local), reps))
+        starts = np.asarray(bucket.block_starts())
+        sums = np.add.reduceat(local, starts)
         agreed = self.agree(np.concatenate([sums, local]))  # each rank's block sums, then its calls
         self.agreements += 1
         blocks = len(sums)
-        calls = agreed[blocks:].reshape(blocks, reps)
+        lengths = np.diff(np.append(starts, len(local)))
+        slowest = np.maximum.reduceat(agreed[blocks:], starts)
         out = []
         for b in range(blocks):
-            mean = float(agreed[b]) / reps  # the slowest rank's block from the common start, per call
-            out.append((bucket.slots[b * reps], mean if mean < WATCH_S else float(calls[b].max())))
+            mean = float(agreed[b]) / lengths[b]  # the slowest rank's block from the common start, per call
+            out.append((bucket.slots[starts[b]], mean if mean < WATCH_S else float(slowest[b])))
         return out
+
+    def _probe(self, bucket: Bucket) -> None:
+        """A long class's block has run its first call: agree on it (MAX: the slowest rank's, from the
+        block's barrier), and where it took ``WATCH_S`` or more and ``CUT`` longer than the best measured so
+        far (this round's first calls, earlier rounds' blocks) end the block there: a block of such calls
+        is timed by its slower call, so it could not take over from the best so far, and its second call
+        would cost a training step that call's time. The block's time is that first call."""
+        index = len(bucket.local) - 1
+        agreed = float(self.agree(np.array([bucket.local[index]], np.float64))[0])
+        self.agreements += 1
+        known = bucket.firsts + list(bucket.best_times().values())
+        bucket.firsts.append(agreed)
+        name = bucket.slots[index]
+        if known and agreed >= WATCH_S and agreed > CUT * min(known):
+            end = index + 1
+            while end < len(bucket.slots) and bucket.slots[end] == name:
+                end += 1
+            del bucket.slots[index + 1:end]
+            if name not in bucket.cut:
+                bucket.cut.append(name)
 
     # -- re-checks ---------------------------------------------------------------------------------------
     def _start_check(self, bucket: Bucket) -> bool:
@@ -388,16 +429,22 @@ class Learner:
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
         index = len(bucket.local)
-        if bucket.state is not WARMING and index % bucket.reps == 0:  # a measured block begins
+        slots = bucket.slots
+        if bucket.state is not WARMING and (index == 0 or slots[index] != slots[index - 1]):  # a block begins
             self.sync()
-        return bucket.slots[index]
+        return slots[index]
 
     def record(self, bucket: Bucket, seconds: float) -> None:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
         bucket.local.append(seconds)
-        self.warmed.add(bucket.slots[len(bucket.local) - 1])
+        index = len(bucket.local) - 1
+        slots = bucket.slots
+        self.warmed.add(slots[index])
         bucket.explored += 1
         self.explored += 1
+        if (bucket.state is not WARMING and bucket.long and bucket.reps > 1
+                and (index == 0 or slots[index] != slots[index - 1])):  # a long block's first call
+            self._probe(bucket)
         if len(bucket.local) == len(bucket.slots):
             if bucket.state is CHECKING:
                 self._end_check_round(bucket)
@@ -562,7 +609,7 @@ def describe(bucket: Bucket) -> str:
         return f"auto {bucket_label(bucket.key)}: {bucket.settled} (the model's choice, not measured)"
     parts = []
     for name in sorted(times, key=lambda n: times[n]):
-        mark = " dropped" if name in bucket.dropped else ""
+        mark = " dropped" if name in bucket.dropped else " cut" if name in bucket.cut else ""
         parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
     extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
     if bucket.seeded:

@@ -249,6 +249,40 @@ def test_long_calls_settle_without_near_tie_rounds():
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
+def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
+    """Calls of 50 ms or more (the model predicting 10 ms or more): a block whose first call is more than
+    CUT slower than the best so far ends there - recursive doubling (1.27 s) and hierarchical_pipelined
+    (0.82 s) against rabenseifner's 0.71 s run once instead of a block of two - while MPI's own, within
+    CUT, runs its whole block; every rank alike though their clocks disagree. The model's first (nothing
+    to compare with) always runs its block, and calls under 50 ms are never cut."""
+    predicted = {"rabenseifner": 0.0675, "native": 0.0672, "hierarchical_pipelined": 0.077,
+                 "recursive_doubling": 0.0756}
+    truth = {"rabenseifner": 0.706, "native": 0.730, "hierarchical_pipelined": 0.823, "recursive_doubling": 1.27}
+    clocks = [1.0, 1.5, 0.7][:ranks]
+    picks, learners = simulate(ranks, 12, truth, predicted, clocks=clocks, noise=0.0)
+    assert all(p == picks[0] for p in picks)
+    bucket = learners[0].buckets[(20, None, False)]
+    explored = [name for _, name in picks[0][:bucket.explored]]
+    assert bucket.cut == ["recursive_doubling", "hierarchical_pipelined"], learners[0].summary()
+    assert [explored.count(n) for n in bucket.candidates] == [learn.REPS, learn.REPS, 1, 1]
+    assert all(learner.buckets[(20, None, False)].settled == "rabenseifner" for learner in learners)
+    assert learners[0].summary()[0].endswith("recursive_doubling 1905.000 ms (model 75.600) cut -> rabenseifner")
+
+    slow_first = dict(truth, native=1.27, recursive_doubling=0.718)  # the model's first is the slow one
+    picks, learners = simulate(2, 12, slow_first, predicted, noise=0.0)
+    bucket = learners[0].buckets[(20, None, False)]
+    explored = [name for _, name in picks[0][:bucket.explored]]
+    assert explored.count("native") == learn.REPS and bucket.cut == ["hierarchical_pipelined"]
+    assert bucket.settled == "rabenseifner"
+
+    shorter = {name: t / 30 for name, t in truth.items()}  # 24-42 ms: a block's time is its mean
+    picks, learners = simulate(2, 12, shorter, predicted, noise=0.0)
+    bucket = learners[0].buckets[(20, None, False)]
+    explored = [name for _, name in picks[0][:bucket.explored]]
+    assert bucket.cut == [] and explored.count("recursive_doubling") == learn.REPS
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
 def test_watch_gives_up_an_algorithm_whose_calls_turn_slow(ranks):
     """Long calls (0.7 s): recursive doubling measures fastest while the bucket explores, then every other
     call of it takes 1.3 s; the ring takes 0.72 s every call. The watch of the settled calls hands over to
@@ -294,9 +328,9 @@ def test_long_calls_settle_on_what_their_fused_sibling_measured(single_first):
     picks, learners = simulate(2, 30, truth, predicted, keys=keys, noise=0.0)
     assert picks[0] == picks[1]
     first, alone = learners[0].buckets[fused], learners[0].buckets[single]
-    assert first.settled == "native" and first.explored == 3 * learn.REPS
+    assert first.settled == "native" and first.explored == 3 * learn.REPS - 1 and first.cut == ["ring"]
     assert alone.settled == "native" and alone.seeded and alone.watching
-    assert alone.explored == (2 if single_first else 0)  # calls 0 and 5, before call 7 settled the fused
+    assert alone.explored == (1 if single_first else 0)  # call 0, before call 4 settled the fused
     singles = [name for key, name in picks[0] if key == single]
     assert singles[alone.explored:] == ["native"] * (len(singles) - alone.explored)
     assert "from its fused calls' times" in " ".join(learners[0].summary())
