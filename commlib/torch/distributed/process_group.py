@@ -22,7 +22,9 @@ group is named ``<group>.<scope><k mod 64>`` on every rank (every rank calls in 
 ranks that disagree about that call (shapes, dtypes, ops, a broadcast's root, the call itself) get
 commlib's error on every rank, naming each rank's value, instead of waiting for each other. A name comes
 back every 64 calls: where its request is the same as last time (a training loop's calls repeat), commlib's
-negotiation cache serves it; a call whose name is still in flight (64 calls outstanding) waits for it. Calls from futures' callbacks count
+negotiation cache serves it; a call whose name is still in flight (64 calls outstanding) waits for it. A
+finished call is forgotten once the calls before it have finished too: the group keeps no tensor alive
+(a DDP hook's fresh bucket each step, FSDP's gathered parameters). Calls from futures' callbacks count
 in the program's order, as c10d's contract asks (every rank issues a group's calls in one order; gloo pairs
 them by that order too). The backend's own threads that issue calls while the program may issue others,
 the DDP hooks' worker and the compression worker, name theirs in a scope of their own
@@ -41,6 +43,7 @@ contiguous tensor as its bytes.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import functools
 import queue
@@ -129,7 +132,8 @@ class ProcessGroupCommlib(ProcessGroup):
         self._timeout_s = timeout_s  # None: commlib's deadline alone bounds waits
         self._owns_commlib = owns_commlib
         self._counts: dict = {}   # naming scope -> requests named so far
-        self._in_flight: dict = {}  # name -> the handle of its last asynchronous call
+        self._in_flight: dict = {}  # name -> the handle of its last asynchronous call, while it runs
+        self._issued: collections.deque = collections.deque()  # (name, handle) in call order, to release
         self._compress_worker = None
         self._lock = threading.Lock()
         # made now, by every rank of the group: a communicator's duplicate is collective, and a send involves two
@@ -197,7 +201,20 @@ class ProcessGroupCommlib(ProcessGroup):
         if getattr(_calls, "synchronous", False):
             return _Completed(_SYNCHRONOUS[submit](*args, name=name, **kwargs))
         handle = self._in_flight[name] = submit(*args, name=name, **kwargs)
+        self._release(name, handle)
         return handle
+
+    def _release(self, name: str, handle) -> None:
+        """Note ``handle`` as the newest call, and forget the oldest calls that are done: a handle holds its
+        result, the caller's tensor, and a training loop's tensors (a DDP hook's fresh half-precision
+        bucket each step) would otherwise stay alive until their name came back ``_SLOTS`` calls later."""
+        with self._lock:
+            issued, in_flight = self._issued, self._in_flight
+            issued.append((name, handle))
+            while issued and issued[0][1].done():
+                old, done = issued.popleft()
+                if in_flight.get(old) is done:
+                    del in_flight[old]
 
     def _compression(self, array):
         """The compression of a float32 SUM/AVG of ``array``: the group's option, else
