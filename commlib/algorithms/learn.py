@@ -11,7 +11,7 @@ buffer or several fused in place. Its :class:`State`:
   the lane (``sync``): without it a rank that enters early times its wait for the others; blocks, because
   a job's calls come back to back and a call can pay for how the one before it ended. The candidates are
   the model's ranking within ``SPREAD`` of its best, at most ``MAX_CANDIDATES`` of commlib's, and MPI's own
-  (``native``, the baseline auto must never lose to). Where the model predicts ``LARGE_S`` or more, each
+  (``native``, the baseline auto must never lose to). Where the model predicts ``SMALL_S`` or more, each
   block's first call is agreed at once, and a block whose first call took ``WATCH_S`` or more and ``CUT``
   longer than the best so far ends there (it cannot take over). After the first round those slower than ``DROP``
   times the best are dropped; short calls (under ``SMALL_S``) get a second round, the order rotated (a
@@ -152,14 +152,6 @@ class Bucket:
         """The model predicts this class's calls under ``SMALL_S``: a second round, earlier and wider
         re-checks."""
         return min(self.predicted_s.values(), default=0.0) < SMALL_S
-
-    @property
-    def long(self) -> bool:
-        """The model predicts this class's calls at ``LARGE_S`` or more: each measured block's first call is
-        agreed as it ends, so that a block that cannot win ends there (:meth:`Learner._probe`). One small
-        allreduce costs little beside such a call, where a second call of a slower algorithm costs a
-        training step that call's time."""
-        return min(self.predicted_s.values(), default=0.0) >= LARGE_S
 
     def block_starts(self) -> list[int]:
         """Where each block of the round under way begins in ``slots`` (a candidate's consecutive calls)."""
@@ -369,15 +361,18 @@ class Learner:
         return out
 
     def _probe(self, bucket: Bucket) -> None:
-        """A long class's block has run its first call: agree on it (MAX: the slowest rank's, from the
+        """A block of a class the model does not call short has run its first call (the model can be 10x
+        off: 8 MiB across hosts at 1 Gbit/s, predicted 9 ms, takes 100): agree on it (MAX: the slowest rank's, from the
         block's barrier), and where it took ``WATCH_S`` or more and ``CUT`` longer than the best measured so
-        far (this round's first calls, earlier rounds' blocks) end the block there: a block of such calls
-        is timed by its slower call, so it could not take over from the best so far, and its second call
-        would cost a training step that call's time. The block's time is that first call."""
+        far (this round's first calls and earlier rounds' blocks; in a re-check, the re-check's own) end the
+        block there: a block of such calls is timed by its slower call, so it could not take over from the
+        best so far, and its second call would cost a training step that call's time. The block's time is
+        that first call."""
         index = len(bucket.local) - 1
         agreed = float(self.agree(np.array([bucket.local[index]], np.float64))[0])
         self.agreements += 1
-        known = bucket.firsts + list(bucket.best_times().values())
+        measured = bucket.checked if bucket.state is CHECKING else bucket.agreed  # a re-check: its own times
+        known = bucket.firsts + [min(times) for times in measured.values() if times]
         bucket.firsts.append(agreed)
         name = bucket.slots[index]
         if known and agreed >= WATCH_S and agreed > CUT * min(known):
@@ -442,8 +437,8 @@ class Learner:
         self.warmed.add(slots[index])
         bucket.explored += 1
         self.explored += 1
-        if (bucket.state is not WARMING and bucket.long and bucket.reps > 1
-                and (index == 0 or slots[index] != slots[index - 1])):  # a long block's first call
+        if (bucket.state is not WARMING and not bucket.short and bucket.reps > 1
+                and (index == 0 or slots[index] != slots[index - 1])):  # a block's first call
             self._probe(bucket)
         if len(bucket.local) == len(bucket.slots):
             if bucket.state is CHECKING:

@@ -212,8 +212,10 @@ def test_exploration_is_bounded():
     assert set(bucket.dropped) == {"rabenseifner", "native"}
     # dropped after the first measured round: its warm-up and one measured block, none in the later rounds
     assert exploring.count("rabenseifner") == 1 + learn.REPS
-    # ring, hierarchical and torus2d tie in truth: the two best of them ran the near-tie rounds
-    assert learner.agreements == learn.ROUNDS + bucket.extra and bucket.extra == learn.EXTRA_ROUNDS
+    # ring, hierarchical and torus2d tie in truth: the two best of them ran the near-tie rounds; one agreement
+    # per round, and (calls predicted over 2 ms) one per measured block's first call
+    blocks = len(bucket.candidates) * learn.ROUNDS + 2 * bucket.extra
+    assert learner.agreements == learn.ROUNDS + bucket.extra + blocks and bucket.extra == learn.EXTRA_ROUNDS
 
 
 @pytest.mark.parametrize("predicted_s, extra", [(1e-4, 1), (4e-3, learn.EXTRA_ROUNDS)], ids=["small", "large"])
@@ -250,7 +252,7 @@ def test_long_calls_settle_without_near_tie_rounds():
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
-    """Calls of 50 ms or more (the model predicting 10 ms or more): a block whose first call is more than
+    """Calls of 50 ms or more (the model predicting 2 ms or more): a block whose first call is more than
     CUT slower than the best so far ends there - recursive doubling (1.27 s) and hierarchical_pipelined
     (0.82 s) against rabenseifner's 0.71 s run once instead of a block of two - while MPI's own, within
     CUT, runs its whole block; every rank alike though their clocks disagree. The model's first (nothing
@@ -274,6 +276,11 @@ def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
     explored = [name for _, name in picks[0][:bucket.explored]]
     assert explored.count("native") == learn.REPS and bucket.cut == ["hierarchical_pipelined"]
     assert bucket.settled == "rabenseifner"
+
+    underestimated = {name: t / 10 for name, t in predicted.items()}  # 7-8 ms predicted, 0.7-1.3 s run
+    picks, learners = simulate(2, 16, truth, underestimated, noise=0.0)
+    bucket = learners[0].buckets[(20, None, False)]
+    assert bucket.cut == ["recursive_doubling", "hierarchical_pipelined"] and bucket.settled == "rabenseifner"
 
     shorter = {name: t / 30 for name, t in truth.items()}  # 24-42 ms: a block's time is its mean
     picks, learners = simulate(2, 12, shorter, predicted, noise=0.0)
