@@ -133,7 +133,7 @@ class Bucket:
     agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call, per block
     dropped: list[str] = dataclasses.field(default_factory=list)
     cut: list[str] = dataclasses.field(default_factory=list)  # blocks ended after their first call (CUT)
-    firsts: list[float] = dataclasses.field(default_factory=list)  # long calls: agreed first calls this round
+    firsts: list[float] = dataclasses.field(default_factory=list)  # this round's agreed first calls (_probe)
     explored: int = 0               # calls run while exploring or checking
     extra: int = 0                  # near-tie rounds run
     checks: int = 0                 # re-checks run
@@ -153,10 +153,14 @@ class Bucket:
         re-checks."""
         return min(self.predicted_s.values(), default=0.0) < SMALL_S
 
+    def begins_block(self, index: int) -> bool:
+        """Whether call ``index`` of the round under way is its block's first (a block: a candidate's
+        consecutive calls in ``slots``)."""
+        return index == 0 or self.slots[index] != self.slots[index - 1]
+
     def block_starts(self) -> list[int]:
-        """Where each block of the round under way begins in ``slots`` (a candidate's consecutive calls)."""
-        slots = self.slots
-        return [i for i in range(len(slots)) if i == 0 or slots[i] != slots[i - 1]]
+        """Where each block of the round under way begins in ``slots``."""
+        return [i for i in range(len(self.slots)) if self.begins_block(i)]
 
     @property
     def watching(self) -> bool:
@@ -361,13 +365,13 @@ class Learner:
         return out
 
     def _probe(self, bucket: Bucket) -> None:
-        """A block of a class the model does not call short has run its first call (the model can be 10x
-        off: 8 MiB across hosts at 1 Gbit/s, predicted 9 ms, takes 100): agree on it (MAX: the slowest rank's, from the
-        block's barrier), and where it took ``WATCH_S`` or more and ``CUT`` longer than the best measured so
-        far (this round's first calls and earlier rounds' blocks; in a re-check, the re-check's own) end the
-        block there: a block of such calls is timed by its slower call, so it could not take over from the
-        best so far, and its second call would cost a training step that call's time. The block's time is
-        that first call."""
+        """A block of a class the model does not call short has run its first call (the model can be 10x off:
+        8 MiB across hosts at 1 Gbit/s, predicted 9 ms, takes 100): agree on it (MAX: the slowest rank's, from
+        the block's barrier), and where it took ``WATCH_S`` or more and ``CUT`` longer than the best measured
+        so far (this round's first calls and earlier rounds' blocks; in a re-check, the re-check's own) end
+        the block there: a block of such calls is timed by its slower call, so it could not take over from
+        the best so far, and its second call would cost a training step that call's time. The block's time
+        is that first call."""
         index = len(bucket.local) - 1
         agreed = float(self.agree(np.array([bucket.local[index]], np.float64))[0])
         self.agreements += 1
@@ -424,21 +428,18 @@ class Learner:
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
         index = len(bucket.local)
-        slots = bucket.slots
-        if bucket.state is not WARMING and (index == 0 or slots[index] != slots[index - 1]):  # a block begins
+        if bucket.state is not WARMING and bucket.begins_block(index):  # a measured block begins
             self.sync()
-        return slots[index]
+        return bucket.slots[index]
 
     def record(self, bucket: Bucket, seconds: float) -> None:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
         bucket.local.append(seconds)
         index = len(bucket.local) - 1
-        slots = bucket.slots
-        self.warmed.add(slots[index])
+        self.warmed.add(bucket.slots[index])
         bucket.explored += 1
         self.explored += 1
-        if (bucket.state is not WARMING and not bucket.short and bucket.reps > 1
-                and (index == 0 or slots[index] != slots[index - 1])):  # a block's first call
+        if bucket.state is not WARMING and not bucket.short and bucket.reps > 1 and bucket.begins_block(index):
             self._probe(bucket)
         if len(bucket.local) == len(bucket.slots):
             if bucket.state is CHECKING:

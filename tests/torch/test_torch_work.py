@@ -2,9 +2,10 @@
 
 - ``workers/torch_work.py`` on 1-3 ranks: ``wait``/``is_completed``/``result``, futures that complete by
   themselves (also before the slowest rank has called), a callback that runs and waits for another
-  collective, 40 calls in flight, the memory of finished calls released, a mismatched shape as an error on every rank after which the group still
-  works, the error on the Work and its future, per-group options (fp16, an algorithm, a lossy compressor
-  giving what commlib's own allreduce gives) and their errors, a send's future.
+  collective, 40 calls in flight, the memory of finished calls released, a mismatched shape as an error on
+  every rank after which the group still works, the error on the Work and its future, per-group options
+  (fp16, an algorithm, a lossy compressor giving what commlib's own allreduce gives) and their errors, a
+  send's future.
 - ``workers/torch_launch.py``: ``init_process_group("commlib")`` without importing commlib, under mpiexec (also
   with a summation server in the job) and under torchrun (no MPI launcher: the MPI world is built from
   torch's store).
