@@ -70,7 +70,7 @@ def _allreduce(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, codec: 
             mine, theirs = (me // mask) * mask, (peer // mask) * mask
             ms, me_ = offs[mine], offs[mine + mask]
             ts, te = offs[theirs], offs[theirs + mask]
-            transport.sendrecv(target[ms:me_], fold.real(peer), target[ts:te], fold.real(peer))
+            ring.sendrecv_(ctx, transport, target[ms:me_], fold.real(peer), target[ts:te], fold.real(peer))
             if codec is not None:
                 codec.decode(wire[ts:te], buf[ts:te], postscale)
             mask <<= 1

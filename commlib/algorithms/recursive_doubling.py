@@ -20,6 +20,7 @@ from .. import kernels
 from ..compression import WireCodec
 from ..ops import ReduceOp
 from ..transport.base import Transport
+from . import ring
 from .scaling import with_scaling_passes
 
 
@@ -114,13 +115,13 @@ def _allreduce(ctx, transport: Transport, buf: np.ndarray, op: ReduceOp, codec: 
         while mask < fold.pof2:
             partner = fold.real(fold.newrank ^ mask)
             if codec is None:
-                transport.sendrecv(buf, partner, incoming, partner)
+                ring.sendrecv_(ctx, transport, buf, partner, incoming, partner)
                 kernels.reduce_(buf, incoming, op)
             else:
                 # reduce what the partner sees of us: identical on both sides
                 overflow += codec.round_trip(buf, wire, pending)
                 pending = 1.0
-                transport.sendrecv(wire, partner, incoming, partner)
+                ring.sendrecv_(ctx, transport, wire, partner, incoming, partner)
                 codec.accumulate(buf, incoming, op)
             mask <<= 1
         if codec is not None:
