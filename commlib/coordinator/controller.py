@@ -207,7 +207,7 @@ class Coordinator(Lifecycle):
                 self._undecided.add(meta.name)
                 self._complete_round(messages)
             else:
-                self._lanes.run(response, [entry])
+                self._lanes.run_one(response, entry)
                 self.alone += 1
             if self._lost_in_lane is not None:
                 raise self._lost_in_lane

@@ -83,26 +83,31 @@ class Lane:
             else:
                 raise CollectiveError(f"unexpected response kind {kind!r}")
 
+    def allreduce_one(self, response: Response, entry: Entry | None) -> None:
+        """One tensor's allreduce (``entry`` None: a joined rank's zeros). Kept lean: a small synchronous
+        call's latency is mostly this kind of code."""
+        meta = response.metas[0]
+        plan = self._plans.get(id(meta))
+        if plan is None or plan[0] is not meta:
+            plan = self._plan(meta)
+        if plan[1] is None:  # a device tensor's (see _plan)
+            self._run_on_device(response, [entry])
+            return
+        output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
+        flat = output if output.ndim == 1 else output.reshape(-1)
+        if self.timeline is None:
+            plan[1](flat)
+        else:
+            with self._span(MPI_ALLREDUCE, response):
+                plan[1](flat)
+            self._learned(response)
+        if entry is not None:
+            entry.handle.set_result(output)
+
     def _allreduce(self, response: Response, entries: list[Entry | None]) -> None:
         meta = response.metas[0]
-        if len(entries) == 1:  # kept lean: a small synchronous call's latency is mostly this kind of code
-            plan = self._plans.get(id(meta))
-            if plan is None or plan[0] is not meta:
-                plan = self._plan(meta)
-            if plan[1] is None:  # a device tensor's (see _plan)
-                self._run_on_device(response, entries)
-                return
-            entry = entries[0]
-            output = entry.output if entry is not None else np.zeros(meta.shape, meta.dtype)
-            flat = output if output.ndim == 1 else output.reshape(-1)
-            if self.timeline is None:
-                plan[1](flat)
-            else:
-                with self._span(MPI_ALLREDUCE, response):
-                    plan[1](flat)
-                self._learned(response)
-            if entry is not None:
-                entry.handle.set_result(output)
+        if len(entries) == 1:
+            self.allreduce_one(response, entries[0])
             return
         if meta.device != _CPU:
             self._run_on_device(response, entries)
@@ -256,6 +261,20 @@ class LaneSet:
         else:
             timeline = self.lanes[index].timeline
             self._queues[index].put((response, entries, timeline.now() if timeline is not None else 0.0))
+
+    def run_one(self, response: Response, entry: Entry) -> None:
+        """:meth:`run` for an allreduce of one tensor of this rank's (the lone path's): with one lane and no
+        timeline, straight to the lane's plan, without the frames in between."""
+        if self._threads or response.kind is not _ALLREDUCE or self.lanes[0].timeline is not None:
+            self.run(response, [entry])
+            return
+        self._sequence += 1
+        try:
+            self.lanes[0].allreduce_one(response, entry)
+        except BaseException as exc:  # reported on the handle, and to the coordinator
+            self._finish(response, [entry], exc)
+        else:
+            self._finish(response, [entry], None)
 
     def _execute(self, lane: Lane, response: Response, entries: list[Entry | None],
                  queued_at: float = 0.0) -> None:
