@@ -149,7 +149,7 @@ class Engine:
                     return self.transport.native_allreducer(dtype, kernel_op)  # (None: no overflow count)
                 return self._waiting_as_needed(lambda flat: execute(ctx, flat, kernel_op, choice, codec, pre, post),
                                                choice.algorithm, count * dtype.itemsize)
-            plan = select.learning_plan(ctx, count * dtype.itemsize, codec, False, runner_for)
+            plan = select.learning_plan(ctx, count * dtype.itemsize, codec, False, runner_for, dtype)
             if codec is None:  # nothing can overflow
                 return plans.put(key, plan)
 
@@ -235,7 +235,8 @@ class Engine:
             prepare(self.context, flats[0].dtype, total, algorithm, codec)  # the checks
             overflow = select.learning_plan(self.context, total, codec, True,
                                             lambda choice: self._many_runner(choice, op, codec, prescale,
-                                                                             postscale, total))(flats)
+                                                                             postscale, total),
+                                            flats[0].dtype)(flats)
             if overflow:
                 warn_overflow(name, overflow, codec)
             return

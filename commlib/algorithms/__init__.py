@@ -28,11 +28,12 @@ __all__ = ["ALGORITHMS", "AlgorithmContext", "AlgorithmSpec", "Choice", "SPECS",
            "prepare", "resolve", "run_allreduce"]
 
 
-def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, codec: WireCodec | None = None) -> Choice:
+def resolve(ctx: AlgorithmContext, algorithm: str, nbytes: int, codec: WireCodec | None = None,
+            dtype: np.dtype | None = None) -> Choice:
     """The concrete algorithm (and segment size) ``algorithm`` stands for on a message of ``nbytes`` bytes
-    travelling through ``codec``."""
+    of ``dtype`` travelling through ``codec``."""
     if algorithm == spec.AUTO:
-        return select.choose(ctx, nbytes, codec)
+        return select.choose(ctx, nbytes, codec, dtype)
     spec.get(algorithm)  # an unknown name is an error naming the choices
     return Choice(algorithm, ctx.config.ring_segment_bytes)
 
@@ -43,7 +44,7 @@ def prepare(ctx: AlgorithmContext, dtype: np.dtype, nbytes: int, algorithm: str 
     without communicating; return the concrete algorithm that will run. Callers that scale a buffer
     first call this first."""
     check_options(dtype, codec, 1.0, 1.0, "buffer")
-    choice = resolve(ctx, algorithm, nbytes, codec)
+    choice = resolve(ctx, algorithm, nbytes, codec, dtype)
     reason = spec.get(choice.algorithm).requires(ctx, codec)
     if reason:
         raise ConfigError(reason)

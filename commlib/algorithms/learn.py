@@ -11,7 +11,8 @@ buffer or several fused in place. Its :class:`State`:
   the lane (``sync``): without it a rank that enters early times its wait for the others; blocks, because
   a job's calls come back to back and a call can pay for how the one before it ended. The candidates are
   the model's ranking within ``SPREAD`` of its best, at most ``MAX_CANDIDATES`` of commlib's, and MPI's own
-  (``native``, the baseline auto must never lose to). Where the model predicts ``SMALL_S`` or more, each
+  (``native``, the baseline auto must never lose to; for the half types, whose MPI reduction is a Python
+  callback, last and only under ``SMALL_S``: :func:`.select.reduced_by_callback`). Where the model predicts ``SMALL_S`` or more, each
   block's first call is agreed at once, and a block whose first call took ``WATCH_S`` or more and ``CUT``
   longer than the best so far ends there (it cannot take over). After the first round those slower than ``DROP``
   times the best are dropped; short calls (under ``SMALL_S``) get a second round, the order rotated (a
@@ -289,7 +290,7 @@ class Learner:
         for c in ranked:
             if c.predicted_s > SPREAD * best or len([n for n in names if n != "native"]) == MAX_CANDIDATES:
                 break
-            if last is not None and c.predicted_s <= last * (1 + TIE):
+            if last is not None and abs(c.predicted_s - last) <= last * TIE:
                 continue  # the same predicted time: on this layout the same exchanges (2 ranks: ring,
                 # rabenseifner and hierarchical are one swap of halves); the model's first stands for them
             names.append(c.algorithm)

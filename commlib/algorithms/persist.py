@@ -38,7 +38,7 @@ log = logging.getLogger("commlib")
 
 #: The version of the kept files and of the learner's rules they were measured under: a file of another
 #: format is ignored (raise it when what a bucket holds, or what its times mean, changes).
-FORMAT = 1
+FORMAT = 2
 
 SEEN, NEW, IGNORED, OFF = "seen", "new", "ignored", "off"
 

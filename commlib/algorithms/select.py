@@ -20,7 +20,10 @@ import dataclasses
 import logging
 from typing import Callable
 
+import numpy as np
+
 from ..cache import BoundedCache
+from ..dtypes import BY_NUMPY
 from ..ops import ReduceOp
 from . import cost, learn, persist, spec
 from .cost import INF, Shape
@@ -83,13 +86,28 @@ def rank_all(model, nbytes: int, shape: Shape, specs, codec, configured_segment:
     return sorted(choices, key=lambda c: c.predicted_s)
 
 
-def ranked(ctx, nbytes: int, codec=None) -> list[Choice]:
+def reduced_by_callback(dtype, codec=None) -> str | None:
+    """``dtype``'s name where MPI's own allreduce of it reduces through a Python callback (commlib's kernels
+    as a user-defined MPI op: the half types, sent without a codec), else None. No MPI can offload such an
+    op, and beside a training thread each of its calls waits for the GIL: MPI's own fp16 allreduce of
+    DDP's buckets took 2-3x commlib's best in a training job (docs/results/design_choices.md). Its size
+    classes are learned apart, with MPI's own ranked last, and only where the model calls them short."""
+    if dtype is None or codec is not None:
+        return None
+    row = BY_NUMPY.get(np.dtype(dtype))
+    return row.name if row is not None and row.mpi is None else None
+
+
+def ranked(ctx, nbytes: int, codec=None, dtype=None) -> list[Choice]:
     """Every algorithm that can run on ``ctx`` for ``nbytes`` with ``codec``, with its best segment and
-    predicted time, fastest first (remembered per (size, codec) on the context)."""
+    predicted time, fastest first (remembered per (size, codec, dtype class) on the context); where MPI's
+    own would reduce ``dtype`` through a callback (:func:`reduced_by_callback`), it comes last, and only
+    under ``learn.SMALL_S``."""
     cache = ctx.rankings
     if cache is None:
         cache = ctx.rankings = BoundedCache(256)
-    key = (nbytes, codec.name if codec is not None else None)
+    callback = reduced_by_callback(dtype, codec)
+    key = (nbytes, codec.name if codec is not None else None, callback)
     hit = cache.get(key)
     if hit is not None:
         return hit
@@ -97,17 +115,21 @@ def ranked(ctx, nbytes: int, codec=None) -> list[Choice]:
                        ctx.config.ring_segment_bytes)
     if not ranking or ranking[0].predicted_s == INF:
         raise RuntimeError(f"no allreduce algorithm can run here for {nbytes} bytes")  # ring always can
+    if callback:  # last, and only where calls are short (its one MPI call's latency can still win there)
+        native = [c for c in ranking if c.algorithm == "native" and c.predicted_s < learn.SMALL_S]
+        ranking = [c for c in ranking if c.algorithm != "native"] + native
     return cache.put(key, ranking)
 
 
-def choose(ctx, nbytes: int, codec=None) -> Choice:
-    """The cost model's choice for a message of ``nbytes`` bytes (the float32 size with a codec)."""
-    return ranked(ctx, nbytes, codec)[0]
+def choose(ctx, nbytes: int, codec=None, dtype=None) -> Choice:
+    """The cost model's choice for a message of ``nbytes`` bytes (the float32 size with a codec) of
+    ``dtype`` (None: one MPI reduces itself)."""
+    return ranked(ctx, nbytes, codec, dtype)[0]
 
 
-def choice_of(ctx, algorithm: str, nbytes: int, codec=None) -> Choice:
+def choice_of(ctx, algorithm: str, nbytes: int, codec=None, dtype=None) -> Choice:
     """``algorithm`` as ``auto`` would run it at ``nbytes``: with the segment the model finds best for it."""
-    for choice in ranked(ctx, nbytes, codec):
+    for choice in ranked(ctx, nbytes, codec, dtype):
         if choice.algorithm == algorithm:
             return choice
     raise RuntimeError(f"{algorithm} cannot run here for {nbytes} bytes")  # candidates come from ranked
@@ -180,26 +202,28 @@ def keep(ctx) -> None:
         log.warning("commlib: could not keep what auto settled in %s: %s", directory, exc)
 
 
-def bucket_key(nbytes: int, codec=None, fused: bool = False) -> tuple:
-    """The size class :mod:`.learn` measures ``nbytes`` in (its power of two), with the codec and whether
-    the call reduces several buffers fused in place."""
-    return (max(int(nbytes), 1).bit_length(), codec.name if codec is not None else None, fused)
+def bucket_key(nbytes: int, codec=None, fused: bool = False, dtype=None) -> tuple:
+    """The size class :mod:`.learn` measures ``nbytes`` in (its power of two), with the codec (or the
+    dtype, where MPI reduces it through a callback: its candidates come in another order) and whether the
+    call reduces several buffers fused in place."""
+    return (max(int(nbytes), 1).bit_length(),
+            codec.name if codec is not None else reduced_by_callback(dtype), fused)
 
 
-def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Choice], Callable[..., int]]
-                  ) -> Callable[..., int]:
+def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Choice], Callable[..., int]],
+                  dtype=None) -> Callable[..., int]:
     """A function running one call of ``nbytes`` the way ``auto`` decides now: a candidate while its size
     class is explored (timed, its time recorded), then the learned algorithm. ``runner_for(choice)`` makes
     the function that runs ``choice`` (returning an overflow count, or None for none); one is made per
     algorithm used."""
     learning = learner(ctx)
-    bucket = learning.bucket(bucket_key(nbytes, codec, fused), lambda: ranked(ctx, nbytes, codec))
+    bucket = learning.bucket(bucket_key(nbytes, codec, fused, dtype), lambda: ranked(ctx, nbytes, codec, dtype))
     runners: dict[str, Callable[..., int]] = {}
 
     def runner(name: str):
         found = runners.get(name)
         if found is None:
-            found = runners[name] = runner_for(choice_of(ctx, name, nbytes, codec))
+            found = runners[name] = runner_for(choice_of(ctx, name, nbytes, codec, dtype))
         return found
 
     def run(*args) -> int:
@@ -217,12 +241,12 @@ def learning_plan(ctx, nbytes: int, codec, fused: bool, runner_for: Callable[[Ch
     return run
 
 
-def current(ctx, nbytes: int, codec=None, fused: bool = False) -> Choice:
+def current(ctx, nbytes: int, codec=None, fused: bool = False, dtype=None) -> Choice:
     """What ``auto`` runs now for ``nbytes``: the learned algorithm where its size class has settled, else
     the cost model's choice."""
     learning = learner(ctx)
-    settled = learning.settled(bucket_key(nbytes, codec, fused)) if learning is not None else None
-    return choice_of(ctx, settled, nbytes, codec) if settled else choose(ctx, nbytes, codec)
+    settled = learning.settled(bucket_key(nbytes, codec, fused, dtype)) if learning is not None else None
+    return choice_of(ctx, settled, nbytes, codec, dtype) if settled else choose(ctx, nbytes, codec, dtype)
 
 
 #: Sizes ``auto`` considers as the fusion limit: powers of two from 256 B to 64 MiB.

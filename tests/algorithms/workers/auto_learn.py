@@ -83,6 +83,40 @@ def every_call_gives_mpis_sum():
 
 
 @spmd.case
+def half_types_learn_apart_with_mpis_own_last():
+    """MPI reduces float16 through a Python callback: its size classes are its own, and MPI's own is
+    ranked (so measured) last, and only where calls are short; float32 of the same size keeps the model's
+    order and its own class."""
+    nbytes = 1 << 20
+    half = select.ranked(ctx, nbytes, None, np.float16)
+    plain = select.ranked(ctx, nbytes)
+    native = [c for c in plain if c.algorithm == "native"]
+    if native and native[0].predicted_s < learn.SMALL_S:
+        assert half[-1].algorithm == "native", [c.algorithm for c in half]
+    else:
+        assert "native" not in [c.algorithm for c in half], half
+    long = select.ranked(ctx, 1 << 30, None, np.float16)
+    assert "native" not in [c.algorithm for c in long], long  # predicted far over SMALL_S anywhere
+    assert [c for c in half if c.algorithm != "native"] == [c for c in plain if c.algorithm != "native"]
+    assert select.ranked(ctx, nbytes, None, np.float32) == select.ranked(ctx, nbytes)  # the model's order
+    assert select.choose(ctx, nbytes, None, np.float16).algorithm != "native"
+    assert select.bucket_key(nbytes, None, False, np.float16)[1] == "float16"
+    assert select.bucket_key(nbytes, None, False, np.float32) == select.bucket_key(nbytes)
+    rng = np.random.default_rng(rank)
+    for call in range(CALLS):
+        x = rng.integers(-8, 8, nbytes // 2).astype(np.float16)
+        want = np.sum(comm.allgather(x.astype(np.float64)), axis=0)
+        engine.allreduce_(x, ReduceOp.SUM)
+        assert np.array_equal(x.astype(np.float64), want), f"call {call}: wrong float16 sum"
+    if learning is None:
+        return
+    bucket = learning.buckets[select.bucket_key(nbytes, None, False, np.float16)]
+    assert "float16" in learn.bucket_label(bucket.key)
+    if "native" in bucket.candidates:
+        assert bucket.candidates[-1] == "native", bucket.candidates
+
+
+@spmd.case
 def off_auto_is_the_models_choice():
     assert ctx.learner is None
     for nbytes in SIZES:
@@ -131,5 +165,5 @@ def close():
 if __name__ == "__main__":
     learned = ["every_rank_ran_and_learned_alike", "every_size_class_settled_within_its_budget",
                "auto_runs_what_it_learned"]
-    spmd.main(["init", "every_call_gives_mpis_sum", *(["off_auto_is_the_models_choice"] if args.off else learned),
-               "close"])
+    spmd.main(["init", "every_call_gives_mpis_sum", "half_types_learn_apart_with_mpis_own_last",
+               *(["off_auto_is_the_models_choice"] if args.off else learned), "close"])
