@@ -90,7 +90,7 @@ def reduced_by_callback(dtype, codec=None) -> str | None:
     """``dtype``'s name where MPI's own allreduce of it reduces through a Python callback (commlib's kernels
     as a user-defined MPI op: the half types, sent without a codec), else None. No MPI can offload such an
     op, and beside a training thread each of its calls waits for the GIL: MPI's own fp16 allreduce of
-    DDP's buckets took 2-3x commlib's best in a training job (docs/results/design_choices.md). Its size
+    DDP's buckets took 2-3x commlib's best in a training job (docs/results/auto_learn_rules.md). Its size
     classes are learned apart, with MPI's own ranked last, and only where the model calls them short."""
     if dtype is None or codec is not None:
         return None
