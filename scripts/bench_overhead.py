@@ -128,6 +128,7 @@ def stages(comm, calls: int) -> dict:
             wrap(rounds.Rounds, "contribute", "round posted", after=True),
             wrap(negotiation.ReadyTable, "decide_alone", "round decided", after=True),
             wrap(execution.LaneSet, "run", "handed to lane"),
+            wrap(execution.LaneSet, "run_one", "handed to lane"),  # the lone path's
             wrap(requests.Handle, "set_result", "result set")]
     mpi_transport.MPITransport.native_allreducer = native_stamped
     buf = np.ones(1024, np.float32)
