@@ -7,6 +7,12 @@ Collectives on CPU torch tensors (no copies: tensors share memory with the array
 their autograd, ``DistributedOptimizer``, and the broadcast helpers. See docs/torch.md.
 """
 
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as _exc:  # say what to install instead of a bare ModuleNotFoundError deep inside
+    raise ImportError(f"commlib.torch needs PyTorch: pip install 'commlib[torch]' (or pip install torch) ({_exc})"
+                      ) from _exc
+
 from .averagers import (HierarchicalModelAverager, LocalSGDOptimizer, ModelAverager,
                         PeriodicModelAverager)
 from .autograd import (

@@ -3,7 +3,8 @@ venv, import every module and run a 2-rank allreduce from a folder outside the s
 
 Needs pip to reach PyPI (or pip's cache) for the dependencies; skips, saying so, only where it cannot.
 The torch plug-in's modules are imported only if torch is importable in the fresh venv (it is not
-installed there: too large for a test); that they are in the wheel is checked all the same.
+installed there: too large for a test); that they are in the wheel is checked all the same. A framework
+plug-in imported without its framework must raise an ImportError that says what to install.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ for info in pkgutil.walk_packages(commlib.__path__, "commlib."):
     if info.name.endswith(".__main__"):
         continue  # importing it would run the command (commlib.bench's CLI)
     if any(info.name == p or info.name.startswith(p + ".") for p in absent):
+        if info.name in absent:  # the plug-in itself says what to install
+            try:
+                importlib.import_module(info.name)
+            except ImportError as exc:
+                assert f"pip install 'commlib[" in str(exc), f"{info.name}: {exc}"
+            else:
+                raise AssertionError(f"{info.name} imported without {plugins[info.name]}")
         skipped.append(info.name)
         continue
     importlib.import_module(info.name)
