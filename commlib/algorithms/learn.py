@@ -12,13 +12,14 @@ buffer or several fused in place. Its :class:`State`:
   a job's calls come back to back and a call can pay for how the one before it ended. The candidates are
   the model's ranking within ``SPREAD`` of its best, at most ``MAX_CANDIDATES`` of commlib's, and MPI's own
   (``native``, the baseline auto must never lose to; for the half types, whose MPI reduction is a Python
-  callback, last and only under ``SMALL_S``: :func:`.select.reduced_by_callback`). Where the model predicts ``SMALL_S`` or more, each
-  block's first call is agreed at once, and a block whose first call took ``WATCH_S`` or more and ``CUT``
-  longer than the best so far ends there (it cannot take over). After the first round those slower than ``DROP``
-  times the best are dropped; short calls (under ``SMALL_S``) get a second round, the order rotated (a
-  block can fall on a busy moment); the best and its closest within ``NEAR`` get up to ``EXTRA_ROUNDS``
-  more (one block cannot separate near-equal algorithms), within ``MAX_CALLS`` calls. A round ends in one
-  small allreduce (``agree``, MAX) of every rank's block times, so every rank holds the same numbers.
+  callback, last and only under ``SMALL_S``: :func:`.select.reduced_by_callback`). Where the model
+  predicts ``SMALL_S`` or more, each block's first call is agreed at once, and a block whose first call
+  took ``WATCH_S`` or more and ``CUT`` longer than the best so far ends there (it cannot take over). After
+  the first round those slower than ``DROP`` times the best are dropped; short calls (under ``SMALL_S``)
+  get a second round, the order rotated (a block can fall on a busy moment); the best and its closest
+  within ``NEAR`` get up to ``EXTRA_ROUNDS`` more (one block cannot separate near-equal algorithms),
+  within ``MAX_CALLS`` calls. A round ends in one small allreduce (``agree``, MAX) of every rank's block
+  times, so every rank holds the same numbers.
 - ``SETTLED``: the candidate with the least agreed time (ties to the model's order) runs every call, untimed.
 - ``WATCHED``: settled on calls of ``WATCH_S`` or more, each of them timed and agreed: when the median of the
   last ``WATCH_CALLS`` is slower than the best measured rival by more than ``SWITCH``, the rival takes over

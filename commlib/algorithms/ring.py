@@ -113,7 +113,8 @@ def exchange_segments(ctx, transport: Transport, nsend: int, dest: int, nrecv: i
     transport.waitall(sends)
 
 
-def sendrecv_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, incoming: np.ndarray, source: int) -> None:
+def sendrecv_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, incoming: np.ndarray,
+              source: int) -> None:
     """Send ``outgoing`` to ``dest`` while receiving ``incoming`` from ``source``, in segments of
     ``config.ring_segment_bytes`` where a message is longer (straight into ``incoming``, no copy; both
     sides must call it with equal sizes crosswise). One message each way of tens of MB ran at half speed
@@ -124,14 +125,11 @@ def sendrecv_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, incomi
         transport.sendrecv(outgoing, dest, incoming, source)
         return
     exchange_segments(ctx, transport, outgoing.size, dest, incoming.size, source, seg, incoming.dtype,
-                      lambda a, b, slot: outgoing[a:b], _ARRIVED, recv_into=incoming)
+                      lambda a, b, slot: outgoing[a:b], _arrived, recv_into=incoming)
 
 
 def _arrived(a: int, b: int, received: np.ndarray) -> None:
     """A segment received straight into place: nothing left to do."""
-
-
-_ARRIVED = _arrived
 
 
 def send_reduce_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, target: np.ndarray, source: int,
