@@ -117,9 +117,10 @@ def sendrecv_(ctx, transport: Transport, outgoing: np.ndarray, dest: int, incomi
               source: int) -> None:
     """Send ``outgoing`` to ``dest`` while receiving ``incoming`` from ``source``, in segments of
     ``config.ring_segment_bytes`` where a message is longer (straight into ``incoming``, no copy; both
-    sides must call it with equal sizes crosswise). One message each way of tens of MB ran at half speed
-    in 1 of 8 calls across emulated hosts (MPICH over UCX's TCP: one direction waited for the other,
-    docs/results/design_choices.md); cut as the reduce-scatter's messages are, it never did."""
+    sides must call it with equal sizes crosswise). Across emulated hosts one message each way of tens of
+    MB took twice its time in about 1 call of 13 (rabenseifner's 84 MB allgather phase: 700 ms against
+    350); cut as the reduce-scatter's messages are, the slow calls were fewer and about half as slow
+    (docs/results/design_choices.md)."""
     seg = segment_elements(ctx, max(outgoing.size, incoming.size), incoming.itemsize)
     if max(outgoing.size, incoming.size) <= seg:
         transport.sendrecv(outgoing, dest, incoming, source)
