@@ -33,6 +33,18 @@ def intra_codec(ctx, codec: WireCodec | None) -> WireCodec | None:
     return cost.codec_inside_nodes(ctx.topology.cross_size, codec)
 
 
+def flat_here(ctx, codec=None) -> str | None:
+    """Why ``auto`` leaves hierarchical and its pipelined form out on ``ctx`` though they can run (None: it
+    does not): where every node holds one rank nothing happens inside a node, and what crosses is the ring
+    (or recursive doubling) over all ranks, which ``auto`` measures as itself; the pipelined form runs that
+    ring per block, with a wait per step. Measured on 2 hosts x 1 rank in a training job, it ran its 84 MB
+    calls slower every other call (docs/results/auto_learn_rules.md)."""
+    topo = ctx.topology
+    if topo.cross_size > 1 and topo.max_local_size == 1:
+        return "every node holds one rank: its phases are the flat algorithms' exchanges"
+    return None
+
+
 def cross_allreduce(ctx, transport, buf: np.ndarray, op: ReduceOp, codec: WireCodec | None) -> int:
     """Allreduce over a cross-node group: recursive doubling for small shards, ring otherwise."""
     if buf.nbytes <= ctx.config.small_message_bytes:

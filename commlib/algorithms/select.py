@@ -66,8 +66,9 @@ def shape_of(ctx) -> Shape:
 
 
 def candidates(ctx, codec) -> list[spec.AlgorithmSpec]:
-    """The algorithms that can run on ``ctx`` with ``codec``, in registry order."""
-    return [s for s in spec.SPECS if s.requires(ctx, codec) is None]
+    """The algorithms ``auto`` weighs on ``ctx`` with ``codec``, in registry order: those that can run there,
+    less those that would repeat another's exchanges (``auto_skips``)."""
+    return [s for s in spec.SPECS if s.requires(ctx, codec) is None and s.auto_skips(ctx, codec) is None]
 
 
 def rank_all(model, nbytes: int, shape: Shape, specs, codec, configured_segment: int) -> list[Choice]:
@@ -132,7 +133,10 @@ def choice_of(ctx, algorithm: str, nbytes: int, codec=None, dtype=None) -> Choic
     for choice in ranked(ctx, nbytes, codec, dtype):
         if choice.algorithm == algorithm:
             return choice
-    raise RuntimeError(f"{algorithm} cannot run here for {nbytes} bytes")  # candidates come from ranked
+    one = spec.get(algorithm)  # configured, though auto leaves it out here (auto_skips)
+    if one.requires(ctx, codec) is not None:
+        raise RuntimeError(f"{algorithm} cannot run here for {nbytes} bytes")  # candidates come from ranked
+    return rank_all(ctx.cost_model, nbytes, shape_of(ctx), [one], codec, ctx.config.ring_segment_bytes)[0]
 
 
 # -- learning (:mod:`.learn`) ------------------------------------------------------------------------------

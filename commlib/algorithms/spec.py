@@ -31,6 +31,10 @@ from .scaling import with_scaling_passes
 AUTO = "auto"
 
 
+def _anywhere(ctx, codec) -> str | None:
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
     """One allreduce algorithm: how to run it, what it needs and what it costs."""
@@ -44,6 +48,9 @@ class AlgorithmSpec:
     summary: str  # one line for --help, the docs and --explain
     segmented: bool = False  # pipelines in ``ctx.segment_bytes`` segments (auto chooses the size)
     device: bool = False  # reduces device buffers only, on the coordinator's device path (docs/gpu.md)
+    #: (ctx, codec) -> why ``auto`` leaves it out on ``ctx`` though it can run (it would repeat another
+    #: candidate's exchanges), or None; a configured algorithm still runs
+    auto_skips: Callable[..., str | None] = _anywhere
 
 
 def _passes(schedule: Callable[..., int]) -> Callable[..., int]:
@@ -73,10 +80,6 @@ def _cma_one(ctx, buf, op, codec=None, *, prescale: float = 1.0, postscale: floa
     return cma.allreduce(ctx, buf, op, codec=codec, prescale=prescale, postscale=postscale)
 
 
-def _anywhere(ctx, codec) -> str | None:
-    return None
-
-
 NCCL_ON_HOST = ("nccl reduces CUDA device tensors (CuPy arrays, torch CUDA tensors) on the coordinator's device "
                 "path; this buffer is in host memory (a configured COMMLIB_ALGORITHM=nccl leaves host tensors to auto)")
 
@@ -102,11 +105,11 @@ SPECS: tuple[AlgorithmSpec, ...] = (
                   "recursive halving + doubling; bandwidth-optimal with log2(p) latency", segmented=True),
     AlgorithmSpec("hierarchical", _passes(hierarchical.allreduce), None, False, _anywhere, cost.hierarchical,
                   "reduce-scatter in each node, allreduce of the shards across nodes, allgather in each node",
-                  segmented=True),
+                  segmented=True, auto_skips=hierarchical.flat_here),
     AlgorithmSpec("hierarchical_pipelined", pipelined.allreduce, None, True, _anywhere,
                   cost.hierarchical_pipelined,
                   "hierarchical on blocks: one block crosses the network while the next is reduced in the node",
-                  segmented=True),
+                  segmented=True, auto_skips=hierarchical.flat_here),
     AlgorithmSpec("torus2d", _passes(torus2d.allreduce), None, False, torus2d.requires, cost.torus2d,
                   "X-by-Y grid: rings along rows, then columns, then rows", segmented=True),
     AlgorithmSpec("cma", _cma_one, _cma_many, True, cma.requires_reason, cost.cma,

@@ -117,6 +117,26 @@ def half_types_learn_apart_with_mpis_own_last():
 
 
 @spmd.case
+def hierarchical_weighed_only_where_a_node_holds_ranks():
+    """Where every node holds one rank, hierarchical and its pipelined form repeat the flat algorithms'
+    exchanges: auto leaves them out (and the layout it keeps says so), though a configured one still runs,
+    fused buffers too, and sums right."""
+    topo = ctx.topology
+    flat = topo.cross_size > 1 and topo.max_local_size == 1
+    weighed = {s.name for s in select.candidates(ctx, None)}
+    assert ({"hierarchical", "hierarchical_pipelined"} & weighed == set()) == flat, (str(topo), weighed)
+    assert set(select.layout_of(ctx)["algorithms"]) == weighed
+    assert all(c.algorithm in weighed for c in select.ranked(ctx, 64 << 20))
+    rng = np.random.default_rng(rank)
+    for algorithm in ("hierarchical", "hierarchical_pipelined"):
+        assert select.choice_of(ctx, algorithm, 3 << 20).algorithm == algorithm
+        bufs = [rng.integers(-8, 8, n).astype(np.float32) for n in (300_001, 5)]
+        wants = [comm.allreduce(b, MPI.SUM) for b in bufs]
+        engine.allreduce_many_(bufs, ReduceOp.SUM, algorithm=algorithm)
+        assert all(np.array_equal(b, w) for b, w in zip(bufs, wants)), f"{algorithm}: wrong fused sum"
+
+
+@spmd.case
 def off_auto_is_the_models_choice():
     assert ctx.learner is None
     for nbytes in SIZES:
@@ -166,4 +186,5 @@ if __name__ == "__main__":
     learned = ["every_rank_ran_and_learned_alike", "every_size_class_settled_within_its_budget",
                "auto_runs_what_it_learned"]
     spmd.main(["init", "every_call_gives_mpis_sum", "half_types_learn_apart_with_mpis_own_last",
+               "hierarchical_weighed_only_where_a_node_holds_ranks",
                *(["off_auto_is_the_models_choice"] if args.off else learned), "close"])
