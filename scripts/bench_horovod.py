@@ -140,9 +140,11 @@ class Launcher:
             return self.cluster.mpiexec(command, timeout=timeout, env=env, mpiexec=str(mpiexec)).stdout
         done = subprocess.run([str(mpiexec), "-n", str(self.ranks), *command], env=env, capture_output=True,
                               text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"job failed ({done.returncode}): {shlex.join([str(mpiexec), *command])}\n"
-                               f"{(done.stdout + done.stderr)[-4000:]}")
+        if done.returncode != 0:  # as the cluster's: the error holds the job's output
+            from commlib.testing.cluster import JobFailed
+
+            raise JobFailed(f"job failed ({done.returncode}): {shlex.join([str(mpiexec), *command])}\n"
+                            f"{(done.stdout + done.stderr)[-4000:]}", done)
         return done.stdout
 
 
