@@ -37,8 +37,8 @@ def flat_here(ctx, codec=None) -> str | None:
     """Why ``auto`` leaves hierarchical and its pipelined form out on ``ctx`` though they can run (None: it
     does not): where every node holds one rank nothing happens inside a node, and what crosses is the ring
     (or recursive doubling) over all ranks, which ``auto`` measures as itself; the pipelined form runs that
-    ring per block, with a wait per step. Measured on 2 hosts x 1 rank in a training job, it ran its 84 MB
-    calls slower every other call (docs/results/auto_learn_rules.md)."""
+    ring per block, with a wait per step. Each is one more exploring call of a training step's size
+    (docs/results/auto_learn_rules.md)."""
     topo = ctx.topology
     if topo.cross_size > 1 and topo.max_local_size == 1:
         return "every node holds one rank: its phases are the flat algorithms' exchanges"
