@@ -1,7 +1,8 @@
 #!/bin/bash
 # The measurements behind docs/algorithms.md's "How auto learns": commlib-bench --algo all without a tuning
-# profile (COMMLIB_TUNING_FILE=none), 4 KiB-64 MiB. Per size auto runs 19 untimed calls (--auto-warmup), in
-# which it explores and settles, and the checked call: its timed calls are what it runs after 20 calls. The
+# profile (COMMLIB_TUNING_FILE=none) or anything earlier jobs kept (COMMLIB_AUTO_CACHE=none), 4 KiB-64 MiB.
+# Per size auto runs 19 untimed calls (--auto-warmup), in which it explores and settles, and the checked
+# call: its timed calls are what it runs after 20 calls. The
 # other algorithms warm up with 2 calls. Then every algorithm, auto among them, takes turns in interleaved
 # rounds of the same few calls (the order rotating each round), as many rounds as make about --min-time
 # seconds per algorithm (at most 400): short calls get 400 rounds, whose median no noisy round moves - so
@@ -16,11 +17,12 @@ PY=$PWD/.venv/bin/python
 BENCH=$PWD/.venv/bin/commlib-bench
 OUT=docs/results
 export COMMLIB_TUNING_FILE=none
+export COMMLIB_AUTO_CACHE=none  # learn from scratch: what earlier jobs of the layout kept would skip it
 which=${*:-1host 2x1}
 
 run() {  # run <name> <command...>: the command line, then its output and the summary, into $OUT/<name>.txt
     local name=$1; shift
-    { echo "\$ COMMLIB_TUNING_FILE=none $*"
+    { echo "\$ COMMLIB_TUNING_FILE=none COMMLIB_AUTO_CACHE=none $*"
       echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $(nproc) cores shared with other work (load average $(cut -d' ' -f1 /proc/loadavg) at the start)"
     } > "$OUT/$name.txt"
     "$@" 2>&1 | grep -v "UCX  WARN" >> "$OUT/$name.txt"
