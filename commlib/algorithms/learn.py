@@ -14,8 +14,7 @@ buffer or several fused in place. Its :class:`State`:
   (``native``, the baseline auto must never lose to; for the half types, whose MPI reduction is a Python
   callback, last and only under ``SMALL_S``: :func:`.select.reduced_by_callback`). Where the model
   predicts ``SMALL_S`` or more, each block's first call is agreed at once, and a block whose first call
-  took ``WATCH_S`` or more and ``CUT`` longer than the best so far ends there (it cannot take over), and MPI's
-  own block runs last (the round's first block has nothing to be held against). After
+  took ``WATCH_S`` or more and ``CUT`` longer than the best so far ends there (it cannot take over). After
   the first round those slower than ``DROP`` times the best are dropped; short calls (under ``SMALL_S``)
   get a second round, the order rotated (a block can fall on a busy moment); the best and its closest
   within ``NEAR`` get up to ``EXTRA_ROUNDS`` more (one block cannot separate near-equal algorithms),
@@ -194,15 +193,9 @@ class Bucket:
         self._round(cold, 1)
 
     def measure(self, number: int, order: Sequence[str]) -> None:
-        """MEASURING: round ``number``, a block of each of ``order``; where the model does not call the calls
-        short, MPI's own block comes last. There a block ends after a first call CUT slower than the best
-        so far, and the round's first block has nothing to be held against: it runs in full. Across hosts
-        in training jobs MPI's own, the model's first there, ran 1.5x the best at 16-32 MB in every job and
-        1.4x at 84 MB in some (2 hosts x 1 rank; docs/results/auto_learn_rules.md)."""
+        """MEASURING: round ``number``, a block of each of ``order``."""
         self._enter(MEASURING)
         self.measuring = number
-        if not self.short and "native" in order:
-            order = [name for name in order if name != "native"] + ["native"]
         self._round(order, self.reps)
 
     def check(self, algorithms: Sequence[str]) -> None:

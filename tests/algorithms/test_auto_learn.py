@@ -255,9 +255,8 @@ def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
     """Calls of 50 ms or more (the model predicting 2 ms or more): a block whose first call is more than
     CUT slower than the best so far ends there - recursive doubling (1.27 s) and hierarchical_pipelined
     (0.82 s) against rabenseifner's 0.71 s run once instead of a block of two - while MPI's own, within
-    CUT, runs its whole block; every rank alike though their clocks disagree. The round's first block
-    (nothing to compare with) always runs in full; MPI's own, the model's first here, runs last, so that
-    where it is the slow one it too ends after one call. Calls under 50 ms are never cut."""
+    CUT, runs its whole block; every rank alike though their clocks disagree. The model's first (nothing
+    to compare with) always runs its block, and calls under 50 ms are never cut."""
     predicted = {"rabenseifner": 0.0675, "native": 0.0672, "hierarchical_pipelined": 0.077,
                  "recursive_doubling": 0.0756}
     truth = {"rabenseifner": 0.706, "native": 0.730, "hierarchical_pipelined": 0.823, "recursive_doubling": 1.27}
@@ -275,8 +274,7 @@ def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
     picks, learners = simulate(2, 12, slow_first, predicted, noise=0.0)
     bucket = learners[0].buckets[(20, None, False)]
     explored = [name for _, name in picks[0][:bucket.explored]]
-    assert explored[:learn.REPS] == ["rabenseifner"] * learn.REPS and explored[-1] == "native"
-    assert explored.count("native") == 1 and bucket.cut == ["hierarchical_pipelined", "native"]
+    assert explored.count("native") == learn.REPS and bucket.cut == ["hierarchical_pipelined"]
     assert bucket.settled == "rabenseifner"
 
     underestimated = {name: t / 10 for name, t in predicted.items()}  # 7-8 ms predicted, 0.7-1.3 s run
