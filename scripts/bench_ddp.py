@@ -38,7 +38,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_horovod import Launcher, _commit, commlib_info, parse_layout  # noqa: E402 - the launcher they share
+from bench_horovod import (Launcher, _commit, commlib_info, job_time, parse_layout,  # noqa: E402 - shared
+                           result_line)
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "scripts" / "ddp_train.py"
@@ -79,10 +80,7 @@ def link_bound_s(hosts: int, rate: str, wire_bytes: int, servers: bool = False) 
 
 
 def parse_job(output: str) -> list[float]:
-    for line in output.splitlines():
-        if line.startswith("{") and '"step_s"' in line:
-            return json.loads(line)["step_s"]
-    raise RuntimeError(f"no result line in the job's output:\n{output[-3000:]}")
+    return job_time(output)["step_s"]
 
 
 def summary(steps: list[float]) -> tuple[float, float]:
@@ -116,10 +114,6 @@ class ServerLauncher:
         return self.cluster.mpiexec_mpmd(programs, timeout=timeout, env=env).stdout
 
 
-def has_result(output: str) -> bool:
-    return any(line.startswith("{") and '"step_s"' in line for line in output.splitlines())
-
-
 def run_row(launcher, variants: list[str], args, base_env: dict, notes: list[str], servers: bool = False) -> dict:
     """Every variant of a row, ``args.jobs`` rounds in rotating order; {variant: [[step_s...] per job]}. A
     job that printed its steps and then exited non-zero (gloo's FSDP2 jobs abort at exit now and then:
@@ -139,7 +133,7 @@ def run_row(launcher, variants: list[str], args, base_env: dict, notes: list[str
                                       script=TRAIN, **kwargs)
             except JobFailed as exc:
                 output = exc.completed.stdout or ""
-                if not has_result(output):
+                if result_line(output) is None:
                     raise
                 notes.append(f"# note: {variant}, job {job + 1}, exited {exc.completed.returncode} after "
                              "printing its steps; its steps are kept")

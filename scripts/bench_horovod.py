@@ -148,11 +148,19 @@ class Launcher:
         return done.stdout
 
 
-def job_time(output: str) -> dict:
+def result_line(output: str) -> dict | None:
+    """The job's result (its JSON line with ``step_s``), or None where it printed none."""
     for line in output.splitlines():
         if line.startswith("{") and '"step_s"' in line:
             return json.loads(line)
-    raise RuntimeError(f"no result line in the job's output:\n{output[-3000:]}")
+    return None
+
+
+def job_time(output: str) -> dict:
+    found = result_line(output)
+    if found is None:
+        raise RuntimeError(f"no result line in the job's output:\n{output[-3000:]}")
+    return found
 
 
 @dataclasses.dataclass
