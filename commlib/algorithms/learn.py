@@ -23,7 +23,12 @@ buffer or several fused in place. Its :class:`State`:
 - ``SETTLED``: the candidate with the least agreed time (ties to the model's order) runs every call, untimed.
 - ``WATCHED``: settled on calls of ``WATCH_S`` or more, each of them timed and agreed: when the median of the
   last ``WATCH_CALLS`` is slower than the best measured rival by more than ``SWITCH``, the rival takes over
-  (a block can catch an algorithm that is fast and slow by turns on its fast calls).
+  (a block can catch an algorithm that is fast and slow by turns on its fast calls). Otherwise the nearest
+  rival within ``TRIAL`` of that median that has not run watched calls here and that the model does not
+  predict within ``SWITCH`` of the settled one is tried on as many (a block is timed from a barrier, alone;
+  the job's calls are not), up to ``TRIALS`` per bucket; it stays where its median
+  is the lower (two calls slower than the median it stood against end it). What a watch or a trial finds
+  is the WATCHED sibling's time too.
 - ``CHECKING``: after ``RECHECK_FIRST`` settled calls (``RECHECK_SHORT`` for short calls), then 4x as many
   each time, the settled algorithm and up to two rivals measured within ``RECHECK`` of it (short calls:
   ``DROP``) run ``CHECK_ROUNDS`` rounds; one faster by more than ``SWITCH`` takes over: a choice settled on
@@ -75,6 +80,9 @@ WATCH_S = 50e-3      # settled buckets whose calls take at least this keep timin
 WATCH_CALLS = 3      # the settled algorithm's watched time: the median of its last this many calls
 STALE = 1.5          # a restored bucket's first watched calls this far off its kept time: the kept times
                      # are not this job's (either way)
+TRIAL = RECHECK      # a watched bucket tries a rival on watched calls where the rival's measured time is
+                     # within this of the settled one's watched time
+TRIALS = 2           # at most this many rivals tried per bucket, each once
 CUT = 1 + SWITCH     # a block whose first call of WATCH_S or more is this much slower than the best so far
                      # ends there: it cannot take over (a long block's time is its slower call)
 
@@ -131,6 +139,9 @@ class Bucket:
     since: int = 0                  # calls since the bucket settled or was last re-checked
     next_check: int = RECHECK_FIRST  # re-check when ``since`` reaches this
     watched: list[float] = dataclasses.field(default_factory=list)  # WATCHED: agreed times of its calls
+    trial: str | None = None        # WATCHED: the algorithm it settled on before trying this one (TRIAL)
+    tried: list[str] = dataclasses.field(default_factory=list)  # algorithms whose calls were watched here
+    trials: int = 0                 # rivals tried on watched calls (at most TRIALS)
     # -- what the bucket measured and did, in every state
     agreed: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # agreed time per call, per block
     dropped: list[str] = dataclasses.field(default_factory=list)
@@ -216,13 +227,14 @@ class Bucket:
         mine = self.agreed.get(name) if name is not None else None
         self._enter(WATCHED if mine and min(mine) >= WATCH_S else SETTLED)
         self.settled = name
+        self.trial = None
         self.slots, self.local, self.checking, self.checked, self.watched = [], [], [], {}, []
 
     # -- kept between jobs -------------------------------------------------------------------------------
     def to_settled(self) -> dict:
         """What this bucket settled, as JSON-ready data that :meth:`from_settled` restores: the candidates,
-        the model's predictions, every agreed time, the dropped and the choice. A re-check under way is
-        left out (the bucket as it was before it); an exploring bucket has nothing to keep (ValueError)."""
+        the model's predictions, every agreed time, the dropped and the choice. A re-check or a trial under
+        way is left out (the bucket's choice before it); an exploring bucket has nothing to keep (ValueError)."""
         if self.state not in KEPT:
             raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}): only "
                              "a settled bucket can be kept")
@@ -230,7 +242,7 @@ class Bucket:
         return {"key": [power, codec, fused], "candidates": list(self.candidates),
                 "predicted_s": dict(self.predicted_s), "reps": self.reps,
                 "agreed": {name: list(times) for name, times in self.agreed.items()},
-                "dropped": list(self.dropped), "settled": self.settled}
+                "dropped": list(self.dropped), "settled": self.trial or self.settled}
 
     @classmethod
     def from_settled(cls, data: Mapping) -> "Bucket":
@@ -336,8 +348,10 @@ class Learner:
         if not times or min(min(seconds) for seconds in times.values()) < WATCH_S:
             return False
         bucket.agreed = times
+        bucket.tried = [name for name in source.tried if name in times]  # their times are watched ones
         bucket.seeded = True
-        bucket.settle_on(source.settled if source.settled in times else min(times, key=lambda n: min(times[n])))
+        chosen = source.trial or source.settled  # a trial under way stands in for the source's choice
+        bucket.settle_on(chosen if chosen in times else min(times, key=lambda n: min(times[n])))
         self.notes.append(describe(bucket))
         return True
 
@@ -494,9 +508,21 @@ class Learner:
         self.agreements += 1
         self.watches += 1
         bucket.watched.append(agreed)
+        trial = bucket.trial
+        if trial is not None and len(bucket.watched) == 2:
+            # two calls slower than the algorithm the trial stands in for: so is their median, end it now
+            if min(bucket.watched) > bucket.best_times()[trial]:
+                return self._switch(bucket, trial, min(bucket.watched), "tried")
         if len(bucket.watched) < WATCH_CALLS:
             return
         typical = float(np.median(bucket.watched[-WATCH_CALLS:]))
+        if trial is not None:  # the trial's verdict: back, or the tried algorithm stays (watched as any)
+            if typical >= bucket.best_times()[trial]:
+                return self._switch(bucket, trial, typical, "tried")
+            bucket.trial = None
+            self._tell_sibling(bucket, bucket.settled, typical)
+            self.notes.append(describe(bucket) + f" (tried: {bucket.settled} ran {typical * 1e3:.3f} ms per call, "
+                              "it stays)")
         if bucket.restored and not bucket.kept_compared:
             bucket.kept_compared = True
             kept = bucket.best_times().get(bucket.settled)
@@ -509,12 +535,53 @@ class Learner:
             return
         rival = min(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
         if typical > times[rival] * (1 + SWITCH):
-            old = bucket.settled
+            self._switch(bucket, rival, typical, "watched")
+        elif bucket.restored or bucket.trials >= TRIALS:
+            return
+        else:
+            # a rival's time is a block's, from a barrier and the slowest rank's, and one block: the
+            # settled one's are its calls as the job makes them, beside the backward pass and other calls,
+            # which slow some schedules more than others. Try the nearest untried rival within TRIAL that
+            # the model does not call a twin of the settled one (the same bytes over the same links,
+            # predicted within SWITCH: their blocks differ by noise alone) on as many calls
+            mine = bucket.predicted_s.get(bucket.settled, 0.0)
+            near = [n for n in sorted(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
+                    if n not in bucket.tried and times[n] <= TRIAL * typical
+                    and abs(bucket.predicted_s.get(n, 0.0) - mine) > SWITCH * mine]
+            if not near:
+                return
+            old, rival = bucket.settled, near[0]
+            bucket.trials += 1
+            bucket.tried += [old, rival] if old not in bucket.tried else [rival]
             bucket.agreed[old] = [typical]
             bucket.settle_on(rival)
-            bucket.watched = []
-            bucket.watch_switches += 1
-            self.notes.append(describe(bucket) + f" (watched: {old} ran {typical * 1e3:.3f} ms per call)")
+            bucket.trial = old
+            self.notes.append(describe(bucket) + f" (trying {rival} on watched calls: {old} ran "
+                              f"{typical * 1e3:.3f} ms per call)")
+
+    def _switch(self, bucket: Bucket, rival: str, typical: float, how: str) -> None:
+        """The watched algorithm's calls ran ``typical`` each, slower than ``rival``: the rival runs from now
+        on (``how``: "watched", or "tried" where a trial lost and the algorithm it stood in for comes back)."""
+        old = bucket.settled
+        bucket.agreed[old] = [typical]
+        bucket.tried += [n for n in (old, rival) if n not in bucket.tried]
+        bucket.settle_on(rival)
+        bucket.watched = []
+        bucket.watch_switches += how == "watched"  # a trial that lost changed nothing
+        self._tell_sibling(bucket, old, typical)
+        self.notes.append(describe(bucket) + f" ({how}: {old} ran {typical * 1e3:.3f} ms per call)")
+
+    def _tell_sibling(self, bucket: Bucket, name: str, typical: float) -> None:
+        """``name``'s watched calls in ``bucket`` ran ``typical`` each: the same time for its WATCHED sibling
+        (long calls are the bytes they move, fused or not), whose own watch then compares against it; it
+        counts there as tried. Equal on every rank: agreed data only."""
+        sibling = self._sibling(bucket.key)
+        if sibling is None or sibling.state is not WATCHED or sibling.trial is not None or sibling.restored \
+                or name not in sibling.candidates:
+            return
+        sibling.agreed[name] = [typical]
+        if name not in sibling.tried:
+            sibling.tried.append(name)
 
     def _forget_kept(self, bucket: Bucket, typical: float) -> None:
         """A restored bucket whose settled algorithm runs ``typical`` per call, STALE off its kept time: keep

@@ -110,6 +110,72 @@ def test_long_calls_are_watched_and_a_watch_may_hand_over_to_short_calls():
     assert job.path() == [MEASURING, WATCHED, SETTLED]
 
 
+def test_a_watched_bucket_tries_its_rivals_on_watched_calls():
+    """Long calls: the servers' one measured block fell on a slow moment (0.93 s a call against 0.76 s
+    afterwards) and the ring (0.85 s) settled. After WATCH_CALLS watched calls of the ring, the rival within
+    TRIAL of them runs as many watched calls; faster, it stays, and is not tried again. A rival that is
+    slower on its trial too gives way after two calls; one beyond TRIAL is never tried; a twin of the
+    settled one in the model's eyes is not tried against it; at most TRIALS trials per bucket."""
+    predicted = {"ps": 0.07, "ring": 0.08}
+    key = (27, None, False)
+    job = Job(predicted, lambda i: {"ps": 0.93 if i < learn.REPS else 0.76, "ring": 0.85})
+    ran = job.run(2 * learn.REPS, key)
+    bucket = job.learner.buckets[key]
+    assert ran == ["ps"] * learn.REPS + ["ring"] * learn.REPS
+    assert bucket.state is WATCHED and bucket.settled == "ring"
+    assert job.run(learn.WATCH_CALLS, key) == ["ring"] * learn.WATCH_CALLS
+    assert bucket.settled == "ps" and bucket.trial == "ring" and bucket.tried == ["ring", "ps"]
+    assert bucket.to_settled()["settled"] == "ring"  # a trial under way is not kept
+    assert job.run(learn.WATCH_CALLS, key) == ["ps"] * learn.WATCH_CALLS
+    assert bucket.settled == "ps" and bucket.trial is None
+    assert any("tried: ps ran 760.000 ms per call, it stays" in note for note in job.learner.notes)
+    assert job.run(20, key) == ["ps"] * 20 and bucket.agreed["ring"] == [pytest.approx(0.85)]
+    assert job.path(key) == [MEASURING, WATCHED]
+
+    job = Job(predicted, {"ps": 0.95, "ring": 0.85})  # the rival is slower on its trial too
+    job.run(2 * learn.REPS + learn.WATCH_CALLS, key)
+    bucket = job.learner.buckets[key]
+    assert bucket.settled == "ps" and bucket.trial == "ring"
+    assert job.run(2, key) == ["ps", "ps"]
+    assert bucket.settled == "ring" and bucket.trial is None and bucket.watch_switches == 0
+    assert job.run(20, key) == ["ring"] * 20
+    assert bucket.agreed["ps"] == [pytest.approx(0.95)]
+
+    job = Job(predicted, {"ps": 1.2, "ring": 0.85})  # beyond TRIAL of the ring's calls: never tried
+    assert set(job.run(2 * learn.REPS + 20, key)[2 * learn.REPS:]) == {"ring"}
+
+    # a twin of the ring in the model's eyes (predicted within SWITCH) measured between them is not tried
+    # against it; the servers are, then the twin against them: it loses, after two calls; no third trial
+    predicted = {"ps": 0.07, "ring": 0.08, "rabenseifner": 0.081}
+    job = Job(predicted, lambda i: {"ps": 0.93 if i < learn.REPS else 0.76, "ring": 0.85,
+                                    "rabenseifner": 0.87 if i < 3 * learn.REPS else 0.84})
+    job.run(3 * learn.REPS + learn.WATCH_CALLS, key)
+    bucket = job.learner.buckets[key]
+    assert bucket.settled == "ps" and bucket.tried == ["ring", "ps"]
+    ran = job.run(learn.WATCH_CALLS + 2 + 20, key)
+    assert ran == ["ps"] * learn.WATCH_CALLS + ["rabenseifner"] * 2 + ["ps"] * 20
+    assert bucket.tried == ["ring", "ps", "rabenseifner"] and bucket.trials == learn.TRIALS
+    assert bucket.agreed["rabenseifner"] == [pytest.approx(0.84)] and bucket.watch_switches == 0
+
+
+def test_what_a_watch_or_trial_finds_is_the_watched_siblings_time_too():
+    """Long calls, fused or not, are the bytes they move: the servers' trial won on single calls gives the
+    fused class, settled on the ring from the same blocks, the servers' watched time, so its own watch
+    hands over after its first WATCH_CALLS calls instead of trying them again."""
+    predicted = {"ps": 0.07, "ring": 0.08}
+    single, fused = (27, None, False), (27, None, True)
+    job = Job(predicted, lambda i: {"ps": 0.93 if i < learn.REPS else 0.76, "ring": 0.85})
+    job.run(2 * learn.REPS, single)
+    assert job.call(fused) == "ring"  # adopted from the single calls' blocks
+    job.run(2 * learn.WATCH_CALLS, single)  # the trial of ps, which stays
+    alone, together = job.learner.buckets[single], job.learner.buckets[fused]
+    assert alone.settled == "ps" and together.settled == "ring"
+    assert together.agreed["ps"] == [pytest.approx(0.76)] and "ps" in together.tried
+    assert job.run(learn.WATCH_CALLS - 1, fused) == ["ring"] * (learn.WATCH_CALLS - 1)
+    assert together.settled == "ps" and together.trials == 0 and together.watch_switches == 1
+    assert set(job.run(10, fused)) == {"ps"}
+
+
 def test_a_class_with_one_candidate_or_no_room_settles_at_once():
     """One candidate, or a learner past its exploring budget: the bucket goes from NEW to SETTLED on the
     model's first choice, and its calls never wait at a barrier."""
