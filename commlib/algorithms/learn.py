@@ -233,15 +233,19 @@ class Bucket:
     # -- kept between jobs -------------------------------------------------------------------------------
     def to_settled(self) -> dict:
         """What this bucket settled, as JSON-ready data that :meth:`from_settled` restores: the candidates,
-        the model's predictions, every agreed time, the dropped and the choice. A re-check or a trial under
-        way is left out (the bucket's choice before it); an exploring bucket has nothing to keep (ValueError)."""
+        the model's predictions, every agreed time (a watched choice's: the median of its last watched
+        calls), the dropped and the choice. A re-check or a trial under way is left out (the bucket's choice
+        before it); an exploring bucket has nothing to keep (ValueError)."""
         if self.state not in KEPT:
             raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}): only "
                              "a settled bucket can be kept")
         power, codec, fused = self.key
+        agreed = {name: list(times) for name, times in self.agreed.items()}
+        if self.state is WATCHED and self.trial is None and len(self.watched) >= WATCH_CALLS:
+            # what a later job's watch holds its calls against (STALE): this job's calls, not a block
+            agreed[self.settled] = [float(np.median(self.watched[-WATCH_CALLS:]))]
         return {"key": [power, codec, fused], "candidates": list(self.candidates),
-                "predicted_s": dict(self.predicted_s), "reps": self.reps,
-                "agreed": {name: list(times) for name, times in self.agreed.items()},
+                "predicted_s": dict(self.predicted_s), "reps": self.reps, "agreed": agreed,
                 "dropped": list(self.dropped), "settled": self.trial or self.settled}
 
     @classmethod
@@ -520,6 +524,7 @@ class Learner:
             if typical >= bucket.best_times()[trial]:
                 return self._switch(bucket, trial, typical, "tried")
             bucket.trial = None
+            bucket.agreed[bucket.settled] = [typical]  # its time is what the job's calls showed
             self._tell_sibling(bucket, bucket.settled, typical)
             self.notes.append(describe(bucket) + f" (tried: {bucket.settled} ran {typical * 1e3:.3f} ms per call, "
                               "it stays)")

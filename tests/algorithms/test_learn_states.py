@@ -130,6 +130,7 @@ def test_a_watched_bucket_tries_its_rivals_on_watched_calls():
     assert bucket.settled == "ps" and bucket.trial is None
     assert any("tried: ps ran 760.000 ms per call, it stays" in note for note in job.learner.notes)
     assert job.run(20, key) == ["ps"] * 20 and bucket.agreed["ring"] == [pytest.approx(0.85)]
+    assert bucket.agreed["ps"] == [pytest.approx(0.76)]  # its time is the job's calls', not its slow block
     assert job.path(key) == [MEASURING, WATCHED]
 
     job = Job(predicted, {"ps": 0.95, "ring": 0.85})  # the rival is slower on its trial too
@@ -301,6 +302,26 @@ def test_long_calls_restore_watched_and_a_check_under_way_is_left_out():
     job.run(1)
     kept = bucket.to_settled()
     assert kept["agreed"] == before and kept["settled"] == bucket.settled
+
+
+def test_a_watched_choice_is_kept_at_its_watched_time():
+    """A watched class keeps, for its choice, the median of its last WATCH_CALLS calls (what a later job's
+    watch holds its calls against), not the block it settled on: the servers' block ran 0.91 s, their
+    calls in the job 0.60 s, and a later job whose calls run 0.60 s keeps the kept times (no STALE re-check
+    of MPI's own at 1.6 s a call)."""
+    predicted = {"ps": 0.07, "ring": 0.08, "native": 0.09}
+    key = (27, None, False)
+    first = Job(predicted, lambda i: {"ps": 0.91 if i < learn.REPS else 0.60, "ring": 1.3, "native": 1.6})
+    first.run(learn.REPS + 1 + 1 + learn.WATCH_CALLS, key)  # ps's block, the cut ring and native, watched
+    bucket = first.learner.buckets[key]
+    assert bucket.settled == "ps" and bucket.state is WATCHED and bucket.agreed["ps"] == [pytest.approx(0.91)]
+    kept = bucket.to_settled()
+    assert kept["agreed"]["ps"] == [pytest.approx(0.60)] and kept["agreed"]["ring"] == [pytest.approx(1.3)]
+    later = Job(predicted, {"ps": 0.60, "ring": 1.3, "native": 1.6})
+    later.learner.restore(Bucket.from_settled(kept))
+    assert later.run(10, key) == ["ps"] * 10
+    restored = later.learner.buckets[key]
+    assert restored.kept_compared and not restored.stale and restored.checks == 0
 
 
 def test_what_cannot_be_kept_or_restored_is_an_error():
