@@ -39,8 +39,9 @@ of long calls whose sibling (the same class and codec, fused or not) has settled
 sibling's times instead of exploring: such calls are the bytes they move. A settled bucket can be kept
 (:meth:`Bucket.to_settled`) and a later learner started from it (:meth:`Bucket.from_settled`). Where a
 restored bucket's first ``WATCH_CALLS`` watched calls run more than ``STALE`` times slower or faster than
-its kept time, the kept times were measured under other conditions (another network under the same
-layout, a shared cache directory): the rivals' kept times are forgotten and the nearest re-checked at once.
+its kept time and than its kept watched calls' (where kept), the kept times were measured under other
+conditions (another network under the same layout, a shared cache directory): the rivals' kept times are
+forgotten and the nearest re-checked at once.
 
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times, the count of
 calls), never of a rank's own clock, so ranks whose clocks disagree still choose alike. Exploring is
@@ -155,6 +156,7 @@ class Bucket:
     seeded: bool = False            # settled on its sibling's times (Learner._adopt)
     restored: bool = False          # settled on an earlier learner's times (from_settled)
     kept_compared: bool = False     # restored and watched: its first watched calls were held against it
+    kept_watched: float | None = None  # restored: the kept median of the choice's watched calls
     stale: bool = False             # ... and were STALE off: the kept times were forgotten
     # -- the state as the per-call path reads it: one attribute each, set by _enter alone
     running: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED or WATCHED
@@ -233,20 +235,22 @@ class Bucket:
     # -- kept between jobs -------------------------------------------------------------------------------
     def to_settled(self) -> dict:
         """What this bucket settled, as JSON-ready data that :meth:`from_settled` restores: the candidates,
-        the model's predictions, every agreed time (a watched choice's: the median of its last watched
-        calls), the dropped and the choice. A re-check or a trial under way is left out (the bucket's choice
-        before it); an exploring bucket has nothing to keep (ValueError)."""
+        the model's predictions, every agreed time, the dropped and the choice, and where the choice's calls
+        were watched the median of its last ones (``watched_s``). A re-check or a trial under way is left
+        out (the bucket's choice before it); an exploring bucket has nothing to keep (ValueError)."""
         if self.state not in KEPT:
             raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}): only "
                              "a settled bucket can be kept")
         power, codec, fused = self.key
-        agreed = {name: list(times) for name, times in self.agreed.items()}
-        if self.state is WATCHED and self.trial is None and len(self.watched) >= WATCH_CALLS:
-            # what a later job's watch holds its calls against (STALE): this job's calls, not a block
-            agreed[self.settled] = [float(np.median(self.watched[-WATCH_CALLS:]))]
-        return {"key": [power, codec, fused], "candidates": list(self.candidates),
-                "predicted_s": dict(self.predicted_s), "reps": self.reps, "agreed": agreed,
+        kept = {"key": [power, codec, fused], "candidates": list(self.candidates),
+                "predicted_s": dict(self.predicted_s), "reps": self.reps,
+                "agreed": {name: list(times) for name, times in self.agreed.items()},
                 "dropped": list(self.dropped), "settled": self.trial or self.settled}
+        if self.state is WATCHED and self.trial is None and len(self.watched) >= WATCH_CALLS:
+            kept["watched_s"] = float(np.median(self.watched[-WATCH_CALLS:]))  # (STALE)
+        elif self.kept_watched is not None:
+            kept["watched_s"] = self.kept_watched
+        return kept
 
     @classmethod
     def from_settled(cls, data: Mapping) -> "Bucket":
@@ -261,6 +265,8 @@ class Bucket:
             agreed = {str(name): [float(t) for t in times] for name, times in data["agreed"].items()}
             dropped = [str(name) for name in data["dropped"]]
             settled, reps = data["settled"], int(data["reps"])
+            watched = data.get("watched_s")
+            watched = None if watched is None else float(watched)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a settled auto bucket ({type(exc).__name__}: {exc}); keep one with "
                              "Bucket.to_settled") from None
@@ -270,7 +276,7 @@ class Bucket:
                              + (f"{', '.join(unknown)} not among its candidates {candidates}" if unknown
                                 else f"reps {reps} must be at least 1"))
         bucket = cls(key, candidates, predicted, reps=reps, rounds=ROUNDS, agreed=agreed, dropped=dropped,
-                     restored=True)
+                     restored=True, kept_watched=watched)
         bucket.next_check = RECHECK_SHORT if bucket.short else RECHECK_FIRST
         bucket.settle_on(settled)
         return bucket
@@ -524,14 +530,15 @@ class Learner:
             if typical >= bucket.best_times()[trial]:
                 return self._switch(bucket, trial, typical, "tried")
             bucket.trial = None
-            bucket.agreed[bucket.settled] = [typical]  # its time is what the job's calls showed
             self._tell_sibling(bucket, bucket.settled, typical)
             self.notes.append(describe(bucket) + f" (tried: {bucket.settled} ran {typical * 1e3:.3f} ms per call, "
                               "it stays)")
         if bucket.restored and not bucket.kept_compared:
             bucket.kept_compared = True
             kept = bucket.best_times().get(bucket.settled)
-            if kept and not 1 / STALE <= typical / kept <= STALE:
+            # off its kept block and off its kept calls: a block from a barrier can sit far from the
+            # job's calls (the servers: 910 against 601 ms), and calls vary between jobs (1.5x at 16 MiB)
+            if kept and _off(typical, kept) and (bucket.kept_watched is None or _off(typical, bucket.kept_watched)):
                 self._forget_kept(bucket, typical)
                 return
         times = bucket.best_times()
@@ -646,6 +653,11 @@ def _rivals(bucket: Bucket, times: Mapping[str, float], within: bool = True) -> 
         rivals.remove("native")
         rivals.insert(1, "native")
     return rivals[:2]
+
+
+def _off(seconds: float, kept: float) -> bool:
+    """Whether ``seconds`` lies more than ``STALE`` times either way from ``kept``."""
+    return not 1 / STALE <= seconds / kept <= STALE
 
 
 def _order(key: tuple):
