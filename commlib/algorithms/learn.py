@@ -585,8 +585,10 @@ class Learner:
 
     def _tell_sibling(self, bucket: Bucket, name: str, typical: float) -> None:
         """``name``'s watched calls in ``bucket`` ran ``typical`` each: the same time for its WATCHED sibling
-        (long calls are the bytes they move, fused or not), whose own watch then compares against it; it
-        counts there as tried. Equal on every rank: agreed data only."""
+        (long calls are the bytes they move, fused or not), where it counts as tried; where that beats the
+        sibling's choice (its last watched calls, else its time) by more than ``SWITCH``, the sibling runs
+        ``name`` from its next call: a class called now and then (a step's last gradients arriving apart)
+        would otherwise wait several steps for calls of its own. Equal on every rank: agreed data only."""
         sibling = self._sibling(bucket.key)
         if sibling is None or sibling.state is not WATCHED or sibling.trial is not None or sibling.restored \
                 or name not in sibling.candidates:
@@ -594,6 +596,16 @@ class Learner:
         sibling.agreed[name] = [typical]
         if name not in sibling.tried:
             sibling.tried.append(name)
+        old = sibling.settled
+        mine = (float(np.median(sibling.watched[-WATCH_CALLS:])) if len(sibling.watched) >= WATCH_CALLS
+                else sibling.best_times().get(old))
+        if name != old and mine is not None and mine > typical * (1 + SWITCH):
+            if old not in sibling.tried:  # (it ran the sibling's watched calls up to now)
+                sibling.tried.append(old)
+            sibling.settle_on(name)
+            sibling.watch_switches += 1
+            self.notes.append(describe(sibling) + f" (its sibling's calls: {name} ran {typical * 1e3:.3f} ms "
+                              f"per call, {old} {mine * 1e3:.3f})")
 
     def _forget_kept(self, bucket: Bucket, typical: float) -> None:
         """A restored bucket whose settled algorithm runs ``typical`` per call, STALE off its kept time: keep

@@ -160,8 +160,8 @@ def test_a_watched_bucket_tries_its_rivals_on_watched_calls():
 
 def test_what_a_watch_or_trial_finds_is_the_watched_siblings_time_too():
     """Long calls, fused or not, are the bytes they move: the servers' trial won on single calls gives the
-    fused class, settled on the ring from the same blocks, the servers' watched time, so its own watch
-    hands over after its first WATCH_CALLS calls instead of trying them again."""
+    fused class, settled on the ring from the same blocks, the servers' watched time, and the fused class
+    runs them from its next call instead of trying them itself. A slower time leaves its choice alone."""
     predicted = {"ps": 0.07, "ring": 0.08}
     single, fused = (27, None, False), (27, None, True)
     job = Job(predicted, lambda i: {"ps": 0.93 if i < learn.REPS else 0.76, "ring": 0.85})
@@ -169,11 +169,18 @@ def test_what_a_watch_or_trial_finds_is_the_watched_siblings_time_too():
     assert job.call(fused) == "ring"  # adopted from the single calls' blocks
     job.run(2 * learn.WATCH_CALLS, single)  # the trial of ps, which stays
     alone, together = job.learner.buckets[single], job.learner.buckets[fused]
-    assert alone.settled == "ps" and together.settled == "ring"
+    assert alone.settled == "ps" and together.settled == "ps" and together.state is WATCHED
     assert together.agreed["ps"] == [pytest.approx(0.76)] and "ps" in together.tried
-    assert job.run(learn.WATCH_CALLS - 1, fused) == ["ring"] * (learn.WATCH_CALLS - 1)
-    assert together.settled == "ps" and together.trials == 0 and together.watch_switches == 1
+    assert together.trials == 0 and together.watch_switches == 1
+    assert any("(its sibling's calls: ps ran 760.000 ms per call, ring 850.000)" in n for n in job.learner.notes)
     assert set(job.run(10, fused)) == {"ps"}
+
+    job = Job(predicted, {"ps": 0.95, "ring": 0.85})  # the trial loses: the fused class keeps the ring
+    job.run(2 * learn.REPS, single)
+    job.call(fused)
+    job.run(learn.WATCH_CALLS + 2, single)
+    together = job.learner.buckets[fused]
+    assert together.settled == "ring" and together.agreed["ps"] == [pytest.approx(0.95)]
 
 
 def test_a_class_with_one_candidate_or_no_room_settles_at_once():
