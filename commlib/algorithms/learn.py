@@ -26,9 +26,9 @@ buffer or several fused in place. Its :class:`State`:
   (a block can catch an algorithm that is fast and slow by turns on its fast calls). Otherwise the nearest
   rival within ``TRIAL`` of that median that has not run watched calls here and that the model does not
   predict within ``SWITCH`` of the settled one is tried on as many (a block is timed from a barrier, alone;
-  the job's calls are not), up to ``TRIALS`` per bucket; it stays where its median
-  is the lower (two calls slower than the median it stood against end it). What a watch or a trial finds
-  is the WATCHED sibling's time too.
+  the job's calls are not), up to ``TRIALS`` per bucket; it stays where its median is the lower (two
+  calls slower than the median it stood against end it). What a watch or a trial finds is the WATCHED
+  sibling's time too, and its choice where it beats the sibling's by more than ``SWITCH``.
 - ``CHECKING``: after ``RECHECK_FIRST`` settled calls (``RECHECK_SHORT`` for short calls), then 4x as many
   each time, the settled algorithm and up to two rivals measured within ``RECHECK`` of it (short calls:
   ``DROP``) run ``CHECK_ROUNDS`` rounds; one faster by more than ``SWITCH`` takes over: a choice settled on
