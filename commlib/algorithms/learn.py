@@ -186,6 +186,15 @@ class Bucket:
         """The agreed time of each candidate measured: its fastest agreed block, per call."""
         return {name: min(times) for name, times in self.agreed.items() if times}
 
+    @property
+    def watched_median(self) -> float | None:
+        """The median of the settled algorithm's last ``WATCH_CALLS`` watched calls (None before as many)."""
+        return float(np.median(self.watched[-WATCH_CALLS:])) if len(self.watched) >= WATCH_CALLS else None
+
+    def mark_tried(self, *names: str) -> None:
+        """``names`` ran watched calls here: their times are the job's calls', not only a block's."""
+        self.tried += [name for name in names if name not in self.tried]
+
     # -- the moves (NEXT): each enters a state and sets the data that state uses -------------------------
     def _enter(self, state: State) -> None:
         if state not in NEXT[self.state]:
@@ -246,8 +255,8 @@ class Bucket:
                 "predicted_s": dict(self.predicted_s), "reps": self.reps,
                 "agreed": {name: list(times) for name, times in self.agreed.items()},
                 "dropped": list(self.dropped), "settled": self.trial or self.settled}
-        if self.state is WATCHED and self.trial is None and len(self.watched) >= WATCH_CALLS:
-            kept["watched_s"] = float(np.median(self.watched[-WATCH_CALLS:]))  # (STALE)
+        if self.state is WATCHED and self.trial is None and self.watched_median is not None:
+            kept["watched_s"] = self.watched_median  # (STALE)
         elif self.kept_watched is not None:
             kept["watched_s"] = self.kept_watched
         return kept
@@ -523,9 +532,9 @@ class Learner:
             # two calls slower than the algorithm the trial stands in for: so is their median, end it now
             if min(bucket.watched) > bucket.best_times()[trial]:
                 return self._switch(bucket, trial, min(bucket.watched), "tried")
-        if len(bucket.watched) < WATCH_CALLS:
+        typical = bucket.watched_median
+        if typical is None:
             return
-        typical = float(np.median(bucket.watched[-WATCH_CALLS:]))
         if trial is not None:  # the trial's verdict: back, or the tried algorithm stays (watched as any)
             if typical >= bucket.best_times()[trial]:
                 return self._switch(bucket, trial, typical, "tried")
@@ -548,37 +557,42 @@ class Learner:
         rival = min(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
         if typical > times[rival] * (1 + SWITCH):
             self._switch(bucket, rival, typical, "watched")
-        elif bucket.restored or bucket.trials >= TRIALS:
+        elif not bucket.restored and bucket.trials < TRIALS:
+            self._try_rival(bucket, rivals, times, typical)
+
+    def _try_rival(self, bucket: Bucket, rivals: list[str], times: Mapping[str, float], typical: float) -> None:
+        """Where one qualifies, run a rival on watched calls in place of the settled algorithm (TRIAL). A
+        rival's time is a block's, from a barrier and the slowest rank's, and one block: the settled one's
+        are its calls as the job makes them, beside the backward pass and other calls, which slow some
+        schedules more than others. The nearest untried rival within TRIAL qualifies unless the model calls
+        it a twin of the settled one (the same bytes over the same links, predicted within SWITCH: their
+        blocks differ by noise alone)."""
+        mine = bucket.predicted_s.get(bucket.settled, 0.0)
+        near = [n for n in sorted(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
+                if n not in bucket.tried and times[n] <= TRIAL * typical
+                and abs(bucket.predicted_s.get(n, 0.0) - mine) > SWITCH * mine]
+        if not near:
             return
-        else:
-            # a rival's time is a block's, from a barrier and the slowest rank's, and one block: the
-            # settled one's are its calls as the job makes them, beside the backward pass and other calls,
-            # which slow some schedules more than others. Try the nearest untried rival within TRIAL that
-            # the model does not call a twin of the settled one (the same bytes over the same links,
-            # predicted within SWITCH: their blocks differ by noise alone) on as many calls
-            mine = bucket.predicted_s.get(bucket.settled, 0.0)
-            near = [n for n in sorted(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
-                    if n not in bucket.tried and times[n] <= TRIAL * typical
-                    and abs(bucket.predicted_s.get(n, 0.0) - mine) > SWITCH * mine]
-            if not near:
-                return
-            old, rival = bucket.settled, near[0]
-            bucket.trials += 1
-            bucket.tried += [old, rival] if old not in bucket.tried else [rival]
-            bucket.agreed[old] = [typical]
-            bucket.settle_on(rival)
-            bucket.trial = old
-            self.notes.append(describe(bucket) + f" (trying {rival} on watched calls: {old} ran "
-                              f"{typical * 1e3:.3f} ms per call)")
+        old = self._hand_over(bucket, near[0], typical)
+        bucket.trials += 1
+        bucket.trial = old
+        self.notes.append(describe(bucket) + f" (trying {near[0]} on watched calls: {old} ran "
+                          f"{typical * 1e3:.3f} ms per call)")
+
+    @staticmethod
+    def _hand_over(bucket: Bucket, rival: str, typical: float) -> str:
+        """``rival`` runs the watched calls from now on; the settled one keeps ``typical`` (its calls' median)
+        as its time. Returns the one handed over from."""
+        old = bucket.settled
+        bucket.agreed[old] = [typical]
+        bucket.mark_tried(old, rival)
+        bucket.settle_on(rival)
+        return old
 
     def _switch(self, bucket: Bucket, rival: str, typical: float, how: str) -> None:
         """The watched algorithm's calls ran ``typical`` each, slower than ``rival``: the rival runs from now
         on (``how``: "watched", or "tried" where a trial lost and the algorithm it stood in for comes back)."""
-        old = bucket.settled
-        bucket.agreed[old] = [typical]
-        bucket.tried += [n for n in (old, rival) if n not in bucket.tried]
-        bucket.settle_on(rival)
-        bucket.watched = []
+        old = self._hand_over(bucket, rival, typical)
         bucket.watch_switches += how == "watched"  # a trial that lost changed nothing
         self._tell_sibling(bucket, old, typical)
         self.notes.append(describe(bucket) + f" ({how}: {old} ran {typical * 1e3:.3f} ms per call)")
@@ -594,14 +608,13 @@ class Learner:
                 or name not in sibling.candidates:
             return
         sibling.agreed[name] = [typical]
-        if name not in sibling.tried:
-            sibling.tried.append(name)
+        sibling.mark_tried(name)
         old = sibling.settled
-        mine = (float(np.median(sibling.watched[-WATCH_CALLS:])) if len(sibling.watched) >= WATCH_CALLS
-                else sibling.best_times().get(old))
+        mine = sibling.watched_median
+        if mine is None:
+            mine = sibling.best_times().get(old)
         if name != old and mine is not None and mine > typical * (1 + SWITCH):
-            if old not in sibling.tried:  # (it ran the sibling's watched calls up to now)
-                sibling.tried.append(old)
+            sibling.mark_tried(old)  # (it ran the sibling's watched calls up to now)
             sibling.settle_on(name)
             sibling.watch_switches += 1
             self.notes.append(describe(sibling) + f" (its sibling's calls: {name} ran {typical * 1e3:.3f} ms "
