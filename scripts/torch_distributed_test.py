@@ -13,6 +13,11 @@ unittest (each test spawns its ranks, which run ``init_process_group(BACKEND)``;
 after ``--timeout`` seconds) and writes every test's outcome as JSON. The parent prints both backends'
 pass/fail/skip counts and every test that passes on gloo and does not pass on commlib, with its first
 error line, and writes the report (``--output``) with the command, commit and date.
+
+Many tests are gated by the backend's name (``require_backend_is_available({"gloo"})``, "GLOO Batch Send
+Recv CPU", ...): they skip on any backend but the named ones whatever it implements. ``--gates-as gloo``
+imports the suite as for gloo, so that its decorators let those tests through, then runs them on the
+backend asked for: the tests' bodies and checks are the suite's own; only the gating differs.
 """
 
 from __future__ import annotations
@@ -56,7 +61,14 @@ def _test_class():
         import commlib.torch  # noqa: F401 - in case torch's entry points are off
         for feature in COMMLIB_FEATURES:
             DistTestCases.backend_feature[feature].add(backend)
+    gates = os.environ.get("DISTRIBUTED_TEST_GATES")
+    if gates:  # the decorators read BACKEND when the suite is imported: they gate as for ``gates``
+        os.environ["BACKEND"] = gates
+    from torch.testing._internal.distributed import distributed_test
     from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend
+
+    if gates:  # the tests themselves (init_process_group, their checks) run on ``backend``
+        os.environ["BACKEND"] = distributed_test.BACKEND = backend
 
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):
@@ -136,14 +148,19 @@ def all_test_names() -> list[str]:
     return done.stdout.split()
 
 
-def run_backend(backend: str, names: list[str], world_size: int, timeout: int, log: Path) -> dict:
-    """Run ``names`` on ``backend`` in a child process; returns {test: outcome}."""
+def run_backend(backend: str, names: list[str], world_size: int, timeout: int, log: Path,
+                gates: str | None = None) -> dict:
+    """Run ``names`` on ``backend`` in a child process; returns {test: outcome}. ``gates``: the suite's
+    skip decorators gate as for that backend (``--gates-as``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "outcomes.json")
         listing = os.path.join(tmp, "names.txt")
         Path(listing).write_text("\n".join(names))
         env = dict(os.environ, BACKEND=backend, WORLD_SIZE=str(world_size), DISTRIBUTED_TEST_CHILD="1",
                    DISTRIBUTED_TESTS_DEFAULT_TIMEOUT=str(timeout), PYTHONPATH=str(REPO))
+        env.pop("DISTRIBUTED_TEST_GATES", None)
+        if gates:
+            env["DISTRIBUTED_TEST_GATES"] = gates
         for name in [k for k in env if k.startswith(("PMI_", "PMIX_", "OMPI_"))]:
             del env[name]  # the spawned ranks are not an MPI job: the commlib backend builds its world itself
         with open(log, "w") as stream:
@@ -175,7 +192,9 @@ def report(results: dict, args, names: list[str], started: str) -> str:
     lines = [f"# PyTorch's DistributedTest on commlib and gloo", "",
              f"Command: `python scripts/torch_distributed_test.py {' '.join(sys.argv[1:])}`  ",
              f"Commit {commit}, started {started}, torch {torch.__version__}, WORLD_SIZE={args.world_size}, "
-             f"{len(names)} tests, per-test timeout {args.timeout} s, this machine (2 cores, no GPU).", "",
+             f"{len(names)} tests, per-test timeout {args.timeout} s, this machine (2 cores, no GPU)"
+             + (f"; the suite's skip decorators gate as for {args.gates_as} (`--gates-as`)." if args.gates_as
+                else "."), "",
              "| backend | passed | failed | skipped |", "|---|---:|---:|---:|"]
     for backend, outcomes in results.items():
         c = counts(outcomes)
@@ -215,6 +234,9 @@ def main(argv=None) -> int:
     parser.add_argument("--logs", help="write each backend's log in this folder (default: a new folder in /tmp)")
     parser.add_argument("--commit", help="the commit the code is a copy of (run from a copy, the tree may "
                                          "change meanwhile: the spawned ranks import it afresh per test)")
+    parser.add_argument("--gates-as", help="gate the tests as for this backend (e.g. gloo): the suite's skip "
+                                           "decorators read the backend's name, so tests it allows gloo alone "
+                                           "then run on commlib too, their bodies unchanged")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--names", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -235,7 +257,8 @@ def main(argv=None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     for backend in args.backends.split(","):
         begin = time.monotonic()
-        results[backend] = run_backend(backend, names, args.world_size, args.timeout, logs / f"{backend}.log")
+        results[backend] = run_backend(backend, names, args.world_size, args.timeout, logs / f"{backend}.log",
+                                       args.gates_as)
         c = counts(results[backend])
         print(f"{backend}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped of {len(names)} "
               f"({time.monotonic() - begin:.0f} s; log {logs / (backend + '.log')})", flush=True)

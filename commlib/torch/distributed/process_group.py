@@ -8,6 +8,7 @@ requests on that set, and commlib's coordinator negotiates, fuses and runs them 
 | c10d call | commlib requests |
 |---|---|
 | ``allreduce`` (DDP's buckets), ``allreduce_coalesced`` | ``allreduce_async_`` in place on the tensor's memory (no copy); AVG is Average, PREMUL_SUM a Sum with ``prescale_factor``; BAND/BOR/BXOR an allgather reduced on every rank |
+| ``allreduce`` of sparse COO tensors (SUM, as on gloo) | ``allgather_async`` of each rank's indices and values, summed here by coalescing |
 | ``broadcast`` | ``broadcast_async_`` in place |
 | ``allgather``, ``all_gather_single`` | ``allgather_async`` of the tensor's bytes, then copied into the outputs |
 | ``reduce_scatter``, ``reduce_scatter_single`` | ``reducescatter_async`` of the (ranks, n) blocks (uneven blocks: an allreduce) |
@@ -183,6 +184,15 @@ class ProcessGroupCommlib(ProcessGroup):
             self._counts[scope] = count + 1
         return f"{self._prefix}{scope}{count % _SLOTS}"
 
+    def _bounded(self, opts) -> bool:
+        """Whether a timeout shorter than commlib's own deadline bounds this call (the group's, or the call's
+        options'): then its Work's wait enforces it, so the call is submitted even where the caller waits at
+        once (commlib's synchronous forms wait as long as commlib's deadline)."""
+        if self._timeout_s is not None:
+            return True
+        timeout = seconds(getattr(opts, "timeout", None))
+        return bool(timeout and timeout > 0 and shorter_than_commlib(timeout))
+
     def _work(self, handles, finish, what: str, timeout=None) -> Work:
         limit = self._timeout_s
         if timeout is not None and timeout.total_seconds() > 0:
@@ -230,6 +240,8 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
+        if any(t.layout is torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         started = [self._allreduce_one(t, opts.reduceOp, "allreduce") for t in tensors]
 
         def done(_results):
@@ -241,6 +253,37 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
+
+    def _sparse_allreduce(self, tensors, opts):
+        """all_reduce of sparse COO tensors (DDP's sparse gradients, an ``nn.Embedding(sparse=True)``'s):
+        every rank's coalesced indices and values are gathered, and each rank sums them by coalescing; the
+        sum then replaces the tensor's contents, as on gloo. SUM only, as on gloo."""
+        kind, _ = _red_op(opts.reduceOp)
+        if kind != RedOp.SUM:
+            raise ValueError(f"all_reduce: sparse tensors reduce with ReduceOp.SUM only (as on gloo), not {kind.name}")
+        started = []
+        for tensor in tensors:
+            if tensor.layout is not torch.sparse_coo:
+                raise TypeError(f"all_reduce: a list of sparse COO and {tensor.layout} tensors; reduce the sparse "
+                                "and the dense ones in separate calls")
+            local = tensor.detach().coalesce().cpu()
+            indices = local.indices().t().contiguous()  # (nnz, sparse dims): each rank's rows, gathered
+            values = local.values().contiguous()
+            started.append((tensor, values, self._gather_bytes(indices, "allreduce"),
+                            self._gather_bytes(values, "allreduce")))
+
+        def done(_results):
+            for tensor, values, gathered_indices, gathered_values in started:
+                indices = torch.from_numpy(gathered_indices.result().view(np.int64)).view(-1, tensor.sparse_dim())
+                summed = torch.sparse_coo_tensor(
+                    indices.t(), torch.from_numpy(gathered_values.result()).view(values.dtype).view(
+                        -1, *values.shape[1:]), tensor.shape).coalesce()
+                with torch.no_grad():
+                    tensor.copy_(summed.to(tensor.device))
+            return list(tensors)
+
+        handles = [h for _t, _v, *pair in started for h in pair]
+        return self._work(handles, done, "all_reduce", opts.timeout)
 
     def _allreduce_one(self, tensor, reduce_op, call: str, into=None):
         """Start reducing ``tensor`` (into ``into``'s array if given, else in place); returns (handle,
@@ -614,7 +657,7 @@ def _c10d_call(method):
     def call(self, *args, **kwargs):
         opts = kwargs.get("opts", args[-1] if args else None)
         before = getattr(_calls, "synchronous", False)
-        _calls.synchronous = getattr(opts, "asyncOp", True) is False
+        _calls.synchronous = getattr(opts, "asyncOp", True) is False and not self._bounded(opts)
         try:
             return method(self, *args, **kwargs)
         finally:

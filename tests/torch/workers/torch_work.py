@@ -217,6 +217,70 @@ def send_recv_future():
         check("send_recv_future", torch.equal(got, torch.arange(4.0)), got)
 
 
+@case
+def sparse_all_reduce():
+    """Sparse COO tensors sum as their dense forms do (as on gloo): rows on some ranks only, a rank with no
+    entries, duplicate indices, dense trailing dimensions; another op is refused on every rank."""
+    def rows(r):
+        index = [[r % 5, (r + 2) % 5, r % 5], [0, 1, 1]]  # (r % 5, 0) and (r % 5, 1): r % 5 twice
+        values = torch.arange(3 * 2, dtype=torch.float64).view(3, 2) + r
+        if r == 1:  # nothing on this rank
+            index, values = [[], []], torch.zeros((0, 2), dtype=torch.float64)
+        return torch.sparse_coo_tensor(torch.tensor(index, dtype=torch.int64).view(2, -1), values, (5, 2, 2))
+
+    t = rows(RANK)
+    dist.all_reduce(t)
+    want = sum(rows(r).to_dense() for r in range(SIZE))
+    check("sparse_all_reduce", t.is_sparse and torch.equal(t.to_dense(), want), (t.to_dense(), want))
+    try:
+        dist.all_reduce(rows(RANK), op=dist.ReduceOp.MAX)
+    except ValueError as exc:
+        check("sparse_all_reduce MAX", "SUM only" in str(exc), exc)
+    else:
+        check("sparse_all_reduce MAX", False, "accepted")
+
+
+@case
+def ddp_with_sparse_gradients():
+    """DDP over an ``nn.Embedding(sparse=True)``: the sparse gradient is the ranks' mean, as on gloo."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 3, sparse=True)
+    reference = torch.nn.Embedding(10, 3)
+    reference.load_state_dict(emb.state_dict())
+    model = torch.nn.parallel.DistributedDataParallel(emb)
+    ids = [torch.tensor([r % 10, (3 * r + 1) % 10]) for r in range(SIZE)]
+    model(ids[RANK]).sum().backward()
+    sum(reference(i).sum() for i in ids).backward()
+    check("ddp sparse", emb.weight.grad.is_sparse, emb.weight.grad.layout)
+    check("ddp sparse", torch.allclose(emb.weight.grad.to_dense(), reference.weight.grad / SIZE),
+          (emb.weight.grad.to_dense(), reference.weight.grad / SIZE))
+
+
+@case
+def group_timeout_bounds_a_synchronous_call():
+    """A group's timeout shorter than commlib's own deadline bounds a call the caller waits for at once:
+    rank 0's barrier, which no other rank joins in time, raises torch's error after that timeout; the
+    others then join it, and the group goes on."""
+    if SIZE == 1:
+        return
+    group = dist.new_group(list(range(SIZE)), timeout=datetime.timedelta(seconds=1))
+    if RANK == 0:
+        start = time.monotonic()
+        try:
+            dist.barrier(group=group)
+        except dist.DistBackendError as exc:
+            waited = time.monotonic() - start
+            check("group timeout", "timeout of 1 s" in str(exc) and 1.0 <= waited < 30, (waited, exc))
+        else:
+            check("group timeout", False, "no error")
+    dist.barrier()  # the world's: rank 0 after its error
+    if RANK != 0:
+        dist.barrier(group=group)  # completes rank 0's request, still under way there
+    t = torch.ones(3)
+    dist.all_reduce(t, group=group)  # rank 0's second call, the others' second: the group goes on
+    check("group timeout", torch.all(t == SIZE), t)
+
+
 @spmd.case
 def shutdown():
     dist.destroy_process_group()
