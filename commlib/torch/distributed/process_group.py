@@ -261,11 +261,12 @@ class ProcessGroupCommlib(ProcessGroup):
         kind, _ = _red_op(opts.reduceOp)
         if kind != RedOp.SUM:
             raise ValueError(f"all_reduce: sparse tensors reduce with ReduceOp.SUM only (as on gloo), not {kind.name}")
-        started = []
         for tensor in tensors:
             if tensor.layout is not torch.sparse_coo:
                 raise TypeError(f"all_reduce: a list of sparse COO and {tensor.layout} tensors; reduce the sparse "
                                 "and the dense ones in separate calls")
+        started = []
+        for tensor in tensors:
             local = tensor.detach().coalesce().cpu()
             indices = local.indices().t().contiguous()  # (nnz, sparse dims): each rank's rows, gathered
             values = local.values().contiguous()
