@@ -59,7 +59,7 @@ from torch._C._distributed_c10d import ProcessGroup, ReduceOp as TorchReduceOp
 import commlib as cl
 
 from ...compression import Compressor, Exchange, NoCompression
-from ...errors import ConfigError
+from ...errors import ConfigError, ProcessSetError
 from ..bridge import NUMPY_DTYPES, as_array, as_tensor
 from . import internals, naming
 from .options import Options
@@ -610,12 +610,23 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def shared_set(self, ranks: list[int]):
         """The commlib process set of ``ranks`` (None: the world), registered once for every group with
-        these ranks (collective: every rank calls it in the same order)."""
+        these ranks. Every rank calls it, in the same order and with the same ranks, as c10d's new_group
+        requires: the ranks are agreed first, also where this rank has the set already, so that ranks which
+        disagree (subgroups made by their members alone) all get the error, none a hang."""
+        ranks = list(ranks)
+        every = cl.allgather_object(ranks, name="commlib.torch.new_group")
+        if any(theirs != ranks for theirs in every):
+            listing = ", ".join(f"rank {r}: {theirs}" for r, theirs in enumerate(every))
+            raise ProcessSetError(
+                f"new_group: the ranks called it with different ranks ({listing}). The commlib backend's groups "
+                "are created by every rank of the default group, with the same ranks in the same order; "
+                "new_subgroups(group=...) and new_subgroups_by_enumeration(..., group=...) create them on "
+                "their members only, which it does not support: create the subgroups from the default group")
         if ranks == list(range(cl.size())):
             return None
         key = tuple(ranks)
         if key not in self._sets:
-            self._sets[key] = cl.add_process_set(list(ranks))
+            self._sets[key] = cl.add_process_set(ranks)
         return self._sets[key]
 
     def shutdown(self) -> None:

@@ -281,6 +281,24 @@ def group_timeout_bounds_a_synchronous_call():
     check("group timeout", torch.all(t == SIZE), t)
 
 
+@case
+def subgroups_made_by_their_members_are_refused():
+    """new_subgroups(group=...) creates groups on their members only (ranks 0 and 2 make [0] while rank 1
+    makes [1]): a clear error on every rank, after which the default group still works."""
+    if SIZE != 3:
+        return
+    current, _ = dist.new_subgroups_by_enumeration([[0, 2], [1]])
+    try:
+        dist.new_subgroups(group_size=1, group=current)
+    except ValueError as exc:
+        check("member-made subgroups", "new_subgroups(group=...)" in str(exc), exc)
+    else:
+        check("member-made subgroups", False, "accepted")
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    check("member-made subgroups", torch.all(t == SIZE), t)
+
+
 @spmd.case
 def shutdown():
     dist.destroy_process_group()
