@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .coordinator.requests import AUTO_NAME_MARK
 from .errors import CommlibError, ProcessSetError
 
@@ -136,10 +138,12 @@ class ProcessSetTable:
     """The registered sets of one runtime, by id, and this rank's :class:`Member` of each set it is in.
 
     ``world_comm`` is the runtime's world communicator (used only from user threads, for the collective
-    ``add``/``remove``); ``build(comm, ranks, label)`` makes the (comm, topology, coordinator) of a set."""
+    ``add``/``remove``); ``build(comm, ranks, label)`` makes the (comm, topology, coordinator) of a set;
+    ``deadline`` (the runtime's :class:`~commlib.transport.deadline.Deadline`) bounds ``add``'s agreement."""
 
-    def __init__(self, world_comm, build: Callable, world_member_parts):
+    def __init__(self, world_comm, build: Callable, world_member_parts, deadline=None):
         self._world = world_comm
+        self._deadline = deadline
         self.world_rank = world_comm.Get_rank()
         self.world_size = world_comm.Get_size()
         self._build = build
@@ -184,7 +188,7 @@ class ProcessSetTable:
         if process_set.process_set_id is not None:
             raise ProcessSetError(f"{process_set} is already registered")
         ranks = self._ranks_of(process_set)
-        every = self._world.allgather(ranks)  # also the point where every rank must be
+        every = self._agree(ranks)  # also the point where every rank must be
         differing = {r: v for r, v in enumerate(every) if v != ranks}
         if differing:
             listing = ", ".join(f"rank {r}: {v}" for r, v in enumerate(every))
@@ -207,6 +211,20 @@ class ProcessSetTable:
         process_set._table = self
         self._sets[set_id] = process_set
         return process_set
+
+    def _agree(self, ranks: list[int]) -> list[list[int]]:
+        """Every rank's ``ranks``, gathered over the world. Bounded by commlib's deadline: a rank that never
+        calls ``add_process_set`` is then an error naming it (PeerLostError), not a hang."""
+        comm = self._world
+        if self._deadline is None:
+            return comm.allgather(ranks)
+        what = "add_process_set's agreement on the set's ranks (every rank must call add_process_set)"
+        counts = np.zeros(self.world_size, np.int64)
+        self._deadline.wait([comm.Iallgather(np.array([len(ranks)], np.int64), counts)], comm, what)
+        gathered = np.zeros(int(counts.sum()), np.int64)
+        self._deadline.wait([comm.Iallgatherv(np.array(ranks, np.int64), [gathered, counts])], comm, what)
+        ends = np.cumsum(counts)
+        return [gathered[end - count:end].tolist() for count, end in zip(counts, ends)]
 
     def remove(self, process_set: ProcessSet) -> bool:
         """Unregister ``process_set`` (every rank calls it, in the same order); False for the global set

@@ -107,7 +107,7 @@ class Runtime:
         self.kernel_ops = KernelOps()  # the user-defined MPI ops, shared by every set's and lane's transport
         world = self.comm.Dup()  # the world set's own: self.comm stays for add/remove_process_set
         self.sets = ProcessSetTable(self.comm, self._build_member,
-                                    self._build_member(world, list(range(self.size)), ""))
+                                    self._build_member(world, list(range(self.size)), ""), self.deadline)
         self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
 
     @staticmethod

@@ -1,5 +1,6 @@
 """Process sets (commlib.process_sets) on 1-4 real MPI ranks: collectives inside sets against numpy,
-sets beside the world, each set's own node layout, and the errors."""
+sets beside the world, each set's own node layout, and the errors; a rank that never adds a set is named
+within commlib's deadline."""
 
 import pytest
 
@@ -21,3 +22,9 @@ def test_process_sets_on_four_ranks(env):
 
 def test_half_type_mpi_ops_are_shared_between_sets_and_lanes():
     run_mpi(4, "process_sets_ops.py", timeout=240)
+
+
+def test_a_rank_that_never_adds_the_set_is_named_within_the_deadline():
+    # a lost peer ends the job at exit (MPI_Abort): the job fails, after rank 0 passed its case
+    run_mpi(2, "process_set_absent.py", env={"COMMLIB_TIMEOUT": "1"}, timeout=90, expect_fail=True, ranks=[0],
+            cases=["the_set_is_not_agreed_and_the_absent_rank_is_named"])
