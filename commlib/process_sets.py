@@ -141,7 +141,7 @@ class ProcessSetTable:
     ``add``/``remove``); ``build(comm, ranks, label)`` makes the (comm, topology, coordinator) of a set;
     ``deadline`` (the runtime's :class:`~commlib.transport.deadline.Deadline`) bounds ``add``'s agreement."""
 
-    def __init__(self, world_comm, build: Callable, world_member_parts, deadline=None):
+    def __init__(self, world_comm, build: Callable, world_member_parts, deadline):
         self._world = world_comm
         self._deadline = deadline
         self.world_rank = world_comm.Get_rank()
@@ -216,8 +216,6 @@ class ProcessSetTable:
         """Every rank's ``ranks``, gathered over the world. Bounded by commlib's deadline: a rank that never
         calls ``add_process_set`` is then an error naming it (PeerLostError), not a hang."""
         comm = self._world
-        if self._deadline is None:
-            return comm.allgather(ranks)
         what = "add_process_set's agreement on the set's ranks (every rank must call add_process_set)"
         counts = np.zeros(self.world_size, np.int64)
         self._deadline.wait([comm.Iallgather(np.array([len(ranks)], np.int64), counts)], comm, what)
