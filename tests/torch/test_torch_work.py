@@ -10,6 +10,8 @@
 - ``workers/torch_launch.py``: ``init_process_group("commlib")`` without importing commlib, under mpiexec (also
   with a summation server in the job) and under torchrun (no MPI launcher: the MPI world is built from
   torch's store).
+- ``workers/torch_torchrun_hosts.py``: one torchrun per emulated host; one node per host, and a large
+  all_reduce that crosses the shaped link.
 - ``workers/torch_link_cut.py`` on 2 emulated hosts: the link cut, every rank raises torch's
   ``DistBackendError`` within the process group's timeout, naming the lost rank.
 - In process: the rendezvous decision, Options, the backend known by name to a fresh interpreter, and
@@ -27,6 +29,8 @@ import time
 
 import pytest
 
+from commlib.testing import daemons
+from commlib.testing.cluster import MPI_ENV
 from mpirun import check_report, job_env, run_mpi, run_mpmd, worker_path
 from torch_jobs import CLUSTER_ENV
 
@@ -42,6 +46,8 @@ EARLY_S = TIMEOUT_S / 2
 EXIT_WITHIN_S = TIMEOUT_S + 60.0
 #: a second call fails at once with the recorded loss; one that waited again would take a whole timeout
 AGAIN_WITHIN_S = TIMEOUT_S
+#: the link between the hosts of the multi-node torchrun test
+LINK_MBIT = 100
 
 
 @pytest.mark.mpi
@@ -73,6 +79,31 @@ def test_init_process_group_under_torchrun(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     check_report(out, range(2), what="torchrun's job")
+
+
+@pytest.mark.cluster
+def test_torchrun_across_emulated_hosts(make_cluster, tmp_path):
+    """Multi-node torchrun (one per emulated host, a static rendezvous on host 0): commlib's world is one rank
+    per host, and its all_reduce crosses the shaped link."""
+    cluster = make_cluster([1, 1], rate=f"{LINK_MBIT}mbit")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    env = {k: v for k, v in job_env({**CLUSTER_ENV, **MPI_ENV}).items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    env["TMPDIR"] = str(tmp_path)
+    logs = [tmp_path / f"host{i}.log" for i in range(2)]
+    jobs = [daemons.start(host, [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(i),
+                                 "--master-addr", cluster.host_address(0), "--master-port", "29500",
+                                 str(worker_path("torch_torchrun_hosts.py")), "2", str(LINK_MBIT)], log, env)
+            for i, (host, log) in enumerate(zip(cluster.hosts, logs))]
+    try:
+        codes = [job.wait(timeout=180) for job in jobs]
+    finally:
+        for job in jobs:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+    out = "\n".join(log.read_text(errors="replace") for log in logs)
+    assert codes == [0, 0], out[-4000:]
+    check_report(out, range(2), what="torchrun's jobs on two hosts")
 
 
 @pytest.mark.cluster
