@@ -70,17 +70,19 @@ def mpi_threads_supported() -> bool:
 
 # ---- process sets --------------------------------------------------------------------------------------
 
-def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+def add_process_set(process_set: ProcessSet | Sequence[int], members_only: bool = False) -> ProcessSet:
     """Register a process set (a ProcessSet or a list of world ranks) and return it, with its
     ``process_set_id``. Collective: every rank calls it, with the same ranks, in the same order. Raises
     a ValueError (:class:`ProcessSetError`) for a set already registered or ranks that differ between
-    ranks."""
-    return _rt().add_process_set(process_set)
+    ranks. ``members_only=True``: only the set's ranks call it (in the same order among themselves), while
+    the others need not; its id comes from a separate space and is known to its members only
+    (docs/process_sets.md)."""
+    return _rt().add_process_set(process_set, members_only)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister ``process_set`` (every rank calls it); its pending operations fail. False for the
-    global set or a set that is not registered."""
+    """Unregister ``process_set`` (every rank calls it; for a members-only set, its ranks); its pending
+    operations fail. False for the global set or a set that is not registered."""
     return _rt().sets.remove(check_process_set(process_set, "remove_process_set"))
 
 

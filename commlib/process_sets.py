@@ -11,6 +11,17 @@ world ranks, as in Horovod; ``ProcessSet.rank()`` is the rank within the set.
 Dynamic process sets (Horovod's ``HOROVOD_DYNAMIC_PROCESS_SETS``) are always on: sets may be added and
 removed at any time after ``init()``; ``init(process_sets=[...])`` registers some at once. Ids are the
 smallest ids not in use, the same on every rank because every rank adds and removes in the same order.
+
+Members-only sets (``add_process_set(ranks, members_only=True)``) are registered by their own ranks alone,
+while the other ranks do something else (torch's ``new_group(..., use_local_synchronization=True)`` and
+``new_subgroups(group=...)``). The members exchange their ranks and next free id point to point on the world
+communicator, under the runtime's deadline (a member that never calls is a PeerLostError naming it), then
+make the set's communicator with ``MPI_Comm_create_group``, collective over the members only. Their ids come
+from a separate space, from :data:`MEMBERS_ONLY_IDS` up, so they never collide with the world's: the id is
+the largest of the members' next free ids (each member's is above every members-only id it has used), the
+same on every member; no one else knows it. Removing such a set, and shutting down, involve its members
+only; shutdown closes the sets in decreasing id order, which cannot wait in a cycle (two sets that share
+a rank have different ids).
 """
 
 from __future__ import annotations
@@ -23,6 +34,13 @@ import numpy as np
 from .coordinator.requests import AUTO_NAME_MARK
 from .errors import CommlibError, ProcessSetError
 
+#: the first id of members-only sets: world-agreed ids are the smallest free ones, far below
+MEMBERS_ONLY_IDS = 1 << 20
+#: the tag of the members' agreement messages on the world communicator (nothing else sends on it), and the
+#: tag of their MPI_Comm_create_group (another: it must not match an agreement message still to come)
+_AGREE_TAG = 31_415
+_CREATE_TAG = 31_416
+
 
 class ProcessSet:
     """A set of world ranks. Create it with a list of ranks (or an mpi4py communicator whose ranks are
@@ -34,6 +52,8 @@ class ProcessSet:
         if evens.included():
             total = cl.allreduce(x, op=cl.Sum, process_set=evens)
     """
+
+    members_only = False  # registered by its members alone (add_process_set(..., members_only=True))
 
     def __init__(self, ranks_or_comm):
         self.process_set_id: int | None = None
@@ -148,6 +168,7 @@ class ProcessSetTable:
         self.world_size = world_comm.Get_size()
         self._build = build
         self._sets: dict[int, ProcessSet] = {}
+        self._next_members_only = MEMBERS_ONLY_IDS  # above every members-only id this rank has used
         self._members: dict[int, Member] = {0: Member(0, list(range(self.world_size)), self.world_rank,
                                                       world_member_parts)}
 
@@ -181,12 +202,15 @@ class ProcessSetTable:
                 "only the set's ranks may call its collectives (check process_set.included())")
         return member
 
-    def add(self, process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-        """Register ``process_set`` (collective over the world: every rank, same ranks, same order)."""
+    def add(self, process_set: ProcessSet | Sequence[int], members_only: bool = False) -> ProcessSet:
+        """Register ``process_set`` (collective over the world: every rank, same ranks, same order; with
+        ``members_only``, over the set's ranks only: see the module docstring)."""
         if not isinstance(process_set, ProcessSet):
             process_set = ProcessSet(process_set)
         if process_set.process_set_id is not None:
             raise ProcessSetError(f"{process_set} is already registered")
+        if members_only:
+            return self._add_members_only(process_set)
         ranks = self._ranks_of(process_set)
         every = self._agree(ranks)  # also the point where every rank must be
         differing = {r: v for r, v in enumerate(every) if v != ranks}
@@ -197,13 +221,17 @@ class ProcessSetTable:
         if not ranks or ranks[-1] >= self.world_size:
             raise ProcessSetError(f"process set ranks {ranks} must be non-empty and below the world size "
                                   f"{self.world_size}")
-        if ranks == list(range(self.world_size)) or any(s.ranks == ranks for s in self._sets.values()):
+        agreed = {i: s for i, s in self._sets.items() if not s.members_only}  # the sets every rank has
+        if ranks == list(range(self.world_size)) or any(s.ranks == ranks for s in agreed.values()):
             raise ProcessSetError(f"Attempted to add a duplicate process set: a set with ranks {ranks} is "
                                   "already registered")
-        set_id = next(i for i in range(1, len(self._sets) + 2) if i not in self._sets)
+        set_id = next(i for i in range(1, len(agreed) + 2) if i not in agreed)
         included = self.world_rank in ranks
         comm = self._world.Split(0 if included else _undefined(), self.world_rank)
-        if included:
+        return self._register(process_set, set_id, ranks, comm if included else None)
+
+    def _register(self, process_set: ProcessSet, set_id: int, ranks: list[int], comm) -> ProcessSet:
+        if comm is not None:
             self._members[set_id] = Member(set_id, ranks, self.world_rank,
                                            self._build(comm, ranks, f"process set {set_id}"))
         process_set.ranks = ranks
@@ -211,6 +239,81 @@ class ProcessSetTable:
         process_set._table = self
         self._sets[set_id] = process_set
         return process_set
+
+    def _add_members_only(self, process_set: ProcessSet) -> ProcessSet:
+        """Register ``process_set`` among its own ranks only (every one of them calls it, the others need
+        not): agree on the ranks and the id point to point, then create the communicator over the members."""
+        from mpi4py import MPI
+
+        ranks = self._local_ranks_of(process_set)
+        if not ranks or ranks[-1] >= self.world_size:
+            raise ProcessSetError(f"process set ranks {ranks} must be non-empty and below the world size "
+                                  f"{self.world_size}")
+        if self.world_rank not in ranks:
+            raise ProcessSetError(
+                f"add_process_set(members_only=True): rank {self.world_rank} is not in {ranks}; only the set's "
+                "ranks call it (the others skip it), or register it on every rank without members_only")
+        every = self._agree_members(ranks)
+        differing = {r: v for r, (v, _) in every.items() if v != ranks}
+        if differing:
+            listing = ", ".join(f"rank {r}: {v}" for r, (v, _) in every.items())
+            raise ProcessSetError(f"add_process_set(members_only=True) was called with different ranks on the "
+                                  f"set's ranks ({listing}); each member must add the same sets in the same order")
+        set_id = max(next_id for _, next_id in every.values())
+        self._next_members_only = set_id + 1
+        world_group = self._world.Get_group()
+        group = world_group.Incl(ranks)
+        try:
+            comm = self._world.Create_group(group, _CREATE_TAG)
+        finally:
+            group.Free()
+            world_group.Free()
+        assert comm != MPI.COMM_NULL
+        process_set.members_only = True
+        return self._register(process_set, set_id, ranks, comm)
+
+    def _agree_members(self, ranks: list[int]) -> dict[int, tuple[list[int], int]]:
+        """Every member's (ranks, next free members-only id), this rank's included, exchanged point to point
+        with the other members of ``ranks``. Bounded by commlib's deadline: a member that never calls
+        ``add_process_set`` is then an error naming it (PeerLostError), not a hang."""
+        comm = self._world
+        what = ("add_process_set(members_only=True)'s agreement on the set's ranks (every rank of the set must "
+                "call it)")
+        mine = np.full(self.world_size + 2, -1, np.int64)
+        mine[0], mine[1] = len(ranks), self._next_members_only
+        mine[2:2 + len(ranks)] = ranks
+        peers = [r for r in ranks if r != self.world_rank]
+        theirs = {peer: np.empty_like(mine) for peer in peers}
+        receives = [comm.Irecv(theirs[peer], peer, _AGREE_TAG) for peer in peers]
+        sends = [comm.Isend(mine, peer, _AGREE_TAG) for peer in peers]
+        if peers:
+            self._deadline.wait(receives + sends, comm, what, peers=peers + peers)
+        every = {self.world_rank: (list(ranks), self._next_members_only)}
+        for peer, message in theirs.items():
+            count = int(message[0])
+            every[peer] = (message[2:2 + count].tolist(), int(message[1]))
+        return dict(sorted(every.items()))
+
+    def _local_ranks_of(self, process_set: ProcessSet) -> list[int]:
+        """The world ranks of a set given by its ranks or by a communicator this rank is in (no other rank
+        is asked: a members-only set's ranks all hold the communicator)."""
+        if process_set.ranks is not None:
+            return list(process_set.ranks)
+        from mpi4py import MPI
+
+        comm = process_set.mpi_comm
+        if comm == MPI.COMM_NULL:
+            raise ProcessSetError("add_process_set(members_only=True): this rank is not in the ProcessSet's "
+                                  "communicator; only the set's ranks call it")
+        group, world = comm.Get_group(), self._world.Get_group()
+        try:
+            translated = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world)
+        finally:
+            group.Free()
+            world.Free()
+        if any(t == MPI.UNDEFINED for t in translated):
+            raise ProcessSetError("the communicator of this ProcessSet has ranks outside commlib's world")
+        return sorted(translated)
 
     def _agree(self, ranks: list[int]) -> list[list[int]]:
         """Every rank's ``ranks``, gathered over the world. Bounded by commlib's deadline: a rank that never
@@ -225,8 +328,8 @@ class ProcessSetTable:
         return [gathered[end - count:end].tolist() for count, end in zip(counts, ends)]
 
     def remove(self, process_set: ProcessSet) -> bool:
-        """Unregister ``process_set`` (every rank calls it, in the same order); False for the global set
-        or a set that is not registered. Its pending operations fail."""
+        """Unregister ``process_set`` (every rank calls it, in the same order; for a members-only set, its
+        ranks); False for the global set or a set that is not registered. Its pending operations fail."""
         set_id = process_set.process_set_id
         if set_id in (None, 0) or self._sets.get(set_id) is not process_set:
             return False
@@ -236,6 +339,7 @@ class ProcessSetTable:
             member.close()
         process_set.process_set_id = None
         process_set._table = None
+        process_set.members_only = False
         return True
 
     def _ranks_of(self, process_set: ProcessSet) -> list[int]:
@@ -272,6 +376,7 @@ class ProcessSetTable:
         for process_set in self._sets.values():
             process_set.process_set_id = None
             process_set._table = None
+            process_set.members_only = False
         self._sets.clear()
         self._members.clear()
         if errors:

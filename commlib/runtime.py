@@ -148,11 +148,11 @@ class Runtime:
         """The world's coordinator."""
         return self.sets.world.coordinator
 
-    def add_process_set(self, process_set):
+    def add_process_set(self, process_set, members_only: bool = False):
         if not self.thread_multiple:
             raise ProcessSetError("process sets need MPI_THREAD_MULTIPLE (each set's coordinator calls MPI "
                                   "from its own thread); do not lower mpi4py.rc.thread_level")
-        return self.sets.add(process_set)
+        return self.sets.add(process_set, members_only)
 
     def start_timeline(self, path: str, mark_cycles: bool | None = None) -> None:
         self.stop_timeline()

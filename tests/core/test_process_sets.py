@@ -1,6 +1,7 @@
 """Process sets (commlib.process_sets) on 1-4 real MPI ranks: collectives inside sets against numpy,
 sets beside the world, each set's own node layout, and the errors; a rank that never adds a set is named
-within commlib's deadline."""
+within commlib's deadline; sets registered by their members alone (members_only), and a member that
+never registers one named within the deadline too."""
 
 import pytest
 
@@ -28,3 +29,12 @@ def test_a_rank_that_never_adds_the_set_is_named_within_the_deadline():
     # a lost peer ends the job at exit (MPI_Abort): the job fails, after rank 0 passed its case
     run_mpi(2, "process_set_absent.py", env={"COMMLIB_TIMEOUT": "1"}, timeout=90, expect_fail=True, ranks=[0],
             cases=["the_set_is_not_agreed_and_the_absent_rank_is_named"])
+
+
+def test_members_only_sets_made_by_their_ranks_alone():
+    run_mpi(4, "process_sets_members_only.py", timeout=240)
+
+
+def test_a_member_that_never_adds_the_members_only_set_is_named_within_the_deadline():
+    run_mpi(3, "process_set_members_absent.py", env={"COMMLIB_TIMEOUT": "1"}, timeout=90, expect_fail=True,
+            ranks=[0, 1], cases=["the_set_is_not_agreed_and_the_absent_member_is_named"])

@@ -6,7 +6,8 @@
   every rank after which the group still works, the error on the Work and its future, per-group options
   (fp16, an algorithm, a lossy compressor giving what commlib's own allreduce gives) and their errors, a
   send's future, sparse all_reduce (and DDP's sparse gradients) against the dense sum, a group's timeout
-  bounding a synchronous call that no peer joins.
+  bounding a synchronous call that no peer joins, groups made by their members alone (``new_subgroups(group=...)``,
+  ``new_group(..., use_local_synchronization=True)``) giving gloo's results.
 - ``workers/torch_launch.py``: ``init_process_group("commlib")`` without importing commlib, under mpiexec (also
   with a summation server in the job) and under torchrun (no MPI launcher: the MPI world is built from
   torch's store).

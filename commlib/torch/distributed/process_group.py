@@ -1,7 +1,9 @@
 """``ProcessGroupCommlib``: every c10d call of a torch process group as commlib requests.
 
 The default group is commlib's world; ``new_group(ranks)`` (every rank calls it, as c10d requires) registers
-the ranks as a commlib process set, shared by every group with the same ranks. Each call becomes commlib
+the ranks as a commlib process set, shared by every group with the same ranks. Groups made by their members
+alone, ``new_group(ranks, use_local_synchronization=True)`` and ``new_subgroups(group_size, group=g)`` (called on
+g's ranks only), get commlib's members-only process sets, registered by those ranks alone. Each call becomes commlib
 requests on that set, and commlib's coordinator negotiates, fuses and runs them with the algorithm its
 ``auto`` chooses for the size and topology:
 
@@ -48,6 +50,7 @@ import collections
 import datetime
 import functools
 import queue
+import sys
 import threading
 from typing import Sequence
 
@@ -140,6 +143,7 @@ class ProcessGroupCommlib(ProcessGroup):
         # made now, by every rank of the group: a communicator's duplicate is collective, and a send involves two
         self._p2p = internals.point_to_point(process_set)
         self._sets = {}           # (world default group only) ranks -> commlib ProcessSet shared by subgroups
+        self._made = {}           # (world default group only) ranks -> groups made by their members so far
         self._closed = False
         self._group_name = prefix[2:-1]
         self._group_desc = "undefined"
@@ -587,41 +591,57 @@ class ProcessGroupCommlib(ProcessGroup):
     # ---- groups and lifetime ----------------------------------------------------------------------------
 
     def new_group(self, ranks, timeout=None, pg_options=None, group_name=None, group_desc=None):
-        """c10d's ``new_group`` on the default group (every rank calls it): the group's ranks as a commlib
-        process set (one per distinct set of ranks); None on ranks outside it."""
-        if not str(group_name).isdigit():
-            raise NotImplementedError(
-                "new_group(use_local_synchronization=True) is not supported by the commlib backend: its groups "
-                "are commlib process sets, which every rank registers; call new_group on every rank without it")
+        """c10d's ``new_group`` on the default group: the group's ranks as a commlib process set (one per
+        distinct set of ranks); None on ranks outside it. Who calls it decides how the set is registered
+        (:meth:`shared_set`): every rank (an ordinary ``new_group``), or the group's members alone."""
         options = options_of(pg_options)
         if options.settings:
             raise ConfigError("commlib backend Options: settings apply to the whole job: give them to the default "
                               "group's options (init_process_group), not to new_group")
         ranks = sorted(int(r) for r in ranks)
-        process_set = self.shared_set(ranks)
         me = cl.rank()
+        members_only = _made_by_members(group_name)
+        if members_only and me not in ranks:
+            return None  # new_subgroups(group=...): a subgroup of the parent's that this rank is not in
+        process_set = self.shared_set(ranks, members_only)
         if me not in ranks:
             return None
-        group = ProcessGroupCommlib(ranks.index(me), len(ranks), ranks, process_set, f"pg{group_name}.", options,
+        prefix = f"pg{group_name}."
+        if members_only:  # c10d's name for it counts groups this rank made, which members may not agree on
+            made = self._made.get(tuple(ranks), 0)
+            self._made[tuple(ranks)] = made + 1
+            prefix = f"pgm{made}."  # the set's own count: its members made every group of these ranks
+        group = ProcessGroupCommlib(ranks.index(me), len(ranks), ranks, process_set, prefix, options,
                                     shorter_than_commlib(seconds(timeout)))
         group._set_group_name(str(group_name))  # c10d sets these itself only on groups it creates
         group._set_group_desc(group_desc or "undefined")
         return group
 
-    def shared_set(self, ranks: list[int]):
+    def shared_set(self, ranks: list[int], members_only: bool = False):
         """The commlib process set of ``ranks`` (None: the world), registered once for every group with
         these ranks. Every rank calls it, in the same order and with the same ranks, as c10d's new_group
         requires: the ranks are agreed first, also where this rank has the set already, so that ranks which
-        disagree (subgroups made by their members alone) all get the error, none a hang."""
+        disagree all get the error, none a hang. ``members_only``: only the set's ranks call it (they agree
+        among themselves, under commlib's deadline); such sets are shared only with groups made the same way,
+        which the same ranks, and only they, made."""
         ranks = list(ranks)
+        if members_only:
+            if ranks == list(range(cl.size())):
+                return None
+            key = ("members", *ranks)
+            if key not in self._sets:
+                self._sets[key] = cl.add_process_set(ranks, members_only=True)
+            return self._sets[key]
         every = cl.allgather_object(ranks, name="commlib.torch.new_group")
         if any(theirs != ranks for theirs in every):
             listing = ", ".join(f"rank {r}: {theirs}" for r, theirs in enumerate(every))
             raise ProcessSetError(
                 f"new_group: the ranks called it with different ranks ({listing}). The commlib backend's groups "
-                "are created by every rank of the default group, with the same ranks in the same order; "
-                "new_subgroups(group=...) and new_subgroups_by_enumeration(..., group=...) create them on "
-                "their members only, which it does not support: create the subgroups from the default group")
+                "are created by every rank of the default group, with the same ranks in the same order, or by "
+                "their members alone with new_group(ranks, use_local_synchronization=True) or "
+                "new_subgroups(group_size, group=...); new_subgroups_by_enumeration called on some ranks only "
+                "is neither: call it on every rank, or new_group(..., use_local_synchronization=True) on the "
+                "members")
         if ranks == list(range(cl.size())):
             return None
         key = tuple(ranks)
@@ -787,6 +807,29 @@ def _scatter_into(data: np.ndarray, tensors: Sequence[torch.Tensor]) -> None:
     if offset != data.size:
         raise ValueError(f"received {data.size} bytes for outputs of {offset} bytes in all: the tensors' sizes "
                          "differ between ranks")
+
+
+def _made_by_members(group_name) -> bool:
+    """Whether this ``new_group`` is called by some ranks only (its members, or a parent group's ranks).
+
+    c10d hands a Python group's ``new_group`` the ranks but not who calls it. Two of its callers are known
+    to call on some ranks only: ``new_group(..., use_local_synchronization=True)``, on the members alone
+    (c10d then names the group by a hash of its ranks, where an ordinary group's name is a number), and
+    ``new_subgroups(group_size, group=g)``, on g's ranks alone (each calls ``new_group`` for every subgroup
+    of g; found here as the caller's frame, c10d's own ``new_subgroups``, with a ``group`` that is not the
+    whole world). Both get members-only process sets; everything else is an ordinary, world-wide one."""
+    if group_name is not None and not str(group_name).isdigit():
+        return True  # use_local_synchronization: the members alone (and only they reach here)
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "new_subgroups" and frame.f_globals.get("__name__") == dist.distributed_c10d.__name__:
+            group = frame.f_locals.get("group")
+            if group is None or group is dist.GroupMember.WORLD:
+                return False
+            return sorted(dist.get_process_group_ranks(group)) != list(range(cl.size()))
+        frame = frame.f_back
+    return False
 
 
 def options_of(options) -> Options:

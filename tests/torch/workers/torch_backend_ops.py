@@ -422,6 +422,55 @@ def subgroups():
                lambda: reduced([value(r, 5, torch.float32) for r in pair], "SUM"))
 
 
+def _calls_in(group, members: list[int]):
+    """all_reduce, broadcast (from the last member) and all_gather on ``group``, with their references."""
+    def run():
+        t = value(RANK, 9, torch.float32)
+        dist.all_reduce(t, group=group)
+        b = value(RANK, 4, torch.int64)
+        dist.broadcast(b, src=members[-1], group=group)
+        outs = [torch.empty(3) for _ in members]
+        dist.all_gather(outs, value(RANK, 3, torch.float32), group=group)
+        return [t, b, outs]
+
+    def expected():
+        return [reduced([value(r, 9, torch.float32) for r in members], "SUM"), value(members[-1], 4, torch.int64),
+                [value(r, 3, torch.float32) for r in members]]
+
+    return run, expected
+
+
+@spmd.case
+def subgroups_made_by_their_members():
+    """Groups whose creation only their members (or their parent group's ranks) call: new_subgroups(group=...)
+    on each half of the ranks (as PyTorch's test_new_subgroups_with_group_param), and
+    new_group(use_local_synchronization=True), made while the other ranks make their own."""
+    if SIZE == 1:
+        spmd.skip("needs 2 ranks")
+    # first: c10d names these by a hash of the ranks and of how many groups this rank has, which is the same on
+    # the members here (gloo meets its peers under that name), and not after the subgroups below
+    local = list(range(1, SIZE)) if SIZE > 2 else [1]
+    if RANK in local:
+        group = dist.new_group(local, use_local_synchronization=True)
+        record("new_group_local_synchronization", _calls_in(group, local)[0], _calls_in(group, local)[1])
+    else:
+        group = dist.new_group([RANK], use_local_synchronization=True)
+        record("new_group_local_synchronization", _calls_in(group, [RANK])[0], _calls_in(group, [RANK])[1])
+    halves = [list(range(0, SIZE, 2)), list(range(1, SIZE, 2))]
+    half, _ = dist.new_subgroups_by_enumeration(halves)
+    mine = halves[RANK % 2]
+    single, singles = dist.new_subgroups(group_size=1, group=half)  # on this half's ranks only
+    record("new_subgroups_of_a_group_size_1", lambda: [len(singles), single.size(),
+                                                       _calls_in(single, [RANK])[0]()],
+           lambda: [len(mine), 1, _calls_in(single, [RANK])[1]()])
+    # c10d names these groups by a count of each rank's own calls, and gloo meets its peers under that name:
+    # two halves' groups of several ranks would meet under the same name on gloo, so one half makes one
+    if RANK % 2 == 0:
+        whole, wholes = dist.new_subgroups(group_size=len(mine), group=half)
+        record("new_subgroups_of_a_group", lambda: [len(wholes), *_calls_in(whole, mine)[0]()],
+               lambda: [1, *_calls_in(whole, mine)[1]()])
+
+
 @spmd.case
 def save():
     dist.barrier()

@@ -281,22 +281,58 @@ def group_timeout_bounds_a_synchronous_call():
     check("group timeout", torch.all(t == SIZE), t)
 
 
+def _sum_broadcast_gather(group, members: list[int]) -> None:
+    """all_reduce, broadcast and all_gather on ``group`` give what gloo gives: the members' sum, the root's
+    tensor, every member's tensor in order (each member's input is a function of its rank)."""
+    t = torch.tensor([RANK + 1.0, 10.0 * RANK])
+    dist.all_reduce(t, group=group)
+    check("member-made group", t.tolist() == [sum(r + 1.0 for r in members), sum(10.0 * r for r in members)], t)
+    b = torch.full((3,), float(RANK))
+    dist.broadcast(b, src=members[-1], group=group)
+    check("member-made group", torch.all(b == members[-1]), b)
+    outs = [torch.empty(2) for _ in members]
+    dist.all_gather(outs, torch.tensor([RANK, -RANK], dtype=torch.float32), group=group)
+    check("member-made group", [o.tolist() for o in outs] == [[r, -r] for r in members], outs)
+    check("member-made group", group._set is None or group._set.members_only, group._set)  # commlib's own set
+
+
 @case
-def subgroups_made_by_their_members_are_refused():
-    """new_subgroups(group=...) creates groups on their members only (ranks 0 and 2 make [0] while rank 1
-    makes [1]): a clear error on every rank, after which the default group still works."""
+def subgroups_of_a_group_made_by_its_ranks():
+    """new_subgroups(group=...) is called by the group's ranks only (ranks 0 and 2 split [0, 2] while rank 1
+    splits [1], as PyTorch's test_new_subgroups_with_group_param): each subgroup is a commlib set made by its
+    members, whose collectives give gloo's results; the default group still works after."""
     if SIZE != 3:
         return
     current, _ = dist.new_subgroups_by_enumeration([[0, 2], [1]])
-    try:
-        dist.new_subgroups(group_size=1, group=current)
-    except ValueError as exc:
-        check("member-made subgroups", "new_subgroups(group=...)" in str(exc), exc)
-    else:
-        check("member-made subgroups", False, "accepted")
+    mine = [0, 2] if RANK != 1 else [1]
+    sub, subs = dist.new_subgroups(group_size=1, group=current)
+    check("new_subgroups(group=...)", len(subs) == len(mine) and sub.size() == 1, (subs, sub.size()))
+    check("new_subgroups(group=...)", dist.get_process_group_ranks(sub) == [RANK], dist.get_process_group_ranks(sub))
+    _sum_broadcast_gather(sub, [RANK])
+    if RANK != 1:
+        pair, pairs = dist.new_subgroups(group_size=2, group=current)  # rank 1 is not there: it goes on below
+        check("new_subgroups(group=...)", len(pairs) == 1 and dist.get_process_group_ranks(pair) == [0, 2], pairs)
+        _sum_broadcast_gather(pair, [0, 2])
     t = torch.ones(2)
     dist.all_reduce(t)
     check("member-made subgroups", torch.all(t == SIZE), t)
+
+
+@case
+def new_group_with_local_synchronization_is_made_by_its_members():
+    """new_group(ranks, use_local_synchronization=True) is called by the members only, here while rank 0
+    makes a group of its own: each runs its collectives on commlib with gloo's results; a second group of
+    the same ranks shares their set."""
+    if SIZE != 3:
+        return
+    members = [1, 2] if RANK else [0]
+    group = dist.new_group(members, use_local_synchronization=True)
+    _sum_broadcast_gather(group, members)
+    again = dist.new_group(members, use_local_synchronization=True)
+    _sum_broadcast_gather(again, members)
+    check("use_local_synchronization", again._set is group._set, (again._set, group._set))
+    everyone = dist.new_group(list(range(SIZE)), use_local_synchronization=True)
+    _sum_broadcast_gather(everyone, list(range(SIZE)))
 
 
 @spmd.case
