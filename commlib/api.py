@@ -23,6 +23,7 @@ from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
 from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
+from .lifecycle import _process  # the runtime, read without a call on the hot path
 from .lifecycle import (ABORT_GRACE_S, LOST_PEER_EXIT_STATUS, current, current_or_none,  # noqa: F401
                         global_process_set, init, is_initialized, shutdown)
 from .ops import Average, ReduceOp, Sum, as_op
@@ -474,13 +475,15 @@ def _allreduce(form: Form, tensor, op, name, prescale_factor, postscale_factor, 
             and process_set is None and not priority and type(prescale_factor) is float
             and type(postscale_factor) is float and (compression is Compression.none or compression is None)):
         # a training loop's repeated call: a request seen before (runtime.metas holds validated ones only)
-        runtime = _rt()
+        runtime = _process.runtime or _rt()  # (_rt raises the error that says to call init())
         output = tensor if form.in_place else np.array(tensor, copy=True, order="C")
         meta = runtime.metas.get((name, output.dtype, output.shape, op, prescale_factor, postscale_factor, 0))
-        if meta is not None and output.flags.c_contiguous and output.flags.writeable:
-            entry = Entry(meta, tensor, output, Handle(name))
-            coordinator = runtime.sets.world.coordinator
-            return coordinator.run(entry).result() if form.blocking else coordinator.submit(entry)
+        if meta is not None:
+            flags = output.flags
+            if flags.c_contiguous and flags.writeable:
+                entry = Entry(meta, tensor, output, Handle(name))
+                coordinator = runtime.world_coordinator
+                return coordinator.run(entry).result() if form.blocking else coordinator.submit(entry)
     return _finish(form, _allreduce_handle(tensor, form.in_place, op, name, prescale_factor, postscale_factor,
                                            algorithm, compression, wait=form.blocking, process_set=process_set,
                                            priority=priority))

@@ -109,6 +109,7 @@ class Runtime:
         self.sets = ProcessSetTable(self.comm, self._build_member,
                                     self._build_member(world, list(range(self.size)), ""), self.deadline)
         self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
+        self.world_coordinator = self.sets.world.coordinator  # (the world's set is built once, above)
 
     @staticmethod
     def _thread_multiple(config: Config) -> bool:
