@@ -481,11 +481,12 @@ class Coordinator(Lifecycle):
 
     def _release(self, response: Response, entry: Entry) -> None:
         """What :meth:`_finish` does for one host tensor's response that ran without error (the lone
-        path's): release its name."""
+        path's): release its name. Without the lock: while the name is in flight no other thread can
+        register or release it, and each dict operation is atomic."""
         name = response.metas[0].name
-        with self._names:
-            if self._in_flight.get(name) is entry:
-                del self._in_flight[name]
+        in_flight = self._in_flight
+        if in_flight.get(name) is entry:
+            del in_flight[name]
 
     def _finish_join(self, last_joined: int, error: str = "") -> None:
         with self._names:
