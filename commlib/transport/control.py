@@ -142,9 +142,14 @@ class ControlChannel:
                     received.append((source, int.from_bytes(small[1:count], "little")))
                     continue
                 message = _PICKLE.loads(small[:count])
-            else:  # the first message from ``source`` on this tag: the one probed
-                msg = comm.improbe(source, _TAG)
-                message = self.deadline.wait_object(msg.irecv(), comm, "a coordinator message", (source,))
+            else:  # the first message from ``source`` on this tag: the one probed, received under the deadline
+                data = bytearray(count)
+                request = comm.improbe(source, _TAG).Irecv([data, _BYTE])
+                self.deadline.wait_quietly(request, comm, "a coordinator message", (source,))
+                if data[0] == _RAW_INT:  # a bit vector of more than _SMALL bytes (high cache ids)
+                    received.append((source, int.from_bytes(data[1:], "little")))
+                    continue
+                message = _PICKLE.loads(data)
             kind = type(message)
             if kind is _Notice:
                 self.notices.append((source, message.text, message.lost))

@@ -106,14 +106,11 @@ class Deadline:
                 return
         self._poll(lambda: _testall(requests), requests, comm, what, peers)
 
-    def wait_object(self, request: "MPI.Request", comm: "MPI.Comm", what: str, peers: Sequence[int]):
-        """:meth:`wait` for one request of mpi4py's object interface (``isend``, ``Message.irecv``);
-        returns its object. Polled with ``Get_status``, which leaves the request for ``wait`` to decode."""
-        done, obj = request.test()
-        if done:
-            return obj
-        self._poll(request.Get_status, [request], comm, what, peers, watch=False)  # the watch reads this channel
-        return request.wait()
+    def wait_quietly(self, request: "MPI.Request", comm: "MPI.Comm", what: str, peers: Sequence[int]) -> None:
+        """:meth:`wait` for one request without the ``watch`` hook: for the control channel's own
+        receives (the watch reads that channel)."""
+        if not request.Test():
+            self._poll(request.Test, [request], comm, what, peers, watch=False)
 
     def _poll(self, done: Callable[[], bool], requests: list, comm: "MPI.Comm", what: str,
               peers: Sequence[int] | None, watch: bool = True) -> None:
