@@ -23,7 +23,6 @@ from .coordinator.requests import Entry, Handle, Kind, Meta
 from . import validation
 from .dtypes import BY_NUMPY, dtype_name
 from .errors import CommlibError
-from .lifecycle import _process  # the runtime, read without a call on the hot path
 from .lifecycle import (ABORT_GRACE_S, LOST_PEER_EXIT_STATUS, current, current_or_none,  # noqa: F401
                         global_process_set, init, is_initialized, shutdown)
 from .ops import Average, ReduceOp, Sum, as_op
@@ -475,7 +474,7 @@ def _allreduce(form: Form, tensor, op, name, prescale_factor, postscale_factor, 
             and process_set is None and not priority and type(prescale_factor) is float
             and type(postscale_factor) is float and (compression is Compression.none or compression is None)):
         # a training loop's repeated call: a request seen before (runtime.metas holds validated ones only)
-        runtime = _process.runtime or _rt()  # (_rt raises the error that says to call init())
+        runtime = _rt()
         output = tensor if form.in_place else np.array(tensor, copy=True, order="C")
         meta = runtime.metas.get((name, output.dtype, output.shape, op, prescale_factor, postscale_factor, 0))
         if meta is not None:

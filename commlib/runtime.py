@@ -59,6 +59,7 @@ class Runtime:
     sets: ProcessSetTable          # the registered process sets; ``sets.world`` is the world's member
     world_context: AlgorithmContext  # the world's first lane's context (push_pull asks its cost model)
     metas: BoundedCache            # request metadata by call signature (the hot path's cache)
+    world_coordinator: Coordinator  # ``sets.world.coordinator``, read by the hot path without the property
 
     def __init__(self, comm: "MPI.Comm | None" = None, layouts: "dict[int, discovery.Job] | None" = None,
                  **settings):
