@@ -479,10 +479,12 @@ def _allreduce(form: Form, tensor, op, name, prescale_factor, postscale_factor, 
         runtime = _rt()
         output = tensor if form.in_place else np.array(tensor, copy=True, order="C")
         meta = runtime.metas.get((name, output.dtype, output.shape, op, prescale_factor, postscale_factor, 0))
-        if meta is not None and output.flags.c_contiguous and output.flags.writeable:
-            entry = Entry(meta, tensor, output, Handle(name))
-            coordinator = runtime.sets.world.coordinator
-            return coordinator.run(entry).result() if form.blocking else coordinator.submit(entry)
+        if meta is not None:
+            flags = output.flags
+            if flags.c_contiguous and flags.writeable:
+                entry = Entry(meta, tensor, output, Handle(name))
+                coordinator = runtime.world_coordinator
+                return coordinator.run(entry).result() if form.blocking else coordinator.submit(entry)
     return _finish(form, _allreduce_handle(tensor, form.in_place, op, name, prescale_factor, postscale_factor,
                                            algorithm, compression, wait=form.blocking, process_set=process_set,
                                            priority=priority))

@@ -95,8 +95,8 @@ STAGES = ("request made", "round posted", "round decided", "handed to lane", "MP
 
 def stages(comm, calls: int) -> dict:
     """Median time from the call's start to each stage on this rank (us), stamping public steps."""
-    from commlib.coordinator import execution, negotiation, requests, rounds
-    from commlib.transport import mpi as mpi_transport
+    from commlib.coordinator import execution, negotiation, requests
+    from commlib.transport import control, mpi as mpi_transport
 
     stamps: dict[str, int] = {}
     clock = time.perf_counter_ns
@@ -125,7 +125,7 @@ def stages(comm, calls: int) -> dict:
 
     native = mpi_transport.MPITransport.native_allreducer
     undo = [wrap(requests.Entry, "__init__", "request made", after=True),
-            wrap(rounds.Rounds, "contribute", "round posted", after=True),
+            wrap(control.ControlChannel, "post_all", "round posted", after=True),
             wrap(negotiation.ReadyTable, "decide_alone", "round decided", after=True),
             wrap(execution.LaneSet, "run", "handed to lane"),
             wrap(execution.LaneSet, "run_one", "handed to lane"),  # the lone path's

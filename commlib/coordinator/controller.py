@@ -71,6 +71,7 @@ log = logging.getLogger("commlib")
 
 _CATCH_UP_READS = 20       # reads, 5 ms apart, after a long absence (see Coordinator._catch_up)
 _JOIN = Kind.JOIN          # a global: an enum member costs an attribute lookup on the hot path
+_monotonic = time.monotonic
 
 
 class Coordinator(Lifecycle):
@@ -86,7 +87,7 @@ class Coordinator(Lifecycle):
         self._timeline = timeline
         self._world_ranks = list(world_ranks) if world_ranks is not None else list(range(self.size))
         self._label = label
-        self._lanes = LaneSet(lanes, self._finish)
+        self._lanes = LaneSet(lanes, self._finish, self._release)
         self._engine = lanes[0].engine  # reduces eager tensors (kernels only: safe beside a lane's thread)
         self._table = ReadyTable(self.size, config.cache_capacity, self._world_ranks)
         relayed = self.size > config.direct_max_ranks
@@ -111,6 +112,7 @@ class Coordinator(Lifecycle):
         self._lost_in_lane: PeerLostError | None = None  # a lane's transfer timed out: fail in the cycle
         self._closed = False
         self._queue = PriorityQueue(config.priority_partition_bytes, config.priority_credit_bytes, self._finish)
+        self._queued = self._queue.pending  # the queue's list itself: run() tests it without a call
         self._progress = Progress(self, config.cycle_time_ms / 1e3, gather_s=gather_limit_s(self._engine.topology))
         if not label and not self._lanes.threaded:  # the world's; a lane thread must not read the channel
             channel.deadline.watch = self.watch
@@ -159,7 +161,7 @@ class Coordinator(Lifecycle):
         whenever the round brings anything else) the general cycle runs it, driven by this thread too:
         registered as a waiter first, the background thread leaves the cycle to it."""
         progress = self._progress
-        if not (self._in_flight or self._incoming or self._extra or self._queue or self._undecided
+        if not (self._in_flight or self._incoming or self._extra or self._queued or self._undecided
                 or self._timeline is not None or self._failure is not None or self._closed) and progress.hold():
             # this rank has nothing else under way here, no timeline to write, no failure to report
             try:
@@ -184,24 +186,39 @@ class Coordinator(Lifecycle):
         the general path's."""
         meta = entry.meta
         rounds = self._rounds
+        channel = self._channel
         hit = -1
-        if not (meta.priority or rounds.sent != rounds.completed or rounds.owed() or self._channel.notices):
+        if not (meta.priority or rounds.sent != rounds.completed or rounds.owed() or channel.notices):
             hit = self._table.cache_id(meta)
         if hit < 0 or self._eager.applies(meta):
             self.submit(entry, drive=True)
             return False
-        self._register(entry)
+        # _register, inline (run() found this coordinator neither failed nor closed)
+        if channel.deadline.lost is not None:
+            self.check_usable()
+        name = meta.name
+        in_flight = self._in_flight
+        with self._names:
+            taken = name in in_flight  # another thread's, submitted since run() looked
+            if not taken:
+                in_flight[name] = entry
+        if taken:
+            self._register(entry)  # raises the general path's InFlightError (registers, if released since)
+        else:
+            entry.handle.owner = self
+            self.submitted += 1
         try:
-            now = time.monotonic()
+            now = _monotonic()
             if now - self._last_cycle > self._away_s:
                 self._catch_up()
             self._last_cycle = now
             message = 1 << hit
-            rounds.contribute(message)
-            if rounds.blocked() and not reply_arrived(rounds):
-                self._undecided.add(meta.name)
-                return False
-            messages = rounds.next_complete()
+            messages = rounds.exchange(message, REPLY_POLLS)
+            if messages is None:
+                if not reply_arrived(rounds):
+                    self._undecided.add(meta.name)
+                    return False
+                messages = rounds.next_complete()
             response = None if self._channel.notices else self._table.decide_alone(hit, message, messages)
             if response is None:  # the round brought more: the general path decides it, as the cycle would
                 self._undecided.add(meta.name)
@@ -461,6 +478,15 @@ class Coordinator(Lifecycle):
             for entry in entries:
                 if entry is not None:
                     entry.handle.set_error(error)
+
+    def _release(self, response: Response, entry: Entry) -> None:
+        """What :meth:`_finish` does for one host tensor's response that ran without error (the lone
+        path's): release its name. Without the lock: while the name is in flight no other thread can
+        register or release it, and each dict operation is atomic."""
+        name = response.metas[0].name
+        in_flight = self._in_flight
+        if in_flight.get(name) is entry:
+            del in_flight[name]
 
     def _finish_join(self, last_joined: int, error: str = "") -> None:
         with self._names:

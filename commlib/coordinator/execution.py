@@ -228,9 +228,11 @@ class _Span:
 class LaneSet:
     """Runs responses on lanes: inline with one lane, on one thread per lane otherwise."""
 
-    def __init__(self, lanes: list[Lane], finish: Finish):
+    def __init__(self, lanes: list[Lane], finish: Finish, release: Callable[[Response, Entry], None] | None = None):
         self.lanes = lanes
         self._finish = finish
+        # what finish does for run_one's tensor when it succeeded (release its name), without the generality
+        self._release = release or (lambda response, entry: finish(response, [entry], None))
         self._sequence = 0
         self._ran = [0] * len(lanes)  # responses each lane has run (each counter written by one thread)
         self._queues: list[queue.SimpleQueue] = []
@@ -274,7 +276,7 @@ class LaneSet:
         except BaseException as exc:  # reported on the handle, and to the coordinator
             self._finish(response, [entry], exc)
         else:
-            self._finish(response, [entry], None)
+            self._release(response, entry)
 
     def _execute(self, lane: Lane, response: Response, entries: list[Entry | None],
                  queued_at: float = 0.0) -> None:

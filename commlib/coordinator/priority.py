@@ -94,6 +94,7 @@ class PriorityQueue:
         self.credit_bytes = max(1, int(credit_bytes))
         self._finish = finish
         self._heap: list = []  # (-priority, sequence, nbytes, response, entries)
+        self.pending = self._heap  # the same list, never replaced: empty while nothing waits (for hot paths)
         self._sequence = 0
         self._part_metas: dict = {}  # (meta, index, parts) -> the partition's Meta (one object per partition)
 

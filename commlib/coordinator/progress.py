@@ -19,6 +19,7 @@ import time
 from .backoff import YIELD_S, Backoff, yield_core
 
 REPLY_POLLS = 16          # reads of the channel right after contributing, before the next cycle
+_get_ident = threading.get_ident
 IDLE_POLL_S = 0.05        # how often an idle rank still reads control messages
 GATHER_S = 0.01           # the longest a whole burst is gathered (gather_limit_s)
 
@@ -98,10 +99,10 @@ class Progress:
     def hold(self) -> bool:
         """Take the cycle if no thread runs it (True), as a waiter: a synchronous call with nothing else
         under way runs its request itself (:meth:`Coordinator._run_alone`); :meth:`let_go` gives it back."""
-        if not self.lock.acquire(blocking=False):
+        if not self.lock.acquire(False):
             return False
         self._waiters.append(None)
-        self.holder = threading.get_ident()
+        self.holder = _get_ident()
         return True
 
     def let_go(self) -> None:

@@ -67,6 +67,38 @@ class Rounds:
         if last:
             self._active.remove(self.rank)
 
+    def exchange(self, message: int, polls: int) -> list[tuple[int, Any]] | None:
+        """:meth:`contribute` ``message``, then read the channel up to ``polls`` times until the round is
+        complete: its messages, as :meth:`next_complete` returns them, or None while it is not. The lone
+        path's round (:meth:`Coordinator._run_alone`), in one frame: its reads are most of a small call's
+        negotiation."""
+        peers = self._peers
+        if peers:
+            self._channel.post_all(peers, message)
+        inbox = self._inbox
+        inbox[self.rank].append(message)
+        self.sent += 1
+        active = self._active
+        receive = self._channel.receive_all
+        polled = 0
+        while True:
+            for r in active:
+                if not inbox[r]:
+                    break
+            else:  # every rank's message is in (and some rank takes part: this one)
+                self.completed += 1
+                return [(r, inbox[r].popleft()) for r in active]
+            if polled == polls:
+                return None
+            polled += 1
+            for source, received in receive():
+                if source in active:  # as receive(): a message of a rank that has left counts for nothing
+                    box = inbox[source]
+                    box.append(received)
+                    started = self.completed + len(box)
+                    if started > self._highest:
+                        self._highest = started
+
     def owed(self) -> bool:
         """True while another rank has started a round that this rank has not contributed to."""
         return self._highest > self.sent
@@ -141,6 +173,13 @@ class RelayedRounds(Rounds):
                 self._started(self.sent)
         if last:
             self._active.remove(self.rank)
+
+    def exchange(self, message: int, polls: int) -> list[tuple[int, Any]] | None:
+        self.contribute(message)
+        for _ in range(polls):
+            if not self.blocked() or (self.receive() and not self.blocked()):
+                return self.next_complete()
+        return None
 
     def _take(self, source: int, message: Any) -> None:
         if not self._relaying:

@@ -20,6 +20,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from ..cache import BoundedCache
 from .deadline import Deadline
 
 _TAG = 7
@@ -35,6 +36,8 @@ _SMALL = 256
 
 
 _ANY = MPI.ANY_SOURCE
+_BYTE = MPI.BYTE
+_KEEP, _KEEP_BELOW = 256, 1 << 64  # encoded messages kept: at most this many, of ints below this
 
 
 class _Notice:
@@ -68,6 +71,8 @@ class ControlChannel:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self._sends: list[MPI.Request] = []
+        self._isend, self._iprobe = comm.Isend, comm.Iprobe
+        self._encoded = BoundedCache(_KEEP)  # bare-int message -> its buffer spec (the lone path's bits recur)
         self._held: list = []   # per send: the pickled bytes it reads from (post_all), or None
         self._status = MPI.Status()
         self._small = bytearray(_SMALL)  # receives messages of up to _SMALL bytes (receive_all)
@@ -97,16 +102,19 @@ class ControlChannel:
         if self.quiet_after_loss and self.deadline.lost is not None:
             return
         if type(message) is int and message >= 0:
-            data = b"\x00" + message.to_bytes((message.bit_length() + 7) // 8, "little")
+            spec = self._encoded.get(message)
+            if spec is None:
+                data = b"\x00" + message.to_bytes((message.bit_length() + 7) // 8, "little")
+                spec = self._encoded.put(message, [data, _BYTE]) if message < _KEEP_BELOW else [data, _BYTE]
         else:
-            data = _PICKLE.dumps(message)
-        send, spec = self._comm.Isend, [data, MPI.BYTE]
+            spec = [_PICKLE.dumps(message), _BYTE]
+        send, sends, unreachable = self._isend, self._sends, self.unreachable
         for dest in dests:
-            if dest in self.unreachable:
+            if dest in unreachable:
                 continue
-            self._sends.append(send(spec, dest, _TAG))
-            self._held.append(data)  # the buffer must outlive the send
-        if len(self._sends) > 64:
+            sends.append(send(spec, dest, _TAG))
+            self._held.append(spec)  # the buffer must outlive the send
+        if len(sends) > 64:
             self._reap()
 
     def post_notice(self, dest: int, text: str, lost: tuple = ()) -> None:
@@ -122,19 +130,26 @@ class ControlChannel:
         """Every round message that has arrived, as (source, message), in arrival order per source
         (notices and goodbyes are kept aside)."""
         received = []
-        status, comm, small = self._status, self._comm, self._small
+        status, comm, small, iprobe = self._status, self._comm, self._small, self._iprobe
         while True:
-            if not comm.Iprobe(_ANY, _TAG, status):
+            if not iprobe(_ANY, _TAG, status):
                 return received
             source = status.Get_source()
-            count = status.Get_count(MPI.BYTE)
+            count = status.Get_count(_BYTE)
             if count <= _SMALL:  # probed, and small enough to have come with its envelope
-                comm.Recv([small, count, MPI.BYTE], source, _TAG)
-                message = (int.from_bytes(small[1:count], "little") if small[0] == _RAW_INT
-                           else _PICKLE.loads(small[:count]))
-            else:  # the first message from ``source`` on this tag: the one probed
-                msg = comm.improbe(source, _TAG)
-                message = self.deadline.wait_object(msg.irecv(), comm, "a coordinator message", (source,))
+                comm.Recv([small, count, _BYTE], source, _TAG)
+                if small[0] == _RAW_INT:  # a bare int: a round message
+                    received.append((source, int.from_bytes(small[1:count], "little")))
+                    continue
+                message = _PICKLE.loads(small[:count])
+            else:  # the first message from ``source`` on this tag: the one probed, received under the deadline
+                data = bytearray(count)
+                request = comm.improbe(source, _TAG).Irecv([data, _BYTE])
+                self.deadline.wait_quietly(request, comm, "a coordinator message", (source,))
+                if data[0] == _RAW_INT:  # a bit vector of more than _SMALL bytes (high cache ids)
+                    received.append((source, int.from_bytes(data[1:], "little")))
+                    continue
+                message = _PICKLE.loads(data)
             kind = type(message)
             if kind is _Notice:
                 self.notices.append((source, message.text, message.lost))
