@@ -305,6 +305,12 @@ class ProcessSetTable:
         if comm == MPI.COMM_NULL:
             raise ProcessSetError("add_process_set(members_only=True): this rank is not in the ProcessSet's "
                                   "communicator; only the set's ranks call it")
+        return self._world_ranks_of(comm)
+
+    def _world_ranks_of(self, comm) -> list[int]:
+        """The world ranks of ``comm``'s ranks (this rank is in ``comm``), sorted."""
+        from mpi4py import MPI
+
         group, world = comm.Get_group(), self._world.Get_group()
         try:
             translated = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world)
@@ -348,17 +354,7 @@ class ProcessSetTable:
         comm = process_set.mpi_comm  # translate the communicator's ranks into world ranks, on every rank
         from mpi4py import MPI
 
-        mine = -1
-        if comm != MPI.COMM_NULL:
-            group, world = comm.Get_group(), self._world.Get_group()
-            try:
-                translated = MPI.Group.Translate_ranks(group, list(range(comm.Get_size())), world)
-            finally:
-                group.Free()
-                world.Free()
-            if any(t == MPI.UNDEFINED for t in translated):
-                raise ProcessSetError("the communicator of this ProcessSet has ranks outside commlib's world")
-            mine = sorted(translated)
+        mine = self._world_ranks_of(comm) if comm != MPI.COMM_NULL else -1
         # ranks outside the communicator learn its ranks from those inside
         found = [r for r in self._world.allgather(mine) if r != -1]
         if not found or any(r != found[0] for r in found):
