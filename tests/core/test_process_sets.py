@@ -36,5 +36,5 @@ def test_members_only_sets_made_by_their_ranks_alone():
 
 
 def test_a_member_that_never_adds_the_members_only_set_is_named_within_the_deadline():
-    run_mpi(3, "process_set_members_absent.py", env={"COMMLIB_TIMEOUT": "1"}, timeout=90, expect_fail=True,
-            ranks=[0, 1], cases=["the_set_is_not_agreed_and_the_absent_member_is_named"])
+    run_mpi(3, "process_set_absent.py", "members_only", env={"COMMLIB_TIMEOUT": "1"}, timeout=90, expect_fail=True,
+            ranks=[0, 1], cases=["the_set_is_not_agreed_and_the_absent_rank_is_named"])
