@@ -400,21 +400,8 @@ def subgroups():
     group = dist.new_group(members)
     again = dist.new_group(members)  # a second group of the same ranks: its own calls, commlib's set shared
     if RANK in members:
-        def in_group(g):
-            t = value(RANK, 9, torch.float32)
-            dist.all_reduce(t, group=g)
-            b = value(RANK, 4, torch.int64)
-            dist.broadcast(b, src=members[-1], group=g)
-            outs = [torch.empty(3) for _ in members]
-            dist.all_gather(outs, value(RANK, 3, torch.float32), group=g)
-            return [t, b, outs]
-
-        def in_group_expected():
-            return [reduced([value(r, 9, torch.float32) for r in members], "SUM"), value(members[-1], 4, torch.int64),
-                    [value(r, 3, torch.float32) for r in members]]
-
-        record("subgroup", lambda: in_group(group), in_group_expected)
-        record("subgroup_same_ranks", lambda: in_group(again), in_group_expected)
+        record("subgroup", *_calls_in(group, members))
+        record("subgroup_same_ranks", *_calls_in(again, members))
     if SIZE % 2 == 0:
         mine, _ = dist.new_subgroups(group_size=2)
         pair = [RANK - RANK % 2, RANK - RANK % 2 + 1]
@@ -452,10 +439,10 @@ def subgroups_made_by_their_members():
     local = list(range(1, SIZE)) if SIZE > 2 else [1]
     if RANK in local:
         group = dist.new_group(local, use_local_synchronization=True)
-        record("new_group_local_synchronization", _calls_in(group, local)[0], _calls_in(group, local)[1])
+        record("new_group_local_synchronization", *_calls_in(group, local))
     else:
         group = dist.new_group([RANK], use_local_synchronization=True)
-        record("new_group_local_synchronization", _calls_in(group, [RANK])[0], _calls_in(group, [RANK])[1])
+        record("new_group_local_synchronization", *_calls_in(group, [RANK]))
     halves = [list(range(0, SIZE, 2)), list(range(1, SIZE, 2))]
     half, _ = dist.new_subgroups_by_enumeration(halves)
     mine = halves[RANK % 2]
