@@ -483,7 +483,7 @@ def _allreduce(form: Form, tensor, op, name, prescale_factor, postscale_factor, 
             flags = output.flags
             if flags.c_contiguous and flags.writeable:
                 entry = Entry(meta, tensor, output, Handle(name))
-                coordinator = runtime.world_coordinator
+                coordinator = runtime.coordinator
                 return coordinator.run(entry).result() if form.blocking else coordinator.submit(entry)
     return _finish(form, _allreduce_handle(tensor, form.in_place, op, name, prescale_factor, postscale_factor,
                                            algorithm, compression, wait=form.blocking, process_set=process_set,

@@ -59,7 +59,7 @@ class Runtime:
     sets: ProcessSetTable          # the registered process sets; ``sets.world`` is the world's member
     world_context: AlgorithmContext  # the world's first lane's context (push_pull asks its cost model)
     metas: BoundedCache            # request metadata by call signature (the hot path's cache)
-    world_coordinator: Coordinator  # ``sets.world.coordinator``, read by the hot path without the property
+    coordinator: Coordinator       # the world's (``sets.world.coordinator``; an attribute: the hot path reads it)
 
     def __init__(self, comm: "MPI.Comm | None" = None, layouts: "dict[int, discovery.Job] | None" = None,
                  **settings):
@@ -110,7 +110,7 @@ class Runtime:
         self.sets = ProcessSetTable(self.comm, self._build_member,
                                     self._build_member(world, list(range(self.size)), ""), self.deadline)
         self.metas = BoundedCache(4 * self.config.cache_capacity)  # request metadata by call signature
-        self.world_coordinator = self.sets.world.coordinator  # (the world's set is built once, above)
+        self.coordinator = self.sets.world.coordinator  # (the world's set is built once, above)
 
     @staticmethod
     def _thread_multiple(config: Config) -> bool:
@@ -144,11 +144,6 @@ class Runtime:
         coordinator = Coordinator(ControlChannel(comm.Dup(), self.deadline), lanes, self.config, self.timeline,
                                   world_ranks=ranks, label=label)
         return comm, topology, coordinator
-
-    @property
-    def coordinator(self) -> Coordinator:
-        """The world's coordinator."""
-        return self.sets.world.coordinator
 
     def add_process_set(self, process_set, members_only: bool = False):
         if not self.thread_multiple:

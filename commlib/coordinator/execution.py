@@ -228,11 +228,10 @@ class _Span:
 class LaneSet:
     """Runs responses on lanes: inline with one lane, on one thread per lane otherwise."""
 
-    def __init__(self, lanes: list[Lane], finish: Finish, release: Callable[[Response, Entry], None] | None = None):
+    def __init__(self, lanes: list[Lane], finish: Finish, release: Callable[[Response, Entry], None]):
         self.lanes = lanes
         self._finish = finish
-        # what finish does for run_one's tensor when it succeeded (release its name), without the generality
-        self._release = release or (lambda response, entry: finish(response, [entry], None))
+        self._release = release  # what finish does for run_one's tensor when it succeeded: release its name
         self._sequence = 0
         self._ran = [0] * len(lanes)  # responses each lane has run (each counter written by one thread)
         self._queues: list[queue.SimpleQueue] = []
