@@ -193,20 +193,7 @@ class Coordinator(Lifecycle):
         if hit < 0 or self._eager.applies(meta):
             self.submit(entry, drive=True)
             return False
-        # _register, inline (run() found this coordinator neither failed nor closed)
-        if channel.deadline.lost is not None:
-            self.check_usable()
-        name = meta.name
-        in_flight = self._in_flight
-        with self._names:
-            taken = name in in_flight  # another thread's, submitted since run() looked
-            if not taken:
-                in_flight[name] = entry
-        if taken:
-            self._register(entry)  # raises the general path's InFlightError (registers, if released since)
-        else:
-            entry.handle.owner = self
-            self.submitted += 1
+        self._register(entry)
         try:
             now = _monotonic()
             if now - self._last_cycle > self._away_s:
