@@ -246,6 +246,8 @@ class Coordinator(Lifecycle):
     def cycle(self) -> bool:
         """One pass: contribute new requests, read messages, answer rounds others started, and decide
         and execute every complete round. True if any progress was made."""
+        if self._channel.deadline.lost is not None:  # another set of this rank, or a transfer, lost a peer:
+            raise self._channel.deadline.lost       # this set fails too and tells its peers (Lifecycle.fail)
         rounds = self._rounds
         busy = False
         timeline = self._timeline

@@ -31,6 +31,13 @@ def test_a_rank_that_never_adds_the_set_is_named_within_the_deadline():
             cases=["the_set_is_not_agreed_and_the_absent_rank_is_named"])
 
 
+def test_a_peer_lost_in_the_world_ends_a_wait_in_another_set(tmp_path):
+    # rank 0 waits in a set with rank 1, which loses rank 2 in a world allreduce: rank 0 fails at once,
+    # naming rank 2 (not when rank 1 exits much later)
+    run_mpi(3, "process_set_loss_elsewhere.py", str(tmp_path), env={"COMMLIB_TIMEOUT": "1"}, timeout=120,
+            expect_fail=True, ranks=[0, 1], cases=["a_loss_in_the_world_fails_the_wait_in_the_pair"])
+
+
 def test_members_only_sets_made_by_their_ranks_alone():
     run_mpi(4, "process_sets_members_only.py", timeout=240)
 
