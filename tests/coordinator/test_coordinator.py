@@ -210,8 +210,9 @@ def test_a_rank_that_dies_of_an_exception_fails_the_others():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
-def test_stall_shutdown_without_the_silent_rank(env):
-    env = {**env, "COMMLIB_STALL_CHECK_TIME": "1", "COMMLIB_STALL_SHUTDOWN_TIME": "2"}
+def test_stall_shutdown_without_the_silent_rank(env, tmp_path):
+    env = {**env, "COMMLIB_STALL_CHECK_TIME": "1", "COMMLIB_STALL_SHUTDOWN_TIME": "2",
+           "COORD_LEAVE_MARKER": str(tmp_path / "reported")}
     # a lost peer ends the job (MPI_Abort at exit, docs/failures.md): the job fails, after every rank (the silent
     # one too, once it woke) passed its cases
     out = run_mpi(3, "coord_leave.py", "hold", env=env, timeout=90, expect_fail=True, cases=FAILS_NAMING_IT)
@@ -220,11 +221,11 @@ def test_stall_shutdown_without_the_silent_rank(env):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("env", [{}, RELAY], ids=["direct", "relay"])
-def test_a_rank_silent_between_rounds_is_given_up_on(env):
+def test_a_rank_silent_between_rounds_is_given_up_on(env, tmp_path):
     """The last rank goes silent after the others' round announcing a tensor it never submits, with no
     round open (as a killed Ray actor did in an elastic run): the others start an empty round, it stays
     unanswered, and they give up on it naming it, with COMMLIB_TIMEOUT and no stall shutdown time. Without
     that round they would wait until it woke (and then go on as if nothing had happened)."""
-    env = {**env, "COMMLIB_TIMEOUT": "3"}
+    env = {**env, "COMMLIB_TIMEOUT": "3", "COORD_LEAVE_MARKER": str(tmp_path / "reported")}
     out = run_mpi(3, "coord_leave.py", "quiet", env=env, timeout=120, expect_fail=True, cases=FAILS_NAMING_IT)
     assert "sent no coordinator message" in out, out

@@ -6,8 +6,8 @@ argv: case [rank that leaves, default the last].
 - join: the others wait in join() while the leaving rank leaves instead of joining: their join fails.
 - hold: the last rank holds the GIL for 8 s (it cannot answer rounds); with COMMLIB_STALL_SHUTDOWN_TIME set
   the others give up on it and, on waking, it fails too instead of deciding from an abandoned round. The
-  others then wait for it to report before they exit (after a lost peer a process ends the job with
-  MPI_Abort at exit, docs/failures.md, which would kill it first).
+  others then wait for it to report (a marker file, ``COORD_LEAVE_MARKER``) before they exit (after a lost
+  peer a process ends the job with MPI_Abort at exit, docs/failures.md, which would kill it first).
 - quiet: as hold, but the last rank first sleeps 2 s (its background thread answers the others' round
   announcing the step's tensor, which it has not submitted), then holds the GIL for 12 s: it went silent
   between rounds, with no round open. With COMMLIB_TIMEOUT set the others start an empty round while they
@@ -18,6 +18,7 @@ call fails too and shut down: named cases (tests/spmd.py) on every rank but the 
 """
 
 import ctypes
+import os
 import sys
 import time
 
@@ -107,5 +108,12 @@ if __name__ == "__main__":
         leave()
     else:
         spmd.main(["init", "a_call_fails_naming_the_rank_that_left", "the_next_call_fails_too", "shutdown"])
-        if CASE in ("hold", "quiet") and RANK != LAST:
-            time.sleep(8 if CASE == "hold" else HOLD_S)
+        if CASE in ("hold", "quiet"):
+            marker = os.environ["COORD_LEAVE_MARKER"]
+            if RANK == LAST:
+                with open(marker, "w"):
+                    pass
+            else:
+                deadline = time.monotonic() + HOLD_S + 30
+                while not os.path.exists(marker) and time.monotonic() < deadline:
+                    time.sleep(0.05)

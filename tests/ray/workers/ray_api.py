@@ -96,7 +96,7 @@ check("elastic run", [r["rank"] for r in executor.run(lambda: where(0))], [0, 1]
 
 # more than the cluster has: a clear error, nothing left placed
 try:
-    RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=5), num_workers=50).start()
+    RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=2), num_workers=50).start()
 except TimeoutError as exc:
     check("too many workers named", "could not place 50 worker(s)" in str(exc), True)
 else:
