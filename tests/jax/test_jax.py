@@ -2,11 +2,10 @@
 orders, errors on every rank, the optax wrappers against single-process training; across 2 emulated hosts.
 
 Each test launches one job that runs many checks (tests/jax/workers/jax_*.py): JAX's import and compilations
-dominate, so the cases are batched. CI runs a representative subset; ``JAX_TESTS=all`` (scripts/test_jax.sh)
-runs every rank count.
+dominate, so the cases are batched. CI runs 2 ranks; ``pytest --full`` runs every rank count (the ``full``
+marker, tests/conftest.py).
 """
 
-import os
 import re
 import subprocess
 import sys
@@ -19,8 +18,7 @@ pytest.importorskip("optax")
 from mpirun import REPO, run_mpi, run_on_cluster  # noqa: E402
 
 ENV = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
-ALL = os.environ.get("JAX_TESTS") == "all"
-full_only = pytest.mark.skipif(not ALL, reason="CI runs 2 ranks; JAX_TESTS=all (scripts/test_jax.sh) runs it")
+full = pytest.mark.full  # CI runs 2 ranks
 
 
 def test_import_commlib_does_not_import_jax_and_commlib_jax_says_what_to_install():
@@ -35,7 +33,7 @@ def test_import_commlib_does_not_import_jax_and_commlib_jax_says_what_to_install
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
+@pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full), 2, pytest.param(3, marks=full)])
 def test_collectives_eager_jit_scan_vmap_gradients_order_and_errors(nprocs):
     # order_and_errors: on more than one rank, a shape differing between ranks under jit fails on every rank,
     # naming the tensor
@@ -43,7 +41,7 @@ def test_collectives_eager_jit_scan_vmap_gradients_order_and_errors(nprocs):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full_only), 2, pytest.param(3, marks=full_only)])
+@pytest.mark.parametrize("nprocs", [pytest.param(1, marks=full), 2, pytest.param(3, marks=full)])
 def test_distributed_optimizer_matches_one_process_on_the_combined_batch(nprocs):
     run_mpi(nprocs, "jax_optimizer.py", timeout=300, env=ENV)
 

@@ -16,7 +16,8 @@ ENV = {"PYTHONWARNINGS": "ignore::DeprecationWarning",
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("nprocs", [1, pytest.param(2, marks=pytest.mark.full),
+                                    pytest.param(3, marks=pytest.mark.slow)])
 def test_ops_eager_and_tf_function_gradients_tape_and_mismatches(nprocs):
     # mismatches_fail_on_every_rank: on more than one rank the same name with different shapes fails on every
     # rank, eagerly and in tf.function, with FailedPreconditionError naming the tensor

@@ -17,13 +17,13 @@ pytestmark = pytest.mark.mpi
 WORKER_PATH = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
+@pytest.mark.parametrize("nprocs", [1, 2, pytest.param(3, marks=pytest.mark.full)])
 def test_collectives_autograd_and_broadcast_helpers(nprocs):
     # misuse: on more than one rank, the same name with different shapes fails on every rank, naming the tensor
     run_mpi(nprocs, "torch_collectives.py", timeout=180, env=WORKER_PATH, cases=["misuse"])
 
 
-@pytest.mark.parametrize("nprocs", [1, 2, 3])
+@pytest.mark.parametrize("nprocs", [1, 2, pytest.param(3, marks=pytest.mark.full)])
 def test_distributed_optimizer_matches_single_process_training(nprocs):
     run_mpi(nprocs, "torch_optimizer.py", timeout=180, env=WORKER_PATH)
 

@@ -64,7 +64,7 @@ def _run_both(tmp_path, ranks: int, run) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_every_call_matches_gloo(tmp_path, ranks):
     _run_both(tmp_path, ranks, lambda backend, out: run_mpi(ranks, WORKER, backend, out, timeout=300))
 

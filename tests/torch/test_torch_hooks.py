@@ -14,7 +14,7 @@ from mpirun import run_mpi
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["gloo", "commlib"])
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_hooks(backend, ranks):
     run_mpi(ranks, "torch_hooks.py", backend, timeout=300)
 

@@ -14,7 +14,7 @@ WORKER_PATH = {"PYTHONWARNINGS": "ignore::DeprecationWarning"}
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+@pytest.mark.parametrize("nprocs", [1, 2, pytest.param(3, marks=pytest.mark.full), 4])
 def test_grouped_adasum_sparse_sync_batch_norm_and_horovod_semantics(nprocs):
     run_mpi(nprocs, "torch_horovod.py", timeout=300, env=WORKER_PATH)
 

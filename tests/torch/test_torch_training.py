@@ -45,7 +45,7 @@ def _check(tmp_path, ranks: int, run) -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [2, pytest.param(3, marks=pytest.mark.full)])
 def test_ddp_and_fsdp2_match_gloo(tmp_path, ranks):
     _check(tmp_path, ranks, lambda backend, out: run_mpi(ranks, WORKER, backend, out, *VARIANTS, timeout=300,
                                                          cases=_cases(ranks)))

@@ -52,7 +52,7 @@ LINK_MBIT = 100
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("ranks", [1, 2, pytest.param(3, marks=pytest.mark.full)])
 def test_work_rules_errors_and_options(ranks):
     run_mpi(ranks, "torch_work.py", timeout=240)
 
