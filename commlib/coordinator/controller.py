@@ -533,9 +533,10 @@ class Coordinator(Lifecycle):
 
     def _catch_up(self) -> None:
         """This rank ran no cycle for a long time (stopped, or starved of the GIL): its peers may have given
-        up on it. Their notices were sent after the round messages that are waiting here, and may arrive
-        a little after them: read until a notice comes (or briefly), so that no round they abandoned is
-        decided here."""
+        up on a rank. Their notices were sent after the round messages that are waiting here, and may arrive
+        a little after them: read until a notice comes (or briefly), so that no round they abandoned over
+        another rank is decided here. (A notice naming this rank is read as a suspicion, :meth:`_read_notices`:
+        this rank then fails once its own wait for them runs out.)"""
         for _ in range(_CATCH_UP_READS):
             self._rounds.receive()
             if self._channel.notices:

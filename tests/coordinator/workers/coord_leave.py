@@ -5,7 +5,8 @@ argv: case [rank that leaves, default the last].
 - raise: the leaving rank dies of an uncaught exception (the job then fails; the others must have been told).
 - join: the others wait in join() while the leaving rank leaves instead of joining: their join fails.
 - hold: the last rank holds the GIL for 8 s (it cannot answer rounds); with COMMLIB_STALL_SHUTDOWN_TIME set
-  the others give up on it and, on waking, it fails too instead of deciding from an abandoned round. The
+  the others give up on it and, on waking, it fails too (their notices name it, which a rank takes as a
+  suspicion it need not act on: it decides the abandoned round and fails once its wait runs out). The
   others then wait for it to report (a marker file, ``COORD_LEAVE_MARKER``) before they exit (after a lost
   peer a process ends the job with MPI_Abort at exit, docs/failures.md, which would kill it first).
 - quiet: as hold, but the last rank first sleeps 2 s (its background thread answers the others' round
