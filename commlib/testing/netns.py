@@ -4,6 +4,8 @@ Every object carries the cluster's name as a prefix, so that several clusters (a
 namespaces) live side by side, and :func:`leftovers` can find exactly what a cluster left behind. Inside a
 host's namespace the link is called ``eth0``, as on a real host; outside, its peer end (a bridge port)
 is ``<name>-h<i>``. Addresses are a /24 that no interface of this machine (in any namespace) overlaps.
+Each host's name resolves to its address on every host, as a cluster's DNS would: ``ip netns exec`` mounts
+``/etc/netns/<host>/hosts`` over ``/etc/hosts`` (torchrun's c10d rendezvous, for one, resolves its own name).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 from typing import Iterable, Sequence
 
 HOST_IFACE = "eth0"  # the link's name inside every host's namespace
+ETC_NETNS = "/etc/netns"  # ``ip netns exec <ns>`` bind-mounts the files of <this>/<ns>/ over /etc's
 TBF_BURST = "256kb"
 TBF_LATENCY = "50ms"
 # Where subnets are drawn from: private space that machines rarely use (10.200.0.0 - 10.254.255.0).
@@ -117,6 +120,11 @@ def create(name: str, hosts: Sequence[str], subnet: ipaddress.IPv4Network,
         if rates[i]:
             shape(outer, rates[i])                  # what the host receives
             shape(HOST_IFACE, rates[i], netns=host)  # what the host sends
+    names = "".join(f"{addresses[1 + i]}\t{host}\n" for i, host in enumerate(hosts))
+    for host in hosts:
+        os.makedirs(os.path.join(ETC_NETNS, host), exist_ok=True)
+        with open(os.path.join(ETC_NETNS, host, "hosts"), "w") as f:
+            f.write(f"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{names}")
 
 
 def kill_processes(ns: str) -> None:
@@ -145,11 +153,24 @@ def destroy(name: str, hosts: Iterable[str]) -> list[str]:
             done = sh("ip", "link", "del", link, check=False)
             if done.returncode != 0 and link in links():
                 errors.append(f"ip link del {link}: {done.stderr.strip()}")
+    for names in _name_files(f"{name}-"):
+        shutil.rmtree(names, ignore_errors=True)
+        if os.path.exists(names):
+            errors.append(f"cannot remove {names}")
     return errors
 
 
+def _name_files(prefix: str) -> list[str]:
+    """The folders of host-name files (``/etc/netns/<host>``) whose host name starts with ``prefix``."""
+    if not os.path.isdir(ETC_NETNS):
+        return []
+    return [os.path.join(ETC_NETNS, d) for d in sorted(os.listdir(ETC_NETNS)) if d.startswith(prefix)]
+
+
 def leftovers(prefix: str) -> list[str]:
-    """Namespaces and root-namespace interfaces (with their qdiscs) whose name starts with ``prefix``."""
+    """Namespaces, root-namespace interfaces (with their qdiscs) and host-name files whose name starts with
+    ``prefix``."""
     found = [f"netns {ns}" for ns in namespaces() if ns.startswith(prefix)]
     found += [f"link {link}" for link in links() if link.startswith(prefix)]
+    found += [f"names {names}" for names in _name_files(prefix)]
     return found

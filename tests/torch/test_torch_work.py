@@ -82,17 +82,27 @@ def test_init_process_group_under_torchrun(tmp_path):
     check_report(out, range(2), what="torchrun's job")
 
 
+def _rendezvous(kind: str, cluster, i: int) -> list[str]:
+    """torchrun's arguments for host ``i``: a static rendezvous (node ranks given, the store on host 0), or
+    the c10d one torchrun's docs recommend (node ranks agreed on, each agent found by its host's name)."""
+    if kind == "static":
+        return ["--node-rank", str(i), "--master-addr", cluster.host_address(0), "--master-port", "29500"]
+    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.host_address(0)}:29500", "--rdzv-id",
+            cluster.name]
+
+
 @pytest.mark.cluster
-def test_torchrun_across_emulated_hosts(make_cluster, tmp_path):
-    """Multi-node torchrun (one per emulated host, a static rendezvous on host 0): commlib's world is one rank
-    per host, and its all_reduce crosses the shaped link."""
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_torchrun_across_emulated_hosts(make_cluster, tmp_path, rendezvous):
+    """Multi-node torchrun (one per emulated host, a static or a c10d rendezvous on host 0): commlib's world is
+    one rank per host, and its all_reduce crosses the shaped link."""
     cluster = make_cluster([1, 1], rate=f"{LINK_MBIT}mbit")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     env = {k: v for k, v in job_env({**CLUSTER_ENV, **MPI_ENV}).items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
     env["TMPDIR"] = str(tmp_path)
     logs = [tmp_path / f"host{i}.log" for i in range(2)]
-    jobs = [daemons.start(host, [torchrun, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(i),
-                                 "--master-addr", cluster.host_address(0), "--master-port", "29500",
+    jobs = [daemons.start(host, [torchrun, "--nnodes", "2", "--nproc-per-node", "1",
+                                 *_rendezvous(rendezvous, cluster, i),
                                  str(worker_path("torch_torchrun_hosts.py")), "2", str(LINK_MBIT)], log, env)
             for i, (host, log) in enumerate(zip(cluster.hosts, logs))]
     try:
