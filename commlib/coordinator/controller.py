@@ -350,6 +350,9 @@ class Coordinator(Lifecycle):
                     stalled = extra["fail"]
                     self._stalls.fail_applied()
                 if "gone" in extra:
+                    if extra.get("lost") and self._world_ranks[self.rank] not in extra["lost"]:
+                        raise StallShutdown(f"{self._who(source)} gave up: {extra['gone']}", extra["lost"],
+                                            "a peer's notice")  # as _read_notices, whichever comes first
                     self._rank_gone(source, extra["gone"])
         responses = table.take_ready()
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead

@@ -84,7 +84,8 @@ class Lifecycle:
             log.error("commlib coordinator failed on rank %d: %r", self._world_ranks[self.rank], exc)
         self._fail_all(str(self._failure_error()))
         try:
-            self._announce_gone(f"failed ({type(exc).__name__}: {exc})")
+            self._announce_gone(f"failed ({type(exc).__name__}: {exc})",
+                                exc.ranks if isinstance(exc, PeerLostError) else ())
         except BaseException:  # the channel itself may be what failed
             pass
 
@@ -117,12 +118,16 @@ class Lifecycle:
         for entry in entries:
             entry.handle.set_error(CollectiveError(f"tensor {entry.meta.name!r}: {reason}"))
 
-    def _announce_gone(self, reason: str) -> None:
-        """This rank's last message: later rounds complete without it."""
+    def _announce_gone(self, reason: str, lost=()) -> None:
+        """This rank's last message: later rounds complete without it. ``lost``: the world ranks it gave up
+        on, so that a peer that reads this message before the notice (another tag: either may come first)
+        fails as on the notice, naming them."""
         if self._rounds.left:
             return
         self._incoming.clear()
         self._extra["gone"] = reason
+        if lost:
+            self._extra["lost"] = tuple(lost)
         self._contribute(last=True)
 
     def forget(self, world_ranks) -> None:
