@@ -126,7 +126,9 @@ def _run(args, env: dict[str, str]) -> int:
         if args.verbose:
             print(f"commlib-run: {len(hosts)} host(s) reachable", file=sys.stderr, flush=True)
     print(f"commlib-run: {_mpi.printable(launcher_env, argv)}", file=sys.stderr, flush=True)
-    tail: collections.deque = collections.deque(maxlen=16)  # the output's last chunks: a lost server is named
+    # the output's last chunks, where hydra's report names a lost server: a loaded machine's pipes deliver it a
+    # line or less at a time, after the ranks' and proxies' last lines
+    tail: collections.deque = collections.deque(maxlen=256)
     code = _execute(argv, tail, env=dict(os.environ, **launcher_env), timeout=args.timeout)
     if code and args.num_servers:
         workers, servers = _rank_hosts(args, hosts)

@@ -276,11 +276,16 @@ def test_a_lost_server_is_named_from_hydras_report():
 def test_job_with_a_server_killed_names_it():
     """Workers on localhost and a server on 127.0.0.1 (hydra's second host, still this machine): the server
     killed mid-job (SIGKILL: exit code 9) ends the job, and commlib-run names it from hydra's report. (The
-    worker's own line saying it killed the server may be lost when mpiexec ends the job: not asserted.)"""
-    done = _commlib_run("-np", "2", "-H", "localhost:2", "--num-servers", "1", "--server-hosts", "127.0.0.1:1",
-                        sys.executable, str(worker_path("run_servers.py")), "killed",
-                        env={"COMMLIB_SERVER_TIMEOUT": "5"}, timeout=60)
-    assert done.returncode != 0, (done.stdout + done.stderr)[-3000:]
+    worker's own line saying it killed the server may be lost when mpiexec ends the job: not asserted.) Hydra
+    sometimes prints no report at all, when the workers' proxy fails first ("assert (!closed) failed", MPICH
+    5.0.2's own race): the job then runs again, at most twice more."""
+    for _ in range(3):
+        done = _commlib_run("-np", "2", "-H", "localhost:2", "--num-servers", "1", "--server-hosts", "127.0.0.1:1",
+                            sys.executable, str(worker_path("run_servers.py")), "killed",
+                            env={"COMMLIB_SERVER_TIMEOUT": "5"}, timeout=60)
+        assert done.returncode != 0, (done.stdout + done.stderr)[-3000:]
+        if "BAD TERMINATION" in done.stdout + done.stderr:
+            break
     assert "commlib-run: error: summation server 0 (rank 2 of the job) on 127.0.0.1 ended" in done.stderr \
         and "exit code 9" in done.stderr, done.stderr[-3000:]
     assert "never failed" not in done.stdout
