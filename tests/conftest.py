@@ -28,13 +28,14 @@ MARKERS = {
     "mpi": "launches real MPI jobs (mpiexec, or a process that initialises MPI) on one host",
     "cluster": "runs across emulated hosts (network namespaces; root) or real daemons on them (Slurm, Ray)",
     "slow": "takes 15 s or more alone on a 2-core machine (30 s and more under the usual load)",
-    "full": "a further rank count of a case the default suite runs at others: runs with --full only",
+    "full": "a further rank count, host layout or failure case of one the default suite runs: with --full only",
 }
 
 
 def pytest_addoption(parser):
     parser.addoption("--full", action="store_true",
-                     help="also run the tests marked full (further rank counts); CI runs without it")
+                     help="also run the tests marked full (further rank counts, layouts, failure cases); CI "
+                          "runs without them")
 
 
 def pytest_configure(config):
@@ -44,10 +45,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Without --full, the tests marked ``full`` are skipped, saying how to run them: the default suite (CI's)
-    keeps within 20 minutes on a 2-core machine, and runs each of those cases at its other rank counts."""
+    keeps within 20 minutes on a 2-core machine, and runs each of those cases in other variants."""
     if config.getoption("--full"):
         return
-    skip = pytest.mark.skip(reason="a further rank count of a case run at others; scripts/test.sh --full runs it")
+    skip = pytest.mark.skip(reason="a further variant of a case the suite runs; scripts/test.sh --full runs it")
     for item in items:
         if item.get_closest_marker("full") is not None:
             item.add_marker(skip)

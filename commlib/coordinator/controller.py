@@ -350,9 +350,8 @@ class Coordinator(Lifecycle):
                     stalled = extra["fail"]
                     self._stalls.fail_applied()
                 if "gone" in extra:
-                    if extra.get("lost") and self._world_ranks[self.rank] not in extra["lost"]:
-                        raise StallShutdown(f"{self._who(source)} gave up: {extra['gone']}", extra["lost"],
-                                            "a peer's notice")  # as _read_notices, whichever comes first
+                    if "lost" in extra:  # as its notice would, whichever comes first
+                        self._follow(source, extra["gone"], extra["lost"])
                     self._rank_gone(source, extra["gone"])
         responses = table.take_ready()
         if stalled:  # after the round's decisions: a tensor this very round completed runs instead
@@ -548,9 +547,14 @@ class Coordinator(Lifecycle):
 
     def _read_notices(self) -> None:
         """A peer gave up on a round this rank also waits in, or lost a peer: give up too."""
-        me = self._world_ranks[self.rank]
         for source, verdict, lost in self._channel.receive_notices():
-            if me in lost:  # a peer waited for this rank, which is waiting for someone else: not this one
-                continue
-            lost = lost or (self._world_ranks[source],)
-            raise StallShutdown(f"{self._who(source)} gave up: {verdict}", lost, "a peer's notice")
+            self._follow(source, verdict, lost)
+
+    def _follow(self, source: int, verdict: str, lost) -> None:
+        """``source`` gave up (its notice, or its last round message naming the world ranks it ``lost``):
+        give up too, naming them; not where they include this rank (a peer waited for this rank, which is
+        waiting for someone else: not this one)."""
+        if self._world_ranks[self.rank] in lost:
+            return
+        raise StallShutdown(f"{self._who(source)} gave up: {verdict}", lost or (self._world_ranks[source],),
+                            "a peer's notice")
