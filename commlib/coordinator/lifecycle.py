@@ -72,7 +72,9 @@ class Lifecycle:
         if self._failure is not None:
             return
         self._failure = exc
-        if isinstance(exc, PeerLostError):
+        peer_lost = isinstance(exc, PeerLostError)
+        lost = exc.ranks if peer_lost else ()
+        if peer_lost:
             # Under in-process recovery the channel sends nothing from here on (ControlChannel.post);
             # otherwise the lost ranks are told as the others are: a held or frozen rank that wakes then
             # fails at once, naming who gave up on it.
@@ -84,8 +86,7 @@ class Lifecycle:
             log.error("commlib coordinator failed on rank %d: %r", self._world_ranks[self.rank], exc)
         self._fail_all(str(self._failure_error()))
         try:
-            self._announce_gone(f"failed ({type(exc).__name__}: {exc})",
-                                exc.ranks if isinstance(exc, PeerLostError) else ())
+            self._announce_gone(f"failed ({type(exc).__name__}: {exc})", lost)
         except BaseException:  # the channel itself may be what failed
             pass
 
