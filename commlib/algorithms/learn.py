@@ -564,13 +564,19 @@ class Learner:
         """Where one qualifies, run a rival on watched calls in place of the settled algorithm (TRIAL). A
         rival's time is a block's, from a barrier and the slowest rank's, and one block: the settled one's
         are its calls as the job makes them, beside the backward pass and other calls, which slow some
-        schedules more than others. The nearest untried rival within TRIAL qualifies unless the model calls
-        it a twin of the settled one (the same bytes over the same links, predicted within SWITCH: their
-        blocks differ by noise alone)."""
-        mine = bucket.predicted_s.get(bucket.settled, 0.0)
-        near = [n for n in sorted(rivals, key=lambda n: (times[n], bucket.candidates.index(n)))
-                if n not in bucket.tried and times[n] <= TRIAL * typical
-                and abs(bucket.predicted_s.get(n, 0.0) - mine) > SWITCH * mine]
+        schedules more than others. The nearest untried rival within TRIAL qualifies, and the model's
+        favourite whatever its block (it is tried first): it ran the job's first block, in the first
+        calls of the job, which are slower for every algorithm (DDP's first steps on 2x2: 1.3-2.2 s against
+        1.2 s settled), and lost on that one block (a forced hierarchical_pipelined made the 2x2 DDP step
+        0.91x hierarchical's, which had beaten it 0.64 s to 0.85 s in its block). Neither qualifies where
+        the model calls it a twin of the settled one (the same bytes over the same links, predicted within
+        SWITCH: their blocks differ by noise alone)."""
+        predicted = bucket.predicted_s
+        mine = predicted.get(bucket.settled, 0.0)
+        favourite = min(bucket.candidates, key=lambda n: predicted.get(n, float("inf")))
+        near = [n for n in sorted(rivals, key=lambda n: (n != favourite, times[n], bucket.candidates.index(n)))
+                if n not in bucket.tried and (times[n] <= TRIAL * typical or n == favourite)
+                and abs(predicted.get(n, 0.0) - mine) > SWITCH * mine]
         if not near:
             return
         old = self._hand_over(bucket, near[0], typical)

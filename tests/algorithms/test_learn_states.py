@@ -141,7 +141,8 @@ def test_a_watched_bucket_tries_its_rivals_on_watched_calls():
     assert job.run(20, key) == ["ring"] * 20
     assert bucket.agreed["ps"] == [pytest.approx(0.95)]
 
-    job = Job(predicted, {"ps": 1.2, "ring": 0.85})  # beyond TRIAL of the ring's calls: never tried
+    # a rival beyond TRIAL of the settled one's calls is never tried, unless it is the model's favourite
+    job = Job({"ring": 0.07, "ps": 0.08}, {"ps": 1.2, "ring": 0.85})
     assert set(job.run(2 * learn.REPS + 20, key)[2 * learn.REPS:]) == {"ring"}
 
     # a twin of the ring in the model's eyes (predicted within SWITCH) measured between them is not tried
@@ -156,6 +157,32 @@ def test_a_watched_bucket_tries_its_rivals_on_watched_calls():
     assert ran == ["ps"] * learn.WATCH_CALLS + ["rabenseifner"] * 2 + ["ps"] * 20
     assert bucket.tried == ["ring", "ps", "rabenseifner"] and bucket.trials == learn.TRIALS
     assert bucket.agreed["rabenseifner"] == [pytest.approx(0.84)] and bucket.watch_switches == 0
+
+
+def test_the_models_favourite_is_tried_whatever_its_block():
+    """The favourite runs the job's first block, in the job's first calls, which are the slowest for every
+    algorithm (a DDP job's first steps): beaten there beyond TRIAL, it still gets its trial on watched
+    calls, and stays where they are faster; where they are slower too, it gives way after two calls."""
+    predicted = {"ps": 0.07, "ring": 0.08}
+    key = (27, None, False)
+    job = Job(predicted, lambda i: {"ps": 1.2 if i < learn.REPS else 0.76, "ring": 0.85})
+    ran = job.run(2 * learn.REPS + learn.WATCH_CALLS, key)
+    bucket = job.learner.buckets[key]
+    assert ran == ["ps"] * learn.REPS + ["ring"] * (learn.REPS + learn.WATCH_CALLS)
+    assert bucket.settled == "ps" and bucket.trial == "ring"
+    assert job.run(learn.WATCH_CALLS + 20, key) == ["ps"] * (learn.WATCH_CALLS + 20)
+    assert bucket.trial is None and bucket.agreed["ring"] == [pytest.approx(0.85)]
+
+    job = Job(predicted, {"ps": 1.2, "ring": 0.85})  # slower on its watched calls too
+    job.run(2 * learn.REPS + learn.WATCH_CALLS, key)
+    bucket = job.learner.buckets[key]
+    assert bucket.settled == "ps" and bucket.trial == "ring"
+    assert job.run(2 + 20, key) == ["ps", "ps"] + ["ring"] * 20
+    assert bucket.watch_switches == 0 and bucket.trials == 1
+
+    # twins in the model's eyes (predicted within SWITCH): the favourite's block stands
+    job = Job({"ps": 0.080, "ring": 0.081}, {"ps": 1.2, "ring": 0.85})
+    assert set(job.run(2 * learn.REPS + 20, key)[2 * learn.REPS:]) == {"ring"}
 
 
 def test_what_a_watch_or_trial_finds_is_the_watched_siblings_time_too():
