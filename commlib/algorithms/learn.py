@@ -23,10 +23,11 @@ buffer or several fused in place. Its :class:`State`:
 - ``SETTLED``: the candidate with the least agreed time (ties to the model's order) runs every call, untimed.
 - ``WATCHED``: settled on calls of ``WATCH_S`` or more, each of them timed and agreed: when the median of the
   last ``WATCH_CALLS`` is slower than the best measured rival by more than ``SWITCH``, the rival takes over
-  (a block can catch an algorithm that is fast and slow by turns on its fast calls). Otherwise the nearest
-  rival within ``TRIAL`` of that median that has not run watched calls here and that the model does not
-  predict within ``SWITCH`` of the settled one is tried on as many (a block is timed from a barrier, alone;
-  the job's calls are not), up to ``TRIALS`` per bucket; it stays where its median is the lower (two
+  (a block can catch an algorithm that is fast and slow by turns on its fast calls). Otherwise a rival
+  that has not run watched calls here and that the model does not predict within ``SWITCH`` of the settled
+  one is tried on as many (a block is timed from a barrier, alone; the job's calls are not): the model's
+  favourite whatever its block (it ran the job's first, slowest calls), else the nearest within ``TRIAL``
+  of that median, up to ``TRIALS`` per bucket; it stays where its median is the lower (two
   calls slower than the median it stood against end it). What a watch or a trial finds is the WATCHED
   sibling's time too, and its choice where it beats the sibling's by more than ``SWITCH``.
 - ``CHECKING``: after ``RECHECK_FIRST`` settled calls (``RECHECK_SHORT`` for short calls), then 4x as many
@@ -565,12 +566,10 @@ class Learner:
         rival's time is a block's, from a barrier and the slowest rank's, and one block: the settled one's
         are its calls as the job makes them, beside the backward pass and other calls, which slow some
         schedules more than others. The nearest untried rival within TRIAL qualifies, and the model's
-        favourite whatever its block (it is tried first): it ran the job's first block, in the first
-        calls of the job, which are slower for every algorithm (DDP's first steps on 2x2: 1.3-2.2 s against
-        1.2 s settled), and lost on that one block (a forced hierarchical_pipelined made the 2x2 DDP step
-        0.91x hierarchical's, which had beaten it 0.64 s to 0.85 s in its block). Neither qualifies where
-        the model calls it a twin of the settled one (the same bytes over the same links, predicted within
-        SWITCH: their blocks differ by noise alone)."""
+        favourite whatever its block (it is tried first): its block ran in the job's first calls, which are
+        slower for every algorithm (docs/results/auto_learn_rules.md). Neither qualifies where the model
+        calls it a twin of the settled one (the same bytes over the same links, predicted within SWITCH:
+        their blocks differ by noise alone)."""
         predicted = bucket.predicted_s
         mine = predicted.get(bucket.settled, 0.0)
         favourite = min(bucket.candidates, key=lambda n: predicted.get(n, float("inf")))
