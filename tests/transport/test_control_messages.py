@@ -1,10 +1,12 @@
 """The control channel delivers every kind of message, in order, whatever way it travels: bare ints as
-raw bytes (their encoding kept for the next send of the same int, a bounded number of them), pickled
-objects, small ones received into the kept buffer and larger ones under the deadline; notices and
-goodbyes set aside. In one process, over MPI_COMM_SELF."""
+raw bytes (by the persistent send while it is free, else an ordinary one; longer ints always by an
+ordinary one), pickled objects, small ones into the persistent receive's buffer and longer ones announced
+there and received under the deadline, with a receive kept posted per peer or (many ranks) probed for;
+notices and goodbyes set aside. In one process, over MPI_COMM_SELF."""
 
 from __future__ import annotations
 
+import pytest
 from mpi4py import MPI
 
 from commlib.transport import control
@@ -22,10 +24,13 @@ def _received(channel: ControlChannel, expected: int) -> list:
     return [message for _, message in got]
 
 
-def test_every_kind_of_message_arrives_in_order():
+@pytest.mark.parametrize("posted_max_ranks", [16, 0])  # 0: as beyond 16 ranks, probing instead of posted receives
+def test_every_kind_of_message_arrives_in_order(monkeypatch, posted_max_ranks):
+    monkeypatch.setattr(control, "_POSTED_MAX_RANKS", posted_max_ranks)
     channel = ControlChannel(MPI.COMM_SELF.Dup(), Deadline(timeout_s=5.0))
-    ints = [0, 1, 1 << 5, 1 << 5, 1 << 63, 1 << 64, 1 << 64, (1 << 3000) + 7, 1 << 5]  # repeats: kept encodings
-    many = list(range(3 * control._KEEP))  # more distinct ints than the channel keeps
+    edge = control._FIXED_BELOW  # the persistent send's ints are below it
+    ints = [0, 1, 1 << 5, 1 << 5, 1 << 63, 1 << 64, edge - 1, edge, (1 << 3000) + 7, 1 << 5]
+    many = list(range(700))  # back to back: the persistent send is often still under way
     objects = [(["meta"], 3, {"join": True}), "x" * 1000, -4]  # -4: not a bare non-negative int: pickled
     sent = ints[:4] + objects[:1] + ints[4:] + objects[1:] + many + many[:10]
     for message in sent[:6]:
