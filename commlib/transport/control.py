@@ -8,13 +8,13 @@ other): a notice (a stall verdict, read outside the rounds) and a goodbye (a ran
 once every peer's goodbye has arrived, nothing of theirs is still in flight, and the communicator can be
 freed without a stray message reaching a later communicator that reuses its context).
 
-Persistent requests carry the common case: per peer, a receive kept posted into a buffer of ``_SMALL``
-bytes, and sends of fixed sizes (``_FIXED_SIZES``) for ints below ``_FIXED_BELOW`` (the bit vectors of
-the default cache's ids). An exchange of bit vectors between 2 ranks of one node took 1.22-1.25 us
-this way against 1.81-1.87 us with ``Isend`` and ``Iprobe``/``Recv`` (docs/results/design_choices.md).
-Beyond ``_POSTED_MAX_RANKS`` ranks a rank probes for messages from any source instead of keeping a
-receive per peer posted. A message longer than ``_SMALL`` sends its length on ``_TAG`` (marker
-``_LONG``) and its bytes on ``_LONG_TAG``, so it keeps its place in the order.
+Persistent requests carry the common case: per peer, a receive kept posted into a buffer of
+``_POSTED_BYTES``, and sends of fixed sizes (``_FIXED_SIZES``) for ints below ``_FIXED_BELOW`` (the bit
+vectors of the default cache's ids). An exchange of bit vectors between 2 ranks of one node took
+1.22-1.25 us this way against 1.81-1.87 us with ``Isend`` and ``Iprobe``/``Recv``
+(docs/results/design_choices.md). Beyond ``_POSTED_MAX_RANKS`` ranks a rank probes for messages from any
+source instead of keeping a receive per peer posted. A message longer than ``_POSTED_BYTES`` sends its
+length on ``_TAG`` (marker ``_LONG``) and its bytes on ``_LONG_TAG``, so it keeps its place in the order.
 
 Nothing waits without a limit: a long message's bytes are received under the channel's
 :class:`~.deadline.Deadline` (they may still be on a link that has just gone down), and
@@ -31,15 +31,20 @@ from mpi4py import MPI
 from .deadline import Deadline
 
 _TAG = 7
-_LONG_TAG = 8  # the bytes of messages longer than _SMALL, announced on _TAG
+_LONG_TAG = 8  # the bytes of messages longer than _POSTED_BYTES, announced on _TAG
 _PICKLE = MPI.pickle  # mpi4py's own pickler: what lowercase receives unpickle with
 #: Round messages that are a bare int (a bit vector, the common message) travel as this byte and the int's
 #: bytes, without pickling; a pickle always starts with b"\x80" (protocol 2 and later), so a receiver tells
 #: them apart by their first byte.
 _RAW_INT = 0
 _LONG = 1  # on _TAG: a message of this many bytes (the int after this byte) follows on _LONG_TAG
-#: Messages up to this many bytes arrive in the persistent receive's buffer; longer ones are announced
-#: there and received under the deadline (their bytes may still be on a link that goes down).
+#: Messages up to this many bytes travel on _TAG: into a posted receive's buffer, or (many ranks) probed.
+#: Longer ones are announced there and received under the deadline (their bytes may still be on a link
+#: that goes down). It holds an eager tensor (eager.TENSOR_BYTES) and its request: a 4 KiB eager call
+#: between hosts (2x2) took 319-329 us where such a message went as two, against 251-262 us as one.
+_POSTED_BYTES = 32 << 10
+#: A probed message of up to this many bytes is received with a blocking receive: so small a message
+#: travels eagerly, with its envelope, in every MPI. A longer one is received under the deadline.
 _SMALL = 256
 #: The persistent sends' sizes: the marker and an int of up to 64, 256 or 1024 bits (the bit vectors of
 #: cache ids below 1024, the default cache's), each int in the smallest that holds it (bytes on a link).
@@ -101,9 +106,9 @@ class ControlChannel:
         self._buffers: list[bytearray] = []
         self._sources = sources if self._posted else []
         for source in self._sources:
-            buffer = bytearray(_SMALL)
+            buffer = bytearray(_POSTED_BYTES)
             self._buffers.append(buffer)
-            self._inbound.append(comm.Recv_init([buffer, _SMALL, _BYTE], source, _TAG))
+            self._inbound.append(comm.Recv_init([buffer, _POSTED_BYTES, _BYTE], source, _TAG))
         MPI.Prequest.Startall(self._inbound)
         self._statuses = [MPI.Status() for _ in self._inbound]
         self.notices: list[tuple[int, str, tuple]] = []  # read by receive_all, not yet taken
@@ -151,7 +156,7 @@ class ControlChannel:
         for dest in dests:
             if dest in unreachable:
                 continue
-            if len(data) <= _SMALL:
+            if len(data) <= _POSTED_BYTES:
                 self._send(data, dest, _TAG)
             else:
                 self._send(bytes([_LONG]) + len(data).to_bytes(8, "little"), dest, _TAG)
@@ -197,12 +202,19 @@ class ControlChannel:
         return received
 
     def _probe_all(self, received: list) -> None:
-        """receive_all beyond _POSTED_MAX_RANKS ranks: probe, then receive into the kept buffer."""
+        """receive_all beyond _POSTED_MAX_RANKS ranks: probe, then receive (a small message into the kept
+        buffer at once, a longer one under the deadline)."""
         status, comm, small = self._status, self._comm, self._small
         while comm.Iprobe(_ANY, _TAG, status):
             source, count = status.Get_source(), status.Get_count(_BYTE)
-            comm.Recv([small, count, _BYTE], source, _TAG)
-            self._take(received, source, small, count, None)
+            if count <= _SMALL:
+                comm.Recv([small, count, _BYTE], source, _TAG)
+                self._take(received, source, small, count, None)
+                continue
+            data = bytearray(count)
+            request = comm.improbe(source, _TAG).Irecv([data, _BYTE])
+            self.deadline.wait_quietly(request, comm, "a coordinator message", (source,))
+            self._take(received, source, data, count, None)
 
     def _take(self, received: list, source: int, buffer: bytearray, count: int, request) -> None:
         """Decode the message of ``count`` bytes in ``buffer``, then restart ``request`` (its receive) - not
@@ -221,7 +233,7 @@ class ControlChannel:
             data = bytearray(int.from_bytes(data[1:], "little"))
             irecv = self._comm.Irecv([data, _BYTE], source, _LONG_TAG)
             self.deadline.wait_quietly(irecv, self._comm, "a coordinator message", (source,))
-            if data[0] == _RAW_INT:  # a bit vector of more than _SMALL bytes (high cache ids)
+            if data[0] == _RAW_INT:  # a bit vector of more than _POSTED_BYTES bytes (very high cache ids)
                 received.append((source, int.from_bytes(data[1:], "little")))
                 return
         message = _PICKLE.loads(data)

@@ -31,7 +31,8 @@ def test_every_kind_of_message_arrives_in_order(monkeypatch, posted_max_ranks):
     edge = control._FIXED_BELOW  # the persistent send's ints are below it
     ints = [0, 1, 1 << 5, 1 << 5, 1 << 63, 1 << 64, edge - 1, edge, (1 << 3000) + 7, 1 << 5]
     many = list(range(700))  # back to back: the persistent send is often still under way
-    objects = [(["meta"], 3, {"join": True}), "x" * 1000, -4]  # -4: not a bare non-negative int: pickled
+    longest = control._POSTED_BYTES  # longer messages are announced, then follow on a tag of their own
+    objects = [(["meta"], 3, {"join": True}), "x" * 1000, "y" * longest, 1 << (8 * longest), -4]  # -4: pickled
     sent = ints[:4] + objects[:1] + ints[4:] + objects[1:] + many + many[:10]
     for message in sent[:6]:
         channel.post_all([0], message)
