@@ -12,6 +12,7 @@ from mpi4py import MPI
 from commlib.transport import control
 from commlib.transport.control import ControlChannel
 from commlib.transport.deadline import Deadline
+from mpirun import run_mpi
 
 
 def _received(channel: ControlChannel, expected: int) -> list:
@@ -45,3 +46,11 @@ def test_every_kind_of_message_arrives_in_order(monkeypatch, posted_max_ranks):
     assert channel.farewells == {0}
     channel.flush()
     channel.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks, mode", [(2, "posted"), (4, "posted"), (3, "probe")])
+def test_every_peers_stream_arrives_in_order(ranks, mode):
+    """On 2-4 ranks, each sending every other rank a stream of every kind back to back
+    (workers/control_order.py)."""
+    run_mpi(ranks, "control_order.py", mode, timeout=120)
