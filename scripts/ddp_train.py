@@ -27,12 +27,54 @@ import torch.nn.functional as F
 from torch import nn
 
 
+class Trace:
+    """Times within a step (``--trace``): phases, gradients ready, buckets' allreduce spans; ms from its start."""
+
+    def __init__(self):
+        self.start = 0.0
+        self.events: list[str] = []
+
+    def begin(self) -> float:
+        self.events = []
+        self.start = time.perf_counter()
+        return self.start
+
+    def _ms(self) -> float:
+        return (time.perf_counter() - self.start) * 1e3
+
+    def mark(self, what: str) -> None:
+        self.events.append(f"{what} {self._ms():.0f}")
+
+    def watch(self, model: nn.Module) -> None:
+        """Note when each parameter's gradient is ready."""
+        for name, parameter in model.named_parameters():
+            parameter.register_post_accumulate_grad_hook(
+                lambda _, name=name: self.events.append(f"grad {name} {self._ms():.0f}"))
+
+    def timed(self, hook):
+        """``hook``, noting each bucket's span: handed over by DDP, and its future complete."""
+        def timed_hook(state, bucket):
+            began = self._ms()
+            size = bucket.buffer().numel()
+
+            def done(future):
+                self.events.append(f"bucket {bucket.index()} ({size / 1e6:.1f} M values) {began:.0f}-{self._ms():.0f}")
+                return future.value()
+
+            return hook(state, bucket).then(done)
+        return timed_hook
+
+    def report(self, step: int) -> str:
+        return f"step {step + 1}: " + "; ".join(self.events)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="commlib")
     parser.add_argument("--hook", choices=["none", "torch-fp16", "commlib-fp16"], default="none")
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--steps", type=int, default=40, help="steps, all timed (the first ones included)")
+    parser.add_argument("--trace", action="store_true", help="print where rank 0's steps after the 10th go")
     args = parser.parse_args()
 
     import commlib.torch  # noqa: F401 - torch finds the backend by itself; this also serves `--hook commlib-fp16`
@@ -41,6 +83,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1024))
+    trace = Trace()
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -51,26 +94,39 @@ def main() -> None:
         trained = model
     else:
         trained = nn.parallel.DistributedDataParallel(model)
+        state, hook = None, None
         if args.hook == "torch-fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-            trained.register_comm_hook(None, default_hooks.fp16_compress_hook)
+            hook = default_hooks.fp16_compress_hook
         elif args.hook == "commlib-fp16":
             from commlib.torch import hooks
 
-            trained.register_comm_hook(hooks.State(), hooks.fp16_wrapper(hooks.allreduce_hook))
+            state, hook = hooks.State(), hooks.fp16_wrapper(hooks.allreduce_hook)
+        if args.trace:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = trace.timed(hook or default_hooks.allreduce_hook)
+            trace.watch(model)
+        if hook is not None:
+            trained.register_comm_hook(state, hook)
     optimizer = torch.optim.SGD(trained.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(dist.get_rank())
     x, y = torch.randn(32, 1024, generator=g), torch.randn(32, 1024, generator=g)
     times = []
-    for _ in range(args.steps):
+    for step in range(args.steps):
         dist.barrier()  # every rank starts the step together
-        start = time.perf_counter()
+        start = trace.begin()
         optimizer.zero_grad()
         loss = F.mse_loss(trained(x), y)
+        trace.mark("forward")
         loss.backward()
+        trace.mark("backward")
         optimizer.step()
         times.append(time.perf_counter() - start)
+        trace.mark("optimizer")
+        if args.trace and step >= 10 and dist.get_rank() == 0:
+            print(trace.report(step), flush=True)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if dist.get_rank() == 0:
