@@ -99,7 +99,7 @@ class ControlChannel:
         self._fixed: dict[int, dict[int, tuple[MPI.Prequest, bytearray]]] = {size: {} for size in _FIXED_SIZES}
         self._status = MPI.Status()
         self._small = bytearray(_SMALL)  # receives a probed message of up to _SMALL bytes (many ranks)
-        # up to _POSTED_MAX_RANKS ranks: a persistent receive kept posted per source (itself, alone)
+        # up to _POSTED_MAX_RANKS ranks: a persistent receive kept posted per peer (from itself if alone)
         sources = [r for r in range(self.size) if r != self.rank] or [self.rank]
         self._posted = self.size <= _POSTED_MAX_RANKS
         self._inbound: list[MPI.Prequest] = []
