@@ -49,8 +49,10 @@ _SMALL = 256
 #: The persistent sends' sizes: the marker and an int of up to 64, 256 or 1024 bits (the bit vectors of
 #: cache ids below 1024, the default cache's), each int in the smallest that holds it (bytes on a link).
 _FIXED_SIZES = (9, 33, 129)
-_FIXED_BELOW = 1 << 1024
-_FIXED_BY_WORDS = [9, 9] + [33] * 3 + [129] * 12  # 64-bit words of the int -> the send's size
+_FIXED_BELOW = 1 << (8 * (_FIXED_SIZES[-1] - 1))
+#: 64-bit words of the int (0 to 16) -> the size of the smallest send that holds it
+_FIXED_BY_WORDS = [min(size for size in _FIXED_SIZES if size - 1 >= 8 * words)
+                   for words in range((_FIXED_SIZES[-1] - 1) // 8 + 1)]
 #: Up to this many ranks (the direct rounds' default limit) each rank keeps a receive posted per peer;
 #: beyond, it probes for messages from any source (no persistent receive from any source: under MPICH
 #: 5.0.2's UCX netmod one lost a message within 3,000 exchanges between 2 emulated hosts).
@@ -212,9 +214,12 @@ class ControlChannel:
                 self._take(received, source, small, count, None)
                 continue
             data = bytearray(count)
-            request = comm.improbe(source, _TAG).Irecv([data, _BYTE])
-            self.deadline.wait_quietly(request, comm, "a coordinator message", (source,))
+            self._await(comm.improbe(source, _TAG).Irecv([data, _BYTE]), source)
             self._take(received, source, data, count, None)
+
+    def _await(self, request: "MPI.Request", source: int) -> None:
+        """Wait for the receive of a message's bytes from ``source`` under the deadline."""
+        self.deadline.wait_quietly(request, self._comm, "a coordinator message", (source,))
 
     def _take(self, received: list, source: int, buffer: bytearray, count: int, request) -> None:
         """Decode the message of ``count`` bytes in ``buffer``, then restart ``request`` (its receive) - not
@@ -231,8 +236,7 @@ class ControlChannel:
             request.Start()
         if marker == _LONG:
             data = bytearray(int.from_bytes(data[1:], "little"))
-            irecv = self._comm.Irecv([data, _BYTE], source, _LONG_TAG)
-            self.deadline.wait_quietly(irecv, self._comm, "a coordinator message", (source,))
+            self._await(self._comm.Irecv([data, _BYTE], source, _LONG_TAG), source)
             if data[0] == _RAW_INT:  # a bit vector of more than _POSTED_BYTES bytes (very high cache ids)
                 received.append((source, int.from_bytes(data[1:], "little")))
                 return
