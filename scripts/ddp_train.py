@@ -30,7 +30,8 @@ from torch import nn
 class Trace:
     """Times within a step (``--trace``): phases, gradients ready, buckets' allreduce spans; ms from its start."""
 
-    def __init__(self):
+    def __init__(self, on: bool):
+        self.on = on  # off: mark() notes nothing, so an untraced step times nothing of it
         self.start = 0.0
         self.events: list[str] = []
 
@@ -43,7 +44,8 @@ class Trace:
         return (time.perf_counter() - self.start) * 1e3
 
     def mark(self, what: str) -> None:
-        self.events.append(f"{what} {self._ms():.0f}")
+        if self.on:
+            self.events.append(f"{what} {self._ms():.0f}")
 
     def watch(self, model: nn.Module) -> None:
         """Note when each parameter's gradient is ready."""
@@ -83,7 +85,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 1024))
-    trace = Trace()
+    trace = Trace(args.trace)
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -103,7 +105,7 @@ def main() -> None:
             from commlib.torch import hooks
 
             state, hook = hooks.State(), hooks.fp16_wrapper(hooks.allreduce_hook)
-        if args.trace:
+        if trace.on:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             hook = trace.timed(hook or default_hooks.allreduce_hook)
@@ -125,7 +127,7 @@ def main() -> None:
         optimizer.step()
         times.append(time.perf_counter() - start)
         trace.mark("optimizer")
-        if args.trace and step >= 10 and dist.get_rank() == 0:
+        if trace.on and step >= 10 and dist.get_rank() == 0:
             print(trace.report(step), flush=True)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
