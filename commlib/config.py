@@ -199,6 +199,7 @@ class Config:
     timeline_mark_cycles: bool = False
     tuning_file: str | None = None
     auto_learn: bool = True
+    auto_pace: float = 0.05
     auto_cache: str | None = None  # None: the default location; "none": off
     server_partition_bytes: int = 4096000
     start_timeout_s: float = 60.0
@@ -268,7 +269,7 @@ class Config:
 
     #: Settings every rank must share: each rank decides fusion, cache ids and lanes by itself.
     AGREED = ("fusion_threshold_bytes", "fusion_inplace_bytes", "eager_bytes", "num_streams", "cache_capacity",
-              "direct_max_ranks", "algorithm", "auto_learn", "server_partition_bytes",
+              "direct_max_ranks", "algorithm", "auto_learn", "auto_pace", "server_partition_bytes",
               "priority_partition_bytes", "priority_credit_bytes", "server_host_reduce", "device_segment_bytes")
 
     def agreed_values(self) -> tuple:
@@ -369,6 +370,11 @@ FIELDS: dict[str, _Field] = {
                          "1: auto measures the algorithms the cost model is unsure between on the first "
                          "calls of each size class (agreed between ranks) and keeps the fastest; 0: auto is "
                          "the cost model's choice alone (default 1)"),
+    "auto_pace": _Field("COMMLIB_AUTO_PACE", _non_negative_float,
+                        "the share of a size class's call time that auto's exploring may add: a slower "
+                        "candidate's calls wait until the class's calls have earned what they cost over the "
+                        "best so far, which runs meanwhile (classes the model predicts under 2 ms explore at "
+                        "once); 0: every candidate at once (default 0.05)"),
     "auto_cache": _Field("COMMLIB_AUTO_CACHE", _optional_path,
                          "directory where auto keeps what it settled, one file per layout, so that a later job "
                          "of the same layout starts settled; 'none': nothing kept or read; default "

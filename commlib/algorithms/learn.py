@@ -44,6 +44,17 @@ its kept time and than its kept watched calls' (where kept), the kept times were
 conditions (another network under the same layout, a shared cache directory): the rivals' kept times are
 forgotten and the nearest re-checked at once.
 
+Paced exploring (``pace``, COMMLIB_AUTO_PACE): in a class the model does not call short, every call a
+candidate runs over the best measured so far (the *leader*) costs a training step the difference. Each of
+the class's calls earns ``pace`` of a leader call; a rival's warm-up call or block starts only once what it
+is expected to cost over the leader is earned (not measured yet: the model's ratio, at most ``DROP``),
+and until then the leader runs in its place, untimed (a *rest*). Each warm-up call and each block's first
+call is agreed, and what it cost replaces what was expected, so a rival slower than the model said is paid
+back by longer rests, and one faster earns the difference and leads. What exploring adds then stays near
+``pace`` of the class's call time from the job's first step on (exploring at once cost the first 10 steps
+of a DDP job 8-25%: docs/results/design_choices.md); the price is that a class settles over more calls.
+The leader is the model's favourite until a call is agreed.
+
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times, the count of
 calls), never of a rank's own clock, so ranks whose clocks disagree still choose alike. Exploring is
 bounded per bucket (``MAX_CALLS``) and per learner (``FREE_CALLS`` calls, then ``BUDGET`` of all calls;
@@ -149,6 +160,14 @@ class Bucket:
     dropped: list[str] = dataclasses.field(default_factory=list)
     cut: list[str] = dataclasses.field(default_factory=list)  # blocks ended after their first call (CUT)
     firsts: list[float] = dataclasses.field(default_factory=list)  # this round's agreed first calls (_probe)
+    # -- WARMING, MEASURING when paced (Learner.pace): rests between blocks
+    paced: bool = False             # exploring pays for itself: blocks of rivals wait for ``allowance``
+    leader: str | None = None       # the best measured so far (the model's favourite before): rests run it
+    leader_s: float | None = None   # its agreed time per call
+    allowance: float = 0.0          # earned and not spent, in the leader's calls (``pace`` per call run)
+    charged: float = 0.0            # what the block under way was charged when it began
+    resting: bool = False           # the call under way is a rest (pick -> record)
+    rests: int = 0                  # rests run
     explored: int = 0               # calls run while exploring or checking
     extra: int = 0                  # near-tie rounds run
     checks: int = 0                 # re-checks run
@@ -241,6 +260,7 @@ class Bucket:
         self.settled = name
         self.trial = None
         self.slots, self.local, self.checking, self.checked, self.watched = [], [], [], {}, []
+        self.paced = False
 
     # -- kept between jobs -------------------------------------------------------------------------------
     def to_settled(self) -> dict:
@@ -297,8 +317,9 @@ class Learner:
     lane holds an equal one because it sees the same calls in the same order and the same agreed times."""
 
     def __init__(self, agree: Agree, clock: Callable[[], float] = time.perf_counter,
-                 sync: Callable[[], None] = lambda: None):
+                 sync: Callable[[], None] = lambda: None, pace: float = 0.0):
         self.agree = agree
+        self.pace = pace    # exploring's share of a class's call time (COMMLIB_AUTO_PACE); 0: every block at once
         self.sync = sync    # a barrier of the lane: every measured block starts from it
         self.clock = clock  # replaceable in tests: a rank whose clock disagrees must still choose alike
         self.buckets: dict[tuple, Bucket] = {}
@@ -331,7 +352,8 @@ class Learner:
         if "native" not in names and any(c.algorithm == "native" for c in ranked):
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
-        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS)
+        bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS, leader=names[0] if names else None)
+        bucket.paced = self.pace > 0 and not bucket.short and bucket.reps > 1  # (its blocks are probed)
         # short calls: a second round (of the candidates not dropped), as one block may fall on a busy
         # moment, and an earlier first re-check
         if bucket.short:
@@ -416,12 +438,21 @@ class Learner:
         bucket.firsts.append(agreed)
         name = bucket.slots[index]
         if known and agreed >= WATCH_S and agreed > CUT * min(known):
-            end = index + 1
-            while end < len(bucket.slots) and bucket.slots[end] == name:
-                end += 1
-            del bucket.slots[index + 1:end]
+            del bucket.slots[index + 1:index + self._block_length(bucket, index)]
             if name not in bucket.cut:
                 bucket.cut.append(name)
+        if bucket.paced:
+            self._pay(bucket, name, agreed, self._block_length(bucket, index))
+
+    @staticmethod
+    def _pay(bucket: Bucket, name: str, agreed: float, calls: int) -> None:
+        """A paced block's first call took ``agreed``: charge what its ``calls`` cost over the leader instead
+        of what was expected (a faster one earns the difference), and lead where it is the fastest yet."""
+        if bucket.leader_s is not None and name != bucket.leader:
+            bucket.allowance += bucket.charged - (agreed / bucket.leader_s - 1) * calls
+        bucket.charged = 0.0
+        if bucket.leader_s is None or agreed < bucket.leader_s:
+            bucket.leader, bucket.leader_s = name, agreed
 
     # -- re-checks ---------------------------------------------------------------------------------------
     def _start_check(self, bucket: Bucket) -> bool:
@@ -464,17 +495,56 @@ class Learner:
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
         index = len(bucket.local)
+        if bucket.paced and bucket.begins_block(index) and not self._may_start(bucket, index):
+            bucket.resting = True
+            return bucket.leader
         if bucket.state is not WARMING and bucket.begins_block(index):  # a measured block begins
             self.sync()
         return bucket.slots[index]
 
+    def _may_start(self, bucket: Bucket, index: int) -> bool:
+        """Whether the block beginning at ``index`` of a paced bucket starts now (charging the allowance what
+        it is expected to cost over the leader) or waits for more rests."""
+        name = bucket.slots[index]
+        if name == bucket.leader:
+            bucket.charged = 0.0
+            return True
+        known = bucket.best_times().get(name)
+        if known is not None and bucket.leader_s:
+            ratio = known / bucket.leader_s
+        else:  # not measured yet: the model's ratio (it ranks better than it times), at most DROP
+            ratio = min(bucket.predicted_s[name] / bucket.predicted_s[bucket.leader], DROP)
+        cost = max(ratio - 1, 0.0) * self._block_length(bucket, index)
+        if bucket.allowance < cost:
+            return False
+        bucket.allowance -= cost
+        bucket.charged = cost
+        return True
+
+    @staticmethod
+    def _block_length(bucket: Bucket, index: int) -> int:
+        end = index
+        while end < len(bucket.slots) and bucket.slots[end] == bucket.slots[index]:
+            end += 1
+        return end - index
+
     def record(self, bucket: Bucket, seconds: float) -> None:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
+        if bucket.paced:
+            bucket.allowance += self.pace
+            if bucket.resting:  # the leader ran in a block's place: nothing measured
+                bucket.resting = False
+                bucket.rests += 1
+                return
         bucket.local.append(seconds)
         index = len(bucket.local) - 1
         self.warmed.add(bucket.slots[index])
         bucket.explored += 1
         self.explored += 1
+        if bucket.paced and bucket.state is WARMING:  # a warm-up costs a step as any call: agree, and pay
+            agreed = float(self.agree(np.array([seconds], np.float64))[0])
+            self.agreements += 1
+            self._pay(bucket, bucket.slots[index], agreed, 1)
         if bucket.state is not WARMING and not bucket.short and bucket.reps > 1 and bucket.begins_block(index):
             self._probe(bucket)
         if len(bucket.local) == len(bucket.slots):
@@ -488,6 +558,10 @@ class Learner:
         if bucket.state is MEASURING:  # agree on its times, then keep them
             for name, seconds in self._agree_blocks(bucket):
                 bucket.agreed.setdefault(name, []).append(seconds)
+            if bucket.paced:  # the whole blocks' times: the leader is the best of them
+                times = bucket.best_times()
+                bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
+                bucket.leader_s = times[bucket.leader]
             if bucket.measuring == 1:
                 best = min(bucket.best_times().values())
                 bucket.dropped = [n for n in bucket.candidates if bucket.best_times()[n] > DROP * best]
@@ -724,6 +798,8 @@ def describe(bucket: Bucket) -> str:
         mark = " dropped" if name in bucket.dropped else " cut" if name in bucket.cut else ""
         parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
     extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
+    if bucket.rests:
+        extra += f", {bucket.rests} calls of the leader between blocks (paced)"
     if bucket.seeded:
         extra += ", from its " + ("single" if bucket.key[2] else "fused") + " calls' times"
     if bucket.restored:

@@ -152,7 +152,7 @@ def learner(ctx) -> learn.Learner | None:
         def agree(times):
             transport.allreduce_native_(times, ReduceOp.MAX)  # every rank: the slowest rank's times
             return times
-        found = ctx.learner = learn.Learner(agree, sync=transport.barrier)
+        found = ctx.learner = learn.Learner(agree, sync=transport.barrier, pace=ctx.config.auto_pace)
         kept = ctx.kept
         if kept is not None:
             for data in kept.buckets:

@@ -48,6 +48,7 @@ class Options:
     warmup_iters: int = 5
     rounds: int = 5
     auto_warmup: int | None = None  # --auto-warmup: auto's untimed calls per size (None: warmup_iters)
+    auto_pace: float = 0.0  # --auto-pace: COMMLIB_AUTO_PACE for this run
     min_time: float = 0.0  # --min-time: more rounds per size until each algorithm's timed calls take this
     root: int = 0
     check: bool = True
@@ -90,7 +91,7 @@ class Options:
 
     def config(self) -> Config:
         """commlib's configuration with this run's node size and torus shape applied on top of COMMLIB_*."""
-        return Config.load(local_size=self.local_size, torus_shape=self.torus_shape)
+        return Config.load(local_size=self.local_size, torus_shape=self.torus_shape, auto_pace=self.auto_pace)
 
 
 def _size(text: str) -> int:
@@ -107,6 +108,16 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
     return value
 
 
@@ -182,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--auto-warmup", type=_non_negative, default=None, metavar="N",
         help="untimed calls of auto per size, in which it explores and settles (default: -w); its timed "
              "calls then measure what it settled on after N calls")
+    add("--auto-pace", type=_share, default=0.0, metavar="SHARE",
+        help="COMMLIB_AUTO_PACE for this run (default 0: auto explores each size at once, within its "
+             "--auto-warmup calls, where a training job spreads its exploring over its calls)")
     add("--min-time", type=float, default=0.0, metavar="SECONDS",
         help="per size, add rounds (of -n/--rounds calls each) until each algorithm's timed calls take "
              "about this long, from the warm-up calls' times (default 0: -n calls); short calls then get "
@@ -267,7 +281,7 @@ def validate(args: argparse.Namespace) -> Options:
     options = Options(
         collective=args.collective, minbytes=args.minbytes, maxbytes=maxbytes, stepfactor=args.stepfactor,
         iters=args.iters, warmup_iters=args.warmup_iters, rounds=min(args.rounds, args.iters),
-        auto_warmup=args.auto_warmup, min_time=args.min_time, root=args.root,
+        auto_warmup=args.auto_warmup, auto_pace=args.auto_pace, min_time=args.min_time, root=args.root,
         check=bool(args.check), op=args.op, dtype=args.datatype, algorithms=tuple(algorithms),
         all_algorithms=args.algo == _algorithms("all"),
         local_size=args.local_size, torus_shape=args.torus, compression=args.compression,

@@ -477,7 +477,10 @@ def test_default_model_prefers_mpi_across_two_hosts_of_one_rank():
     pytest.param(4, ["--local-size", "2", "--skew"], id="2x2-skewed-clock"),
     pytest.param(2, ["--local-size", "1"], id="2x1"),
     pytest.param(2, ["--off"], id="2ranks-off"),
+    pytest.param(4, ["--local-size", "2", "--skew", "--pace", "0.05"], id="2x2-skewed-clock-paced"),
 ])
 def test_learning_on_a_real_job(nprocs, args):
-    run_mpi(nprocs, "auto_learn.py", *args, timeout=240,
-            cases=["off_auto_is_the_models_choice"] if "--off" in args else ["auto_runs_what_it_learned"])
+    last = ("off_auto_is_the_models_choice" if "--off" in args
+            else "paced_classes_rested_and_short_ones_did_not" if "--pace" in args
+            else "auto_runs_what_it_learned")
+    run_mpi(nprocs, "auto_learn.py", *args, timeout=240, cases=[last])

@@ -1,8 +1,9 @@
 """Worker: ``auto`` learning on a real job - every rank runs the same algorithm on every call while it
 explores (also when one rank's clock disagrees wildly), every size class settles within 20 calls, results
-stay right, and with COMMLIB_AUTO_LEARN=0 auto is the model's choice and nothing is measured.
+stay right, and with COMMLIB_AUTO_LEARN=0 auto is the model's choice and nothing is measured. Paced
+(``--pace``), the ranks still run alike, and classes the model calls long rest between blocks instead.
 
-    mpiexec -n P python auto_learn.py [--local-size K] [--skew]
+    mpiexec -n P python auto_learn.py [--local-size K] [--skew] [--pace SHARE]
 
 ``--skew``: the last rank's learner reads a clock running 50x fast with noise, so its own times rank the
 algorithms differently from the other ranks'.
@@ -32,6 +33,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--local-size", type=int)
 parser.add_argument("--skew", action="store_true")
 parser.add_argument("--off", action="store_true", help="COMMLIB_AUTO_LEARN=0")
+parser.add_argument("--pace", type=float, default=0.0, help="COMMLIB_AUTO_PACE (0: explore at once)")
 args = parser.parse_args()
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -42,7 +44,7 @@ picks: list = []
 @spmd.case
 def init():
     global engine, ctx, learning
-    config = Config.load(local_size=args.local_size, auto_learn=not args.off)
+    config = Config.load(local_size=args.local_size, auto_learn=not args.off, auto_pace=args.pace)
     engine = Engine(MPITransport.duplicate(comm), Topology.detect(comm, args.local_size), config)
     ctx = engine.context
     learning = select.learner(ctx)
@@ -169,6 +171,18 @@ def every_size_class_settled_within_its_budget():
 
 
 @spmd.case
+def paced_classes_rested_and_short_ones_did_not():
+    """Each class the model calls long ran its leader between blocks (every rank alike: the case before);
+    classes it calls short explored at once."""
+    long = [b for b in learning.buckets.values() if not b.short]
+    assert long, [learn.bucket_label(k) for k in learning.buckets]
+    for bucket in long:
+        assert bucket.rests > 0, f"{learn.bucket_label(bucket.key)} never rested: {learn.describe(bucket)}"
+    short = [b for b in learning.buckets.values() if b.short]
+    assert all(b.rests == 0 for b in short), [learn.describe(b) for b in short if b.rests]
+
+
+@spmd.case
 def auto_runs_what_it_learned():
     for nbytes in SIZES:
         assert select.current(ctx, nbytes).algorithm == learning.settled(select.bucket_key(nbytes))
@@ -185,6 +199,7 @@ def close():
 if __name__ == "__main__":
     learned = ["every_rank_ran_and_learned_alike", "every_size_class_settled_within_its_budget",
                "auto_runs_what_it_learned"]
+    paced = ["every_rank_ran_and_learned_alike", "paced_classes_rested_and_short_ones_did_not"]
     spmd.main(["init", "every_call_gives_mpis_sum", "half_types_learn_apart_with_mpis_own_last",
                "hierarchical_weighed_only_where_a_node_holds_ranks",
-               *(["off_auto_is_the_models_choice"] if args.off else learned), "close"])
+               *(["off_auto_is_the_models_choice"] if args.off else paced if args.pace else learned), "close"])
