@@ -2,7 +2,8 @@
 """DDP and FSDP2 step time on the ``commlib`` backend against gloo, in alternating jobs.
 
     flock -x /tmp/commlib-cpu.lock .venv/bin/python scripts/bench_ddp.py \\
-        [--layouts 1x2,2x1,2x2] [--servers] [--fsdp] [--jobs 3] [--steps 40] [--rate 1gbit] [--output FILE]
+        [--layouts 1x2,2x1,2x2] [--servers] [--fsdp] [--jobs 3] [--steps 40] [--rate 1gbit]
+        [--layout-cache new,seen] [--output FILE]
 
 The workload is ``scripts/ddp_train.py``: the issue's step (MLP 1024-4096-4096-1024, 25.2 M parameters,
 batch 32, SGD with momentum, one torch thread) as a plain DDP script, on whichever backend it is given, with
@@ -17,6 +18,11 @@ ranks; H > 1: emulated hosts, commlib.testing.cluster, links shaped to ``--rate`
   commlib.server`` on the server hosts, whose presence lets ``auto`` send through them; and with
   ``COMMLIB_ALGORITHM=ps``, every bucket through them) against gloo on the same 4 worker hosts;
 - ``--fsdp``: FSDP2 (``fully_shard`` per layer) on 2 hosts x 1 rank, gloo against commlib.
+
+``--layout-cache`` runs each commlib variant once per kind given: ``new``, a job whose layout ``auto`` has not
+seen (an empty ``COMMLIB_AUTO_CACHE`` directory per job: it explores), ``seen``, a job whose layout ran
+before (one directory per row, filled by an untimed job of each commlib variant first: it starts settled).
+Without it, every job reads and writes the user's cache, so a row's later jobs see what its earlier left.
 
 Each row runs ``--jobs`` rounds; each round runs every variant once, in an order that rotates from round to
 round. A job reports every step's time (the slowest rank's); its *first 10* is the mean of its first 10
@@ -35,6 +41,7 @@ import platform
 import shlex
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -115,33 +122,53 @@ class ServerLauncher:
 
 
 def run_row(launcher, variants: list[str], args, base_env: dict, notes: list[str], servers: bool = False) -> dict:
-    """Every variant of a row, ``args.jobs`` rounds in rotating order; {variant: [[step_s...] per job]}. A
-    job that printed its steps and then exited non-zero (gloo's FSDP2 jobs abort at exit now and then:
-    "terminate called without an active exception") keeps its steps; ``notes`` says so."""
+    """Every variant of a row (commlib's once per ``--layout-cache`` kind), ``args.jobs`` rounds in rotating
+    order; {label: [[step_s...] per job]}. A job that printed its steps and then exited non-zero (gloo's
+    FSDP2 jobs abort at exit now and then: "terminate called without an active exception") keeps its
+    steps; ``notes`` says so."""
     from commlib.testing.cluster import JobFailed
 
     python, mpiexec = Path(sys.executable), Path(sys.executable).parent / "mpiexec"
-    runs: dict[str, list[list[float]]] = {v: [] for v in variants}
-    for job in range(args.jobs):
-        order = variants[job % len(variants):] + variants[:job % len(variants)]
-        for variant in order:
-            backend, extra, env = VARIANTS[variant]
-            train_args = ["--backend", backend, "--steps", str(args.steps), *extra]
-            kwargs = {"with_servers": True} if servers and backend == "commlib" else {}
-            try:
-                output = launcher.run(python, mpiexec, train_args, dict(base_env, **env), args.timeout,
-                                      script=TRAIN, **kwargs)
-            except JobFailed as exc:
-                output = exc.completed.stdout or ""
-                if result_line(output) is None:
-                    raise
-                notes.append(f"# note: {variant}, job {job + 1}, exited {exc.completed.returncode} after "
-                             "printing its steps; its steps are kept")
-                print(notes[-1], flush=True)
-            runs[variant].append(parse_job(output))
-            first, steady = summary(runs[variant][-1])
-            print(f"#   {variant}: job {job + 1}: steady {steady * 1e3:.1f} ms, first {FIRST} {first * 1e3:.1f} ms",
-                  flush=True)
+    caches = [c for c in args.layout_cache.split(",") if c]
+    jobs = [(v, None) for v in variants if VARIANTS[v][0] != "commlib" or not caches]
+    jobs[1:1] = [(v, c) for v in variants if VARIANTS[v][0] == "commlib" for c in caches]  # after gloo's
+
+    def label(variant: str, cache: str | None) -> str:
+        return f"{variant} ({cache} layout)" if cache and len(caches) > 1 else variant
+
+    def run(variant: str, cache: str | None, scratch: str, what: str) -> str:
+        backend, extra, env = VARIANTS[variant]
+        env = dict(base_env, **env)
+        if cache == "new":
+            env["COMMLIB_AUTO_CACHE"] = tempfile.mkdtemp(prefix="new-", dir=scratch)
+        elif cache == "seen":
+            env["COMMLIB_AUTO_CACHE"] = str(Path(scratch) / "seen")
+        train_args = ["--backend", backend, "--steps", str(args.steps), *extra]
+        kwargs = {"with_servers": True} if servers and backend == "commlib" else {}
+        try:
+            return launcher.run(python, mpiexec, train_args, env, args.timeout, script=TRAIN, **kwargs)
+        except JobFailed as exc:
+            output = exc.completed.stdout or ""
+            if result_line(output) is None:
+                raise
+            notes.append(f"# note: {label(variant, cache)}, {what}, exited {exc.completed.returncode} after "
+                         "printing its steps; its steps are kept")
+            print(notes[-1], flush=True)
+            return output
+
+    runs: dict[str, list[list[float]]] = {label(v, c): [] for v, c in jobs}
+    with tempfile.TemporaryDirectory(prefix="commlib-ddp-bench-") as scratch:
+        for variant, cache in jobs:
+            if cache == "seen":  # the layout's earlier job, untimed
+                run(variant, cache, scratch, "the untimed earlier job")
+        for job in range(args.jobs):
+            order = jobs[job % len(jobs):] + jobs[:job % len(jobs)]
+            for variant, cache in order:
+                steps = parse_job(run(variant, cache, scratch, f"job {job + 1}"))
+                runs[label(variant, cache)].append(steps)
+                first, steady = summary(steps)
+                print(f"#   {label(variant, cache)}: job {job + 1}: steady {steady * 1e3:.1f} ms, first {FIRST} "
+                      f"{first * 1e3:.1f} ms", flush=True)
     return runs
 
 
@@ -171,6 +198,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40, help="steps per job (the first 10 reported apart)")
     parser.add_argument("--rate", default="1gbit", help="link rate of emulated hosts (tc syntax)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--layout-cache", default="",
+                        help="commlib's variants: new (auto has not seen the layout), seen (it has); "
+                             "default: the user's cache")
     parser.add_argument("--output", help="also write the report (markdown) here, and its JSON beside it")
     args = parser.parse_args()
 
@@ -183,7 +213,8 @@ def main() -> int:
         f"({'present' if Path.home().joinpath('.cache/commlib/tuning.json').exists() else 'none on this machine'})",
         f"# {args.jobs} rounds of alternating jobs, {args.steps} steps each: steady = median of steps {FIRST + 1}+, "
         f"first {FIRST} = their mean; a step is the slowest rank's; emulated links at {args.rate}; "
-        f"{GRADIENT_BYTES / 1e6:.1f} MB of float32 gradients",
+        f"{GRADIENT_BYTES / 1e6:.1f} MB of float32 gradients; auto's layout cache: "
+        + (args.layout_cache or "the user's"),
         "",
         "| layout | row | variant | steady ms per job | steady ms | vs first variant | first 10 ms (vs steady) | "
         "link bound |",
