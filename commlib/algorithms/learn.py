@@ -38,7 +38,7 @@ buffer or several fused in place. Its :class:`State`:
 :data:`NEXT` lists the moves between states, and every move goes through ``Bucket._enter``. A new bucket
 of long calls whose sibling (the same class and codec, fused or not) has settled starts ``WATCHED`` on the
 sibling's times instead of exploring: such calls are the bytes they move. A settled bucket can be kept
-(:meth:`Bucket.to_settled`) and a later learner started from it (:meth:`Bucket.from_settled`). Where a
+(:meth:`Bucket.to_kept`) and a later learner started from it (:meth:`Bucket.from_kept`). Where a
 restored bucket's first ``WATCH_CALLS`` watched calls run more than ``STALE`` times slower or faster than
 its kept time and than its kept watched calls' (where kept), the kept times were measured under other
 conditions (another network under the same layout, a shared cache directory): the rivals' kept times are
@@ -46,14 +46,17 @@ forgotten and the nearest re-checked at once.
 
 Paced exploring (``pace``, COMMLIB_AUTO_PACE): in a class the model does not call short, every call a
 candidate runs over the best measured so far (the *leader*) costs a training step the difference. Each of
-the class's calls earns ``pace`` of a leader call; a rival's warm-up call or block starts only once what it
-is expected to cost over the leader is earned (not measured yet: the model's ratio, at most ``DROP``),
-and until then the leader runs in its place, untimed (a *rest*). Each warm-up call and each block's first
-call is agreed, and what it cost replaces what was expected, so a rival slower than the model said is paid
-back by longer rests, and one faster earns the difference and leads. What exploring adds then stays near
-``pace`` of the class's call time from the job's first step on (exploring at once cost the first 10 steps
-of a DDP job 8-25%: docs/results/design_choices.md); the price is that a class settles over more calls.
-The leader is the model's favourite until a call is agreed.
+the class's calls earns ``pace`` of a leader call; a rival's block (with its warm-up call just before it,
+where calls warm up) starts only once what it is expected to cost over the leader is earned (not
+measured yet: the model's ratio, at most ``DROP``), and until then the leader runs in its place, untimed
+(a *rest*). The warm-up call and the block's first call are agreed at once, and what they cost replaces
+what was expected, so a rival slower than the model said is paid back by longer rests, and one faster
+earns the difference; each block is agreed as it ends, and the fastest leads. What exploring adds then
+stays near ``pace`` of the class's call time from the job's first step on (exploring at once cost the
+first 10 steps of a DDP job 8-25%: docs/results/auto_learn_rules.md); the price is that a class settles
+over more calls, so a job that ends first keeps its agreed blocks (:meth:`Bucket.to_kept`) and a later
+job goes on from them (:meth:`Learner.restore`). The leader is the model's favourite until a block is
+agreed.
 
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times, the count of
 calls), never of a rank's own clock, so ranks whose clocks disagree still choose alike. Exploring is
@@ -115,7 +118,7 @@ class State(enum.Enum):
 
 NEW, WARMING, MEASURING, SETTLED, WATCHED, CHECKING = State  # names for the per-call path (a global read)
 
-#: The states whose bucket can be kept (:meth:`Bucket.to_settled`): it has settled.
+#: The states whose bucket can be kept (:meth:`Bucket.to_kept`): it has settled.
 KEPT = frozenset({SETTLED, WATCHED, CHECKING})
 
 #: The moves between states: from each, the states a bucket may enter next (``Bucket._enter`` holds every
@@ -166,7 +169,9 @@ class Bucket:
     leader_s: float | None = None   # its agreed time per call
     allowance: float = 0.0          # earned and not spent, in the leader's calls (``pace`` per call run)
     charged: float = 0.0            # what the block under way was charged when it began
-    resting: bool = False           # the call under way is a rest (pick -> record)
+    warms: bool = False             # a cold candidate's block begins with its warm-up call (under LARGE_S)
+    approved: int = -1              # the block of the round beginning here has been charged
+    aside: str | None = None        # the call under way is outside the round: "rest" or "warm" (pick -> record)
     rests: int = 0                  # rests run
     explored: int = 0               # calls run while exploring or checking
     extra: int = 0                  # near-tie rounds run
@@ -174,13 +179,19 @@ class Bucket:
     switches: int = 0               # of which changed the settled algorithm
     watch_switches: int = 0         # settled algorithms given up because their calls ran slower than a rival
     seeded: bool = False            # settled on its sibling's times (Learner._adopt)
-    restored: bool = False          # settled on an earlier learner's times (from_settled)
+    restored: bool = False          # settled on an earlier learner's times (from_kept)
     kept_compared: bool = False     # restored and watched: its first watched calls were held against it
     kept_watched: float | None = None  # restored: the kept median of the choice's watched calls
     stale: bool = False             # ... and were STALE off: the kept times were forgotten
     # -- the state as the per-call path reads it: one attribute each, set by _enter alone
     running: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED or WATCHED
     untimed: bool = dataclasses.field(default=False, init=False, repr=False)  # SETTLED
+
+    @property
+    def keepable(self) -> bool:
+        """Whether :meth:`to_kept` has something to keep: the bucket has settled, or it explores paced and
+        has agreed blocks (a job that ends before such a class settles hands its blocks on)."""
+        return self.state in KEPT or (self.state in (WARMING, MEASURING) and self.paced and bool(self.agreed))
 
     @property
     def short(self) -> bool:
@@ -226,6 +237,7 @@ class Bucket:
 
     def _round(self, order: Sequence[str], calls: int) -> None:
         self.slots = [name for name in order for _ in range(calls)]
+        self.approved = -1
         self.local = []
         self.firsts = []
 
@@ -263,19 +275,23 @@ class Bucket:
         self.paced = False
 
     # -- kept between jobs -------------------------------------------------------------------------------
-    def to_settled(self) -> dict:
-        """What this bucket settled, as JSON-ready data that :meth:`from_settled` restores: the candidates,
-        the model's predictions, every agreed time, the dropped and the choice, and where the choice's calls
-        were watched the median of its last ones (``watched_s``). A re-check or a trial under way is left
-        out (the bucket's choice before it); an exploring bucket has nothing to keep (ValueError)."""
-        if self.state not in KEPT:
-            raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}): only "
-                             "a settled bucket can be kept")
+    def to_kept(self) -> dict:
+        """What this bucket settled, as JSON-ready data that :meth:`from_kept` restores: the candidates,
+        the model's predictions, every agreed time, the dropped and the choice (None where it still
+        explores, paced: its agreed blocks so far), and where the choice's calls were watched the median of
+        its last ones (``watched_s``). A re-check or a trial under way is left out (the bucket's choice
+        before it); a bucket that is not :attr:`keepable` has nothing to keep (ValueError)."""
+        if not self.keepable:
+            raise ValueError(f"auto {bucket_label(self.key)} has not settled (it is {self.state.value}) nor "
+                             "agreed a paced block: there is nothing to keep")
         power, codec, fused = self.key
         kept = {"key": [power, codec, fused], "candidates": list(self.candidates),
                 "predicted_s": dict(self.predicted_s), "reps": self.reps,
                 "agreed": {name: list(times) for name, times in self.agreed.items()},
-                "dropped": list(self.dropped), "settled": self.trial or self.settled}
+                "dropped": list(self.dropped),
+                "settled": (self.trial or self.settled) if self.state in KEPT else None}
+        if kept["settled"] is None:
+            kept["allowance"] = float(self.allowance)  # earned over this job's calls: the next goes on
         if self.state is WATCHED and self.trial is None and self.watched_median is not None:
             kept["watched_s"] = self.watched_median  # (STALE)
         elif self.kept_watched is not None:
@@ -283,10 +299,12 @@ class Bucket:
         return kept
 
     @classmethod
-    def from_settled(cls, data: Mapping) -> "Bucket":
-        """A bucket settled on ``data`` (from :meth:`to_settled`): it runs the settled algorithm (WATCHED
+    def from_kept(cls, data: Mapping) -> "Bucket":
+        """A bucket settled on ``data`` (from :meth:`to_kept`): it runs the settled algorithm (WATCHED
         where its time is long) and re-checks it as a bucket that has just settled would, so a choice
-        that no longer holds here still corrects itself. ValueError names what in ``data`` is not one."""
+        that no longer holds here still corrects itself. Where ``data`` settled nothing (a class explored
+        paced), a NEW bucket holding its agreed blocks, which :meth:`Learner.restore` goes on exploring.
+        ValueError names what in ``data`` is not one."""
         try:
             power, codec, fused = data["key"]
             key = (int(power), None if codec is None else str(codec), bool(fused))
@@ -297,18 +315,22 @@ class Bucket:
             settled, reps = data["settled"], int(data["reps"])
             watched = data.get("watched_s")
             watched = None if watched is None else float(watched)
+            allowance = float(data.get("allowance", 0.0))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a settled auto bucket ({type(exc).__name__}: {exc}); keep one with "
-                             "Bucket.to_settled") from None
+                             "Bucket.to_kept") from None
         unknown = sorted((set(agreed) | set(dropped) | set(predicted) | {settled}) - set(candidates) - {None})
+        if settled is None and not agreed:
+            unknown = ["(nothing settled nor measured)"]
         if unknown or reps < 1:
             raise ValueError(f"not a settled auto bucket for {bucket_label(key)}: "
                              + (f"{', '.join(unknown)} not among its candidates {candidates}" if unknown
                                 else f"reps {reps} must be at least 1"))
         bucket = cls(key, candidates, predicted, reps=reps, rounds=ROUNDS, agreed=agreed, dropped=dropped,
-                     restored=True, kept_watched=watched)
+                     restored=True, kept_watched=watched, allowance=allowance)
         bucket.next_check = RECHECK_SHORT if bucket.short else RECHECK_FIRST
-        bucket.settle_on(settled)
+        if settled is not None:
+            bucket.settle_on(settled)
         return bucket
 
 
@@ -365,9 +387,10 @@ class Learner:
             bucket.settle_on(names[0] if names else None)
         elif self._adopt(bucket, self._sibling(key)):
             pass  # settled on the sibling's times, watched
-        elif cold:
+        elif cold and not bucket.paced:
             bucket.warm_up(cold)
-        else:
+        else:  # (paced: each cold candidate warms up right before its block)
+            bucket.warms = bool(cold)
             bucket.measure(1, names)
         self.buckets[key] = bucket
         return bucket
@@ -401,15 +424,16 @@ class Learner:
         cost = cold + (len(bucket.candidates) * bucket.rounds * bucket.reps if calls is None else calls)
         return self.explored + cost <= max(FREE_CALLS, BUDGET * self.calls)
 
-    def _agree_blocks(self, bucket: Bucket) -> list[tuple[str, float]]:
-        """(name, agreed seconds per call) of each block of this round: every rank's block sums and call
-        times, MAX over the ranks in one small allreduce. A block's time is the slowest rank's sum per
+    def _agree_blocks(self, bucket: Bucket, begin: int = 0) -> list[tuple[str, float]]:
+        """(name, agreed seconds per call) of each block of this round from call ``begin`` on (a paced
+        bucket agrees each block as it ends): every rank's block sums and call times, MAX over the ranks
+        in one small allreduce. A block's time is the slowest rank's sum per
         call (per-call maxima would add up each call's wait for the others within the block), or where
         that is at least ``WATCH_S`` its slowest call: a job waits for each of its few long calls, and an
         algorithm whose long calls are fast and slow by turns shows it in a block's slower call, where the
         mean would halve it. A block cut after its first call (``CUT``) is that call."""
-        local = np.asarray(bucket.local, np.float64)
-        starts = np.asarray(bucket.block_starts())
+        local = np.asarray(bucket.local[begin:], np.float64)
+        starts = np.asarray([i - begin for i in bucket.block_starts() if begin <= i < len(bucket.local)])
         sums = np.add.reduceat(local, starts)
         agreed = self.agree(np.concatenate([sums, local]))  # each rank's block sums, then its calls
         self.agreements += 1
@@ -419,7 +443,7 @@ class Learner:
         out = []
         for b in range(blocks):
             mean = float(agreed[b]) / lengths[b]  # the slowest rank's block from the common start, per call
-            out.append((bucket.slots[starts[b]], mean if mean < WATCH_S else float(slowest[b])))
+            out.append((bucket.slots[begin + starts[b]], mean if mean < WATCH_S else float(slowest[b])))
         return out
 
     def _probe(self, bucket: Bucket) -> None:
@@ -495,9 +519,14 @@ class Learner:
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
         index = len(bucket.local)
-        if bucket.paced and bucket.begins_block(index) and not self._may_start(bucket, index):
-            bucket.resting = True
-            return bucket.leader
+        if bucket.paced and bucket.begins_block(index) and bucket.approved != index:
+            if not self._may_start(bucket, index):
+                bucket.aside = "rest"
+                return bucket.leader
+            bucket.approved = index
+            if bucket.warms and bucket.slots[index] not in self.warmed:
+                bucket.aside = "warm"
+                return bucket.slots[index]
         if bucket.state is not WARMING and bucket.begins_block(index):  # a measured block begins
             self.sync()
         return bucket.slots[index]
@@ -514,12 +543,24 @@ class Learner:
             ratio = known / bucket.leader_s
         else:  # not measured yet: the model's ratio (it ranks better than it times), at most DROP
             ratio = min(bucket.predicted_s[name] / bucket.predicted_s[bucket.leader], DROP)
-        cost = max(ratio - 1, 0.0) * self._block_length(bucket, index)
+        calls = self._block_length(bucket, index) + (bucket.warms and name not in self.warmed)  # its warm-up
+        cost = max(ratio - 1, 0.0) * calls
         if bucket.allowance < cost:
             return False
         bucket.allowance -= cost
         bucket.charged = cost
         return True
+
+    def _warmed_up(self, bucket: Bucket, name: str, seconds: float) -> None:
+        """A paced block's candidate ran its warm-up call (``seconds`` here): it costs a training step as any
+        call, so agree on it and charge what it ran over the leader."""
+        self.warmed.add(name)
+        bucket.explored += 1
+        self.explored += 1
+        agreed = float(self.agree(np.array([seconds], np.float64))[0])
+        self.agreements += 1
+        if name != bucket.leader and bucket.leader_s:
+            bucket.allowance -= max(agreed / bucket.leader_s - 1, 0.0)
 
     @staticmethod
     def _block_length(bucket: Bucket, index: int) -> int:
@@ -532,36 +573,46 @@ class Learner:
         """The time this rank measured for the call :meth:`pick` chose; at the end of a round, agree."""
         if bucket.paced:
             bucket.allowance += self.pace
-            if bucket.resting:  # the leader ran in a block's place: nothing measured
-                bucket.resting = False
+            aside, bucket.aside = bucket.aside, None
+            if aside == "rest":  # the leader ran in a block's place: nothing measured
                 bucket.rests += 1
+                self.warmed.add(bucket.leader)
+                return
+            if aside == "warm":
+                self._warmed_up(bucket, bucket.slots[len(bucket.local)], seconds)
                 return
         bucket.local.append(seconds)
         index = len(bucket.local) - 1
         self.warmed.add(bucket.slots[index])
         bucket.explored += 1
         self.explored += 1
-        if bucket.paced and bucket.state is WARMING:  # a warm-up costs a step as any call: agree, and pay
-            agreed = float(self.agree(np.array([seconds], np.float64))[0])
-            self.agreements += 1
-            self._pay(bucket, bucket.slots[index], agreed, 1)
         if bucket.state is not WARMING and not bucket.short and bucket.reps > 1 and bucket.begins_block(index):
             self._probe(bucket)
+        if bucket.paced and bucket.state is MEASURING and (index + 1 == len(bucket.slots)
+                                                           or bucket.begins_block(index + 1)):
+            self._end_paced_block(bucket, index)
         if len(bucket.local) == len(bucket.slots):
             if bucket.state is CHECKING:
                 self._end_check_round(bucket)
             else:
                 self._end_round(bucket)
 
+    def _end_paced_block(self, bucket: Bucket, index: int) -> None:
+        """A paced bucket's block ended at call ``index``: agree its time now (a job can end long before the
+        round does, and hands on the blocks it agreed); the fastest block so far leads."""
+        start = max(i for i in bucket.block_starts() if i <= index)
+        for name, seconds in self._agree_blocks(bucket, start):
+            bucket.agreed.setdefault(name, []).append(seconds)
+        times = bucket.best_times()
+        bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
+        bucket.leader_s = times[bucket.leader]
+
     def _end_round(self, bucket: Bucket) -> None:
         """The warm-up or a measured round has run: the next measured round, or settled."""
         if bucket.state is MEASURING:  # agree on its times, then keep them
-            for name, seconds in self._agree_blocks(bucket):
-                bucket.agreed.setdefault(name, []).append(seconds)
-            if bucket.paced:  # the whole blocks' times: the leader is the best of them
-                times = bucket.best_times()
-                bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
-                bucket.leader_s = times[bucket.leader]
+            if not bucket.paced:  # (a paced bucket agreed each block as it ended)
+                for name, seconds in self._agree_blocks(bucket):
+                    bucket.agreed.setdefault(name, []).append(seconds)
             if bucket.measuring == 1:
                 best = min(bucket.best_times().values())
                 bucket.dropped = [n for n in bucket.candidates if bucket.best_times()[n] > DROP * best]
@@ -718,14 +769,37 @@ class Learner:
             bucket.check([bucket.settled] + rivals)
 
     def restore(self, bucket: Bucket) -> None:
-        """Start ``bucket``'s class settled (``Bucket.from_settled``) instead of exploring it; before the
+        """Start ``bucket``'s class (``Bucket.from_kept``) settled, or where it had not settled, exploring
+        from where an earlier job stopped: the candidates it did not measure, after a block of its leader
+        (this job's calls may run apart from that job's), each paced where this learner paces; before the
         class's first call, equally on every rank."""
-        if bucket.state not in (SETTLED, WATCHED):
-            raise ValueError(f"auto {bucket_label(bucket.key)} is {bucket.state.value}: only a settled bucket "
+        if bucket.state not in (NEW, SETTLED, WATCHED):
+            raise ValueError(f"auto {bucket_label(bucket.key)} is {bucket.state.value}: only a kept bucket "
                              "can be restored")
         if bucket.key in self.buckets:
             raise ValueError(f"auto {bucket_label(bucket.key)} already has a bucket on this lane")
         self.buckets[bucket.key] = bucket
+        if bucket.state is NEW:
+            self._go_on(bucket)
+
+    def _go_on(self, bucket: Bucket) -> None:
+        times = bucket.best_times()
+        bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
+        bucket.leader_s = times[bucket.leader]
+        left = [n for n in bucket.candidates if n not in times and n not in bucket.dropped]
+        if not left:
+            bucket.settle_on(bucket.leader)
+            self.notes.append(describe(bucket))
+            return
+        bucket.paced = self.pace > 0 and not bucket.short and bucket.reps > 1
+        names = [bucket.leader] + left
+        best = min(bucket.predicted_s.get(n, float("inf")) for n in names)
+        cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
+        if cold and not bucket.paced:
+            bucket.warm_up(cold)
+        else:
+            bucket.warms = bool(cold)
+            bucket.measure(1, names)
 
     def settled(self, key: tuple) -> str | None:
         bucket = self.buckets.get(key)

@@ -6,13 +6,15 @@ the ranks and their nodes, the links between them as the cost model sees them (c
 node, the summation servers, the model's parameters: a tuning profile's or the defaults), the settings
 the algorithms read, the algorithms that can run, and :data:`FORMAT` with commlib's version. Its digest
 names the file, ``<directory>/<digest>.json``, which holds the layout itself (a file holding another
-layout is foreign) and the settled buckets (:meth:`.learn.Bucket.to_settled`), one per size class.
+layout is foreign) and the kept buckets (:meth:`.learn.Bucket.to_kept`), one per size class: settled, or
+explored paced up to where a job ended (a later job goes on from there).
 
 Reading never fails a job: a missing file starts afresh; a file that cannot be read, is not JSON, is of
 another format or version, holds another layout, or holds a bucket that is not one is ignored with a log
 line naming it and why. Writing is safe against other jobs writing the same layout at once: under an
 exclusive lock of ``<file>.lock``, the file is read again, this job's buckets are merged into it (this
-job's win for a size class both hold; the others' stay), and the result is written to a temporary file
+job's win for a size class both hold, except that a class this job still explored does not replace one
+another job settled; the others' stay), and the result is written to a temporary file
 in the same directory and renamed over it, so that a reader sees the old file or the new one, never part
 of one. Only rank 0 reads and writes; the caller broadcasts what it read, so every rank starts from the
 same buckets (:func:`.select.recall`).
@@ -38,7 +40,7 @@ log = logging.getLogger("commlib")
 
 #: The version of the kept files and of the learner's rules they were measured under: a file of another
 #: format is ignored (raise it when what a bucket holds, or what its times mean, changes).
-FORMAT = 2
+FORMAT = 3
 
 SEEN, NEW, IGNORED, OFF = "seen", "new", "ignored", "off"
 
@@ -84,7 +86,7 @@ def digest(layout: Mapping) -> str:
 class Kept:
     """What a job found for its layout: where (``path``), whether it had run before (``status``: seen,
     new, ignored - a file was there and could not be used, ``reason`` says why - or off), and the settled
-    buckets' data (:meth:`.learn.Bucket.to_settled`)."""
+    buckets' data (:meth:`.learn.Bucket.to_kept`)."""
 
     status: str
     path: str = ""
@@ -94,8 +96,11 @@ class Kept:
     def describe(self) -> str:
         """One line for ``--explain`` and the timeline: which it did."""
         if self.status == SEEN:
-            return (f"auto: this layout ran before: {len(self.buckets)} size class(es) start settled from "
-                    f"{self.path} and are re-checked as they run")
+            settled = sum(b["settled"] is not None for b in self.buckets)
+            going = (f", {len(self.buckets) - settled} go on exploring where it stopped"
+                     if settled < len(self.buckets) else "")
+            return (f"auto: this layout ran before: {settled} size class(es) start settled from {self.path} "
+                    f"and are re-checked as they run{going}")
         if self.status == NEW:
             return f"auto: a new layout (nothing kept at {self.path}): each size class is explored"
         if self.status == IGNORED:
@@ -153,14 +158,14 @@ def _check(text: str, layout: Mapping) -> tuple[str, list]:
         return "it holds another layout", []
     for bucket in data["buckets"]:
         try:
-            Bucket.from_settled(bucket)
+            Bucket.from_kept(bucket)
         except ValueError as exc:
             return str(exc), []
     return "", data["buckets"]
 
 
 def write(directory: Path, layout: Mapping, buckets: list) -> Path:
-    """Merge ``buckets`` (:meth:`.learn.Bucket.to_settled` data) into the file of ``layout``: under the
+    """Merge ``buckets`` (:meth:`.learn.Bucket.to_kept` data) into the file of ``layout``: under the
     layout's lock, over what the file holds (other jobs' size classes stay; this job's replace theirs),
     written whole and renamed into place. Raises OSError where the directory cannot be written."""
     layout = versioned(layout)
@@ -171,7 +176,8 @@ def write(directory: Path, layout: Mapping, buckets: list) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             merged = {_key(b): b for b in _current(path, layout)}
-            merged.update((_key(b), b) for b in buckets)
+            merged.update((_key(b), b) for b in buckets
+                          if b["settled"] is not None or merged.get(_key(b), b)["settled"] is None)
             document = {"format": FORMAT, "layout": layout,
                         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                         "buckets": sorted(merged.values(), key=lambda b: json.dumps(b["key"]))}

@@ -156,7 +156,7 @@ def learner(ctx) -> learn.Learner | None:
         kept = ctx.kept
         if kept is not None:
             for data in kept.buckets:
-                found.restore(learn.Bucket.from_settled(data))
+                found.restore(learn.Bucket.from_kept(data))
             found.origin = kept.describe()
             found.notes.append(found.origin)
     return found
@@ -196,7 +196,7 @@ def keep(ctx) -> None:
     kept, learning = ctx.kept, ctx.learner
     if ctx.rank != 0 or kept is None or kept.status == persist.OFF or learning is None:
         return
-    settled = [b.to_settled() for b in learning.buckets.values() if b.state in learn.KEPT]
+    settled = [b.to_kept() for b in learning.buckets.values() if b.keepable]
     if not settled:
         return
     directory = persist.directory_of(ctx.config.auto_cache)

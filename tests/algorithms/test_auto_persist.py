@@ -21,11 +21,11 @@ OTHER = {**LAYOUT, "shape": {"node_of_rank": [0, 1], "cma": False}}
 
 
 def settled(power: int, winner: str = "ring") -> dict:
-    """A settled bucket's data for size class ``power``, as Bucket.to_settled writes it."""
+    """A settled bucket's data for size class ``power``, as Bucket.to_kept writes it."""
     bucket = Bucket((power, None, False), ["ring", "native"], {"ring": 1e-4, "native": 2e-4}, reps=2, rounds=1,
                     agreed={"ring": [1e-4 if winner == "ring" else 3e-4], "native": [2e-4]})
     bucket.settle_on(winner)
-    return bucket.to_settled()
+    return bucket.to_kept()
 
 
 def test_kept_buckets_round_trip(tmp_path):
@@ -36,7 +36,7 @@ def test_kept_buckets_round_trip(tmp_path):
     assert sorted(json.dumps(b) for b in found.buckets) == sorted(json.dumps(b) for b in kept)
     learner = Learner(lambda v: v)
     for data in persist.Kept.from_bytes(found.to_bytes()).buckets:  # what rank 0 broadcasts
-        learner.restore(Bucket.from_settled(data))
+        learner.restore(Bucket.from_kept(data))
     assert {key: (b.state, b.settled) for key, b in learner.buckets.items()} == {
         (12, None, False): (SETTLED, "ring"), (20, None, False): (SETTLED, "native")}
     assert "ran before" in found.describe() and "2 size class(es)" in found.describe()
@@ -47,6 +47,28 @@ def test_a_later_write_merges_and_replaces_a_class(tmp_path):
     persist.write(tmp_path, LAYOUT, [settled(16, "native"), settled(24)])
     found = {b["key"][0]: b["settled"] for b in persist.read(tmp_path, LAYOUT).buckets}
     assert found == {12: "ring", 16: "native", 24: "ring"}
+
+
+def exploring(power: int) -> dict:
+    """A class of 5 ms calls explored paced up to one agreed block, as Bucket.to_kept writes it."""
+    return dict(settled(power), settled=None, agreed={"ring": [5e-3]}, dropped=[],
+                predicted_s={"ring": 5e-3, "native": 1e-2})
+
+
+def test_a_class_still_exploring_never_replaces_one_settled(tmp_path):
+    persist.write(tmp_path, LAYOUT, [settled(12), exploring(16)])
+    persist.write(tmp_path, LAYOUT, [exploring(12), exploring(16), exploring(20)])  # a later, shorter job
+    found = {b["key"][0]: b["settled"] for b in persist.read(tmp_path, LAYOUT).buckets}
+    assert found == {12: "ring", 16: None, 20: None}
+    persist.write(tmp_path, LAYOUT, [settled(20, "native")])
+    kept = persist.read(tmp_path, LAYOUT)
+    assert {b["key"][0]: b["settled"] for b in kept.buckets} == {12: "ring", 16: None, 20: "native"}
+    assert "2 size class(es) start settled" in kept.describe() and "1 go on exploring" in kept.describe()
+    learner = Learner(lambda v: v, pace=0.05)
+    for data in kept.buckets:
+        learner.restore(Bucket.from_kept(data))
+    going = learner.buckets[(16, None, False)]
+    assert going.state is learn.MEASURING and going.leader == "ring" and going.slots[0] == "ring"
 
 
 def test_another_layout_starts_afresh(tmp_path):
@@ -152,7 +174,7 @@ class Context:
 def test_a_directory_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(select, "layout_of", lambda ctx: LAYOUT)
     learner = Learner(lambda v: v)
-    learner.restore(Bucket.from_settled(settled(12)))
+    learner.restore(Bucket.from_kept(settled(12)))
     blocked = tmp_path / "file"
     blocked.write_text("")
     with caplog.at_level(logging.WARNING, logger="commlib"):
@@ -162,10 +184,10 @@ def test_a_directory_that_cannot_be_written_is_logged_not_raised(tmp_path, caplo
     assert persist.read(tmp_path / "auto", LAYOUT).status == persist.SEEN
 
 
-def test_only_settled_classes_are_kept(tmp_path, monkeypatch):
+def test_classes_exploring_at_once_are_not_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(select, "layout_of", lambda ctx: LAYOUT)
     learner = Learner(lambda v: v)
-    learner.restore(Bucket.from_settled(settled(12)))
+    learner.restore(Bucket.from_kept(settled(12)))
     exploring = learner.bucket((20, None, False), lambda: [select.Choice("ring", 1 << 20, 1e-3),
                                                           select.Choice("native", 1 << 20, 1.1e-3)])
     assert exploring.state not in learn.KEPT

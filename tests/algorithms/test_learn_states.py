@@ -125,7 +125,7 @@ def test_a_watched_bucket_tries_its_rivals_on_watched_calls():
     assert bucket.state is WATCHED and bucket.settled == "ring"
     assert job.run(learn.WATCH_CALLS, key) == ["ring"] * learn.WATCH_CALLS
     assert bucket.settled == "ps" and bucket.trial == "ring" and bucket.tried == ["ring", "ps"]
-    assert bucket.to_settled()["settled"] == "ring"  # a trial under way is not kept
+    assert bucket.to_kept()["settled"] == "ring"  # a trial under way is not kept
     assert job.run(learn.WATCH_CALLS, key) == ["ps"] * learn.WATCH_CALLS
     assert bucket.settled == "ps" and bucket.trial is None
     assert any("tried: ps ran 760.000 ms per call, it stays" in note for note in job.learner.notes)
@@ -306,8 +306,8 @@ def test_a_settled_bucket_is_kept_as_json_and_restored_settled():
     truth = {"ring": 3e-4, "recursive_doubling": 1e-4, "native": 1.5e-4}
     first = Job(SHORT, truth)
     first.run(40)
-    kept = json.loads(json.dumps(first.learner.buckets[(20, None, False)].to_settled()))
-    restored = Bucket.from_settled(kept)
+    kept = json.loads(json.dumps(first.learner.buckets[(20, None, False)].to_kept()))
+    restored = Bucket.from_kept(kept)
     assert restored.state is SETTLED and restored.settled == "recursive_doubling" and restored.restored
     assert restored.agreed == first.learner.buckets[(20, None, False)].agreed
     assert restored.explored == 0 and restored.since == 0 and restored.next_check == learn.RECHECK_SHORT
@@ -326,14 +326,14 @@ def test_long_calls_restore_watched_and_a_check_under_way_is_left_out():
     job = Job({"ring": 0.06, "native": 0.07}, {"ring": 0.06, "native": 0.08})
     job.run(2 * learn.REPS)
     bucket = job.learner.buckets[(20, None, False)]
-    assert Bucket.from_settled(bucket.to_settled()).state is WATCHED
+    assert Bucket.from_kept(bucket.to_kept()).state is WATCHED
     job = Job(SHORT, {"ring": 3e-4, "recursive_doubling": 1e-4, "native": 1.5e-4})
     job.run(13 + learn.RECHECK_SHORT + 1)
     bucket = job.learner.buckets[(20, None, False)]
     assert bucket.state is CHECKING
     before = {name: list(times) for name, times in bucket.agreed.items()}
     job.run(1)
-    kept = bucket.to_settled()
+    kept = bucket.to_kept()
     assert kept["agreed"] == before and kept["settled"] == bucket.settled
 
 
@@ -348,21 +348,21 @@ def test_a_watched_choice_keeps_its_calls_time_beside_its_block():
     first.run(learn.REPS + 1 + 1 + learn.WATCH_CALLS, key)  # ps's block, the cut ring and native, watched
     bucket = first.learner.buckets[key]
     assert bucket.settled == "ps" and bucket.state is WATCHED
-    kept = bucket.to_settled()
+    kept = bucket.to_kept()
     assert kept["agreed"]["ps"] == [pytest.approx(0.91)] and kept["watched_s"] == pytest.approx(0.60)
     assert json.loads(json.dumps(kept)) == kept
     for calls, stale in ((0.60, False), (0.95, False), (0.35, True)):
         later = Job(predicted, {"ps": calls, "ring": 1.3, "native": 1.6})
-        later.learner.restore(Bucket.from_settled(kept))
+        later.learner.restore(Bucket.from_kept(kept))
         later.run(learn.WATCH_CALLS, key)
         restored = later.learner.buckets[key]
         assert restored.kept_compared and restored.stale is stale, calls
         if not stale:  # kept again as it came, for the next job
-            assert restored.to_settled()["watched_s"] == pytest.approx(calls)
+            assert restored.to_kept()["watched_s"] == pytest.approx(calls)
     older = dict(kept)
     del older["watched_s"]  # a file kept before watched_s: the block alone decides
     later = Job(predicted, {"ps": 0.60, "ring": 1.3, "native": 1.6})
-    later.learner.restore(Bucket.from_settled(older))
+    later.learner.restore(Bucket.from_kept(older))
     later.run(learn.WATCH_CALLS, key)
     assert later.learner.buckets[key].stale
 
@@ -373,15 +373,15 @@ def test_what_cannot_be_kept_or_restored_is_an_error():
     job = Job(SHORT, {"ring": 3e-4, "recursive_doubling": 1e-4, "native": 1.5e-4})
     job.run(2)
     with pytest.raises(ValueError, match="has not settled"):
-        job.learner.buckets[(20, None, False)].to_settled()
+        job.learner.buckets[(20, None, False)].to_kept()
     job.run(30)
-    kept = job.learner.buckets[(20, None, False)].to_settled()
+    kept = job.learner.buckets[(20, None, False)].to_kept()
     with pytest.raises(ValueError, match="not a settled auto bucket"):
-        Bucket.from_settled({"key": [20, None, False]})
+        Bucket.from_kept({"key": [20, None, False]})
     with pytest.raises(ValueError, match="torus2d not among its candidates"):
-        Bucket.from_settled(dict(kept, settled="torus2d"))
+        Bucket.from_kept(dict(kept, settled="torus2d"))
     with pytest.raises(ValueError, match="already has a bucket"):
-        job.learner.restore(Bucket.from_settled(kept))
+        job.learner.restore(Bucket.from_kept(kept))
 
 
 def test_kept_times_of_other_conditions_are_forgotten_and_rechecked_at_once():
@@ -392,12 +392,12 @@ def test_kept_times_of_other_conditions_are_forgotten_and_rechecked_at_once():
     predicted = {"ring": 0.06, "recursive_doubling": 0.065, "native": 0.07}
     first = Job(predicted, {"ring": 0.06, "recursive_doubling": 0.07, "native": 0.08})
     first.run(20)
-    kept = first.learner.buckets[(20, None, False)].to_settled()
+    kept = first.learner.buckets[(20, None, False)].to_kept()
     assert kept["settled"] == "ring"
 
     slower = {"ring": 0.15, "recursive_doubling": 0.20, "native": 0.12}
     later = Job(predicted, slower)
-    later.learner.restore(Bucket.from_settled(kept))
+    later.learner.restore(Bucket.from_kept(kept))
     ran = later.run(learn.WATCH_CALLS)
     bucket = later.learner.buckets[(20, None, False)]
     assert ran == ["ring"] * learn.WATCH_CALLS and bucket.stale and bucket.state is CHECKING
@@ -410,7 +410,7 @@ def test_kept_times_of_other_conditions_are_forgotten_and_rechecked_at_once():
     assert "not this job's: forgotten" in later.learner.summary()[0]
 
     near = Job(predicted, {"ring": 0.065, "recursive_doubling": 0.075, "native": 0.085})  # within STALE
-    near.learner.restore(Bucket.from_settled(kept))
+    near.learner.restore(Bucket.from_kept(kept))
     assert near.run(10) == ["ring"] * 10
     bucket = near.learner.buckets[(20, None, False)]
     assert not bucket.stale and bucket.kept_compared and bucket.state is WATCHED
