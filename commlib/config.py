@@ -373,8 +373,9 @@ FIELDS: dict[str, _Field] = {
     "auto_pace": _Field("COMMLIB_AUTO_PACE", _non_negative_float,
                         "the share of a size class's call time that auto's exploring may add: a slower "
                         "candidate's calls wait until the class's calls have earned what they cost over the "
-                        "best so far, which runs meanwhile (classes the model predicts under 2 ms explore at "
-                        "once); 0: every candidate at once (default 0.05)"),
+                        "best so far, which runs meanwhile (classes the model predicts under 2 ms, and those "
+                        "whose calls take 50 ms or more, explore at once); 0: every candidate at once "
+                        "(default 0.05)"),
     "auto_cache": _Field("COMMLIB_AUTO_CACHE", _optional_path,
                          "directory where auto keeps what it settled, one file per layout, so that a later job "
                          "of the same layout starts settled; 'none': nothing kept or read; default "

@@ -56,7 +56,10 @@ stays near ``pace`` of the class's call time from the job's first step on (explo
 first 10 steps of a DDP job 8-25%: docs/results/auto_learn_rules.md); the price is that a class settles
 over more calls, so a job that ends first keeps its agreed blocks (:meth:`Bucket.to_kept`) and a later
 job goes on from them (:meth:`Learner.restore`). The leader is the model's favourite until a block is
-agreed.
+agreed. Where the leader's calls take ``WATCH_S`` or more, the class explores at once: there a losing block
+ends after one call (``CUT``), and the class must settle early for the watch and trials to correct its
+blocks on the job's own calls (a 25-step job on the summation servers never settled paced, and ran the
+ring, whose blocks beat the servers', at 1.6 s a step against 1.3 s).
 
 Decisions are a function of agreed data only (the model's ranking, the MAX-reduced times, the count of
 calls), never of a rank's own clock, so ranks whose clocks disagree still choose alike. Exploring is
@@ -171,6 +174,7 @@ class Bucket:
     charged: float = 0.0            # what the block under way was charged when it began
     warms: bool = False             # a cold candidate's block begins with its warm-up call (under LARGE_S)
     approved: int = -1              # the block of the round beginning here has been charged
+    agreed_upto: int = 0            # the round's calls before this one are in agreed blocks already
     aside: str | None = None        # the call under way is outside the round: "rest" or "warm" (pick -> record)
     rests: int = 0                  # rests run
     explored: int = 0               # calls run while exploring or checking
@@ -238,6 +242,7 @@ class Bucket:
     def _round(self, order: Sequence[str], calls: int) -> None:
         self.slots = [name for name in order for _ in range(calls)]
         self.approved = -1
+        self.agreed_upto = 0
         self.local = []
         self.firsts = []
 
@@ -471,12 +476,17 @@ class Learner:
     @staticmethod
     def _pay(bucket: Bucket, name: str, agreed: float, calls: int) -> None:
         """A paced block's first call took ``agreed``: charge what its ``calls`` cost over the leader instead
-        of what was expected (a faster one earns the difference), and lead where it is the fastest yet."""
+        of what was expected (a faster one earns the difference), and lead where it is the fastest yet.
+        Where the leader's calls take ``WATCH_S`` or more, the bucket explores at once from now on: there a
+        losing block ends after one call (CUT), and its calls must settle early to be watched and tried
+        on the job's own calls, which is where long calls' blocks mislead (the summation servers')."""
         if bucket.leader_s is not None and name != bucket.leader:
             bucket.allowance += bucket.charged - (agreed / bucket.leader_s - 1) * calls
         bucket.charged = 0.0
         if bucket.leader_s is None or agreed < bucket.leader_s:
             bucket.leader, bucket.leader_s = name, agreed
+        if name == bucket.leader and agreed >= WATCH_S:
+            bucket.paced = bucket.warms = False
 
     # -- re-checks ---------------------------------------------------------------------------------------
     def _start_check(self, bucket: Bucket) -> bool:
@@ -603,6 +613,7 @@ class Learner:
         start = max(i for i in bucket.block_starts() if i <= index)
         for name, seconds in self._agree_blocks(bucket, start):
             bucket.agreed.setdefault(name, []).append(seconds)
+        bucket.agreed_upto = index + 1
         times = bucket.best_times()
         bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
         bucket.leader_s = times[bucket.leader]
@@ -610,8 +621,8 @@ class Learner:
     def _end_round(self, bucket: Bucket) -> None:
         """The warm-up or a measured round has run: the next measured round, or settled."""
         if bucket.state is MEASURING:  # agree on its times, then keep them
-            if not bucket.paced:  # (a paced bucket agreed each block as it ended)
-                for name, seconds in self._agree_blocks(bucket):
+            if bucket.agreed_upto < len(bucket.local):  # (a paced bucket agreed each block as it ended)
+                for name, seconds in self._agree_blocks(bucket, bucket.agreed_upto):
                     bucket.agreed.setdefault(name, []).append(seconds)
             if bucket.measuring == 1:
                 best = min(bucket.best_times().values())
@@ -791,7 +802,7 @@ class Learner:
             bucket.settle_on(bucket.leader)
             self.notes.append(describe(bucket))
             return
-        bucket.paced = self.pace > 0 and not bucket.short and bucket.reps > 1
+        bucket.paced = self.pace > 0 and not bucket.short and bucket.reps > 1 and bucket.leader_s < WATCH_S
         names = [bucket.leader] + left
         best = min(bucket.predicted_s.get(n, float("inf")) for n in names)
         cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []

@@ -125,3 +125,13 @@ def test_only_a_paced_class_with_agreed_blocks_is_kept_while_exploring():
     at_once = paced_job(pace=0.0)
     at_once.run(5, KEY)
     assert at_once.learner.buckets[KEY].state is not SETTLED and not at_once.learner.buckets[KEY].keepable
+
+
+def test_a_class_of_long_calls_explores_at_once():
+    """Where the leader's calls take WATCH_S or more, a losing block ends after one call (CUT) and the class
+    must settle early for the watch and trials to see the job's own calls: no rests there."""
+    truth = {name: 20 * t for name, t in TRUTH.items()}  # 120 ms and up
+    job = paced_job(predicted={n: 20 * t for n, t in PREDICTED.items()}, truth=truth)
+    job.run(learn.MAX_CALLS, KEY)
+    bucket = job.learner.buckets[KEY]
+    assert not bucket.paced and bucket.rests == 0 and bucket.settled == "cma", learn.describe(bucket)
