@@ -794,6 +794,8 @@ class Learner:
             self._go_on(bucket)
 
     def _go_on(self, bucket: Bucket) -> None:
+        """A kept class that had not settled: lead with its best kept block, then a round of the leader and the
+        candidates not measured yet (settled at once where none is left)."""
         times = bucket.best_times()
         bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
         bucket.leader_s = times[bucket.leader]
