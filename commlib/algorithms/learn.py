@@ -166,7 +166,7 @@ class Bucket:
     dropped: list[str] = dataclasses.field(default_factory=list)
     cut: list[str] = dataclasses.field(default_factory=list)  # blocks ended after their first call (CUT)
     firsts: list[float] = dataclasses.field(default_factory=list)  # this round's agreed first calls (_probe)
-    # -- WARMING, MEASURING when paced (Learner.pace): rests between blocks
+    # -- MEASURING when paced (Learner.pace): rests between blocks
     paced: bool = False             # exploring pays for itself: blocks of rivals wait for ``allowance``
     leader: str | None = None       # the best measured so far (the model's favourite before): rests run it
     leader_s: float | None = None   # its agreed time per call
@@ -195,7 +195,7 @@ class Bucket:
     def keepable(self) -> bool:
         """Whether :meth:`to_kept` has something to keep: the bucket has settled, or it explores paced and
         has agreed blocks (a job that ends before such a class settles hands its blocks on)."""
-        return self.state in KEPT or (self.state in (WARMING, MEASURING) and self.paced and bool(self.agreed))
+        return self.state in KEPT or (self.state is MEASURING and self.paced and bool(self.agreed))
 
     @property
     def short(self) -> bool:
@@ -211,6 +211,12 @@ class Bucket:
     def block_starts(self) -> list[int]:
         """Where each block of the round under way begins in ``slots``."""
         return [i for i in range(len(self.slots)) if self.begins_block(i)]
+
+    def lead_with_best(self) -> None:
+        """The fastest agreed block so far leads (ties to the model's order)."""
+        times = self.best_times()
+        self.leader = min(times, key=lambda n: (times[n], self.candidates.index(n)))
+        self.leader_s = times[self.leader]
 
     @property
     def watching(self) -> bool:
@@ -380,7 +386,7 @@ class Learner:
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
         bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS, leader=names[0] if names else None)
-        bucket.paced = self.pace > 0 and not bucket.short and bucket.reps > 1  # (its blocks are probed)
+        bucket.paced = self._paces(bucket)
         # short calls: a second round (of the candidates not dropped), as one block may fall on a busy
         # moment, and an earlier first re-check
         if bucket.short:
@@ -392,13 +398,26 @@ class Learner:
             bucket.settle_on(names[0] if names else None)
         elif self._adopt(bucket, self._sibling(key)):
             pass  # settled on the sibling's times, watched
-        elif cold and not bucket.paced:
-            bucket.warm_up(cold)
-        else:  # (paced: each cold candidate warms up right before its block)
-            bucket.warms = bool(cold)
-            bucket.measure(1, names)
+        else:
+            self._explore(bucket, names, cold)
         self.buckets[key] = bucket
         return bucket
+
+    def _paces(self, bucket: Bucket) -> bool:
+        """Whether ``bucket`` explores paced: this learner paces, the model does not call its calls short (so
+        its blocks are probed), and its leader's calls, where known, take under ``WATCH_S``."""
+        return (self.pace > 0 and not bucket.short and bucket.reps > 1
+                and (bucket.leader_s is None or bucket.leader_s < WATCH_S))
+
+    @staticmethod
+    def _explore(bucket: Bucket, names: list[str], cold: list[str]) -> None:
+        """Begin exploring ``names``: a warm-up round of the ``cold`` ones first, or where the bucket is
+        paced, each cold one's warm-up call right before its block."""
+        if cold and not bucket.paced:
+            bucket.warm_up(cold)
+        else:
+            bucket.warms = bool(cold)
+            bucket.measure(1, names)
 
     def _sibling(self, key: tuple) -> Bucket | None:
         """The bucket of the same size class and codec, fused where ``key`` is not or the other way round."""
@@ -614,9 +633,7 @@ class Learner:
         for name, seconds in self._agree_blocks(bucket, start):
             bucket.agreed.setdefault(name, []).append(seconds)
         bucket.agreed_upto = index + 1
-        times = bucket.best_times()
-        bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
-        bucket.leader_s = times[bucket.leader]
+        bucket.lead_with_best()
 
     def _end_round(self, bucket: Bucket) -> None:
         """The warm-up or a measured round has run: the next measured round, or settled."""
@@ -796,23 +813,17 @@ class Learner:
     def _go_on(self, bucket: Bucket) -> None:
         """A kept class that had not settled: lead with its best kept block, then a round of the leader and the
         candidates not measured yet (settled at once where none is left)."""
-        times = bucket.best_times()
-        bucket.leader = min(times, key=lambda n: (times[n], bucket.candidates.index(n)))
-        bucket.leader_s = times[bucket.leader]
-        left = [n for n in bucket.candidates if n not in times and n not in bucket.dropped]
+        bucket.lead_with_best()
+        measured = bucket.best_times()
+        left = [n for n in bucket.candidates if n not in measured and n not in bucket.dropped]
         if not left:
             bucket.settle_on(bucket.leader)
             self.notes.append(describe(bucket))
             return
-        bucket.paced = self.pace > 0 and not bucket.short and bucket.reps > 1 and bucket.leader_s < WATCH_S
+        bucket.paced = self._paces(bucket)
         names = [bucket.leader] + left
         best = min(bucket.predicted_s.get(n, float("inf")) for n in names)
-        cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
-        if cold and not bucket.paced:
-            bucket.warm_up(cold)
-        else:
-            bucket.warms = bool(cold)
-            bucket.measure(1, names)
+        self._explore(bucket, names, [n for n in names if n not in self.warmed] if best < LARGE_S else [])
 
     def settled(self, key: tuple) -> str | None:
         bucket = self.buckets.get(key)

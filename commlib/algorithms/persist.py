@@ -176,8 +176,10 @@ def write(directory: Path, layout: Mapping, buckets: list) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             merged = {_key(b): b for b in _current(path, layout)}
-            merged.update((_key(b), b) for b in buckets
-                          if b["settled"] is not None or merged.get(_key(b), b)["settled"] is None)
+            for bucket in buckets:
+                older = merged.get(_key(bucket))
+                if bucket["settled"] is not None or older is None or older["settled"] is None:
+                    merged[_key(bucket)] = bucket  # (a class still exploring never replaces a settled one)
             document = {"format": FORMAT, "layout": layout,
                         "written": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                         "buckets": sorted(merged.values(), key=lambda b: json.dumps(b["key"]))}
