@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -145,11 +146,14 @@ class Report:
 _LINE = re.compile(re.escape("@spmd ") + r"(\{.*)")
 
 
-def read_report(out: str) -> Report:
+def read_report(out: str, reports: str | Path | None = None) -> Report:
     """The ``@spmd`` lines in a job's output (another rank's text may share a line: each is decoded where
-    it starts)."""
+    it starts), then those the ranks appended to files in ``reports`` (``SPMD_REPORTS``: a rank that aborts
+    the job may be killed before the launcher forwards its output)."""
     report, decoder = Report(), json.JSONDecoder()
-    for match in _LINE.finditer(out):
+    texts = [out] + [f.read_text(errors="replace") for f in sorted(Path(reports or "").glob("rank-*.spmd"))
+                     if reports]
+    for match in (m for text in texts for m in _LINE.finditer(text)):
         try:
             line = decoder.raw_decode(match.group(1))[0]
         except ValueError:
@@ -180,11 +184,11 @@ def uses_spmd(script: str | Path) -> bool:
 
 
 def _checked(out: str, command: str, failed: str | None, size: int | None, ranks, cases, report: bool,
-             tail: int = 6000) -> None:
+             tail: int = 6000, reports: str | None = None) -> None:
     """Raise MPIJobFailed when the job failed (``failed``: how) or, with ``report``, when its ranks did not
-    all pass their cases; the message leads with the failing case and rank, and ends with the last ``tail``
-    characters of the job's output."""
-    got = read_report(out)
+    all pass their cases (read from the output and ``reports``); the message leads with the failing case and
+    rank, and ends with the last ``tail`` characters of the job's output."""
+    got = read_report(out, reports)
     problems = got.problems(ranks, cases, size) if report else got.failures()
     if failed is None and not problems:
         return
@@ -302,26 +306,28 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     """
     require_marker("mpi", "cluster")
     path = worker_path(script)
-    full_env = job_env(env)
-    cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args), *extra]
-    shm_before = _mpich_shm_files()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
-                            start_new_session=True, text=True)
-    command = " ".join(cmd)
-    ranks = list(range(nprocs)) if ranks is None else list(ranks)
-    report = uses_spmd(path) if report is None else report
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out = _dump_stacks(proc)
-        _remove_new_mpich_shm(shm_before)
-        _checked(out, command, f"timed out after {timeout}s", nprocs, ranks, cases, report, tail=STACKS_TAIL)
-    if proc.returncode != 0:
-        _remove_new_mpich_shm(shm_before)
-    if expect_fail and proc.returncode == 0:
-        _checked(out, command, "expected the job to fail, but it succeeded", nprocs, ranks, cases, report)
-    failed = None if expect_fail or proc.returncode == 0 else f"exit code {proc.returncode}"
-    _checked(out, command, failed, nprocs, ranks, cases, report)
+    with tempfile.TemporaryDirectory(prefix="spmd-") as reports:
+        full_env = job_env({"SPMD_REPORTS": reports, **(env or {})})
+        cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args), *extra]
+        shm_before = _mpich_shm_files()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
+                                start_new_session=True, text=True)
+        command = " ".join(cmd)
+        ranks = list(range(nprocs)) if ranks is None else list(ranks)
+        report = uses_spmd(path) if report is None else report
+        checked = functools.partial(_checked, command=command, size=nprocs, ranks=ranks, cases=cases,
+                                    report=report, reports=reports)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out = _dump_stacks(proc)
+            _remove_new_mpich_shm(shm_before)
+            checked(out, failed=f"timed out after {timeout}s", tail=STACKS_TAIL)
+        if proc.returncode != 0:
+            _remove_new_mpich_shm(shm_before)
+        if expect_fail and proc.returncode == 0:
+            checked(out, failed="expected the job to fail, but it succeeded")
+        checked(out, failed=None if expect_fail or proc.returncode == 0 else f"exit code {proc.returncode}")
     return out
 
 
@@ -348,13 +354,15 @@ def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120
     command = [sys.executable, str(worker_path("on_cluster.py")), layout, str(path), *map(str, args)]
     report = uses_spmd(path) if report is None else report
     shm_before = _mpich_shm_files()
-    try:
-        out = cluster.mpiexec(command, timeout=timeout, env=job_env(env)).stdout
-    except JobFailed as exc:
-        _remove_new_mpich_shm(shm_before)
-        failed = str(exc).split(":", 1)[0] + f" on cluster {cluster.name}"  # "timed out after 300s", "exit code 1"
-        _checked(exc.completed.stdout or "", " ".join(command), failed, cluster.size, range(cluster.size), cases,
-                 report)
-    _checked(out, " ".join(command), None, cluster.size, range(cluster.size),
-             ("node_layout", *cases) if report else cases, report)
+    with tempfile.TemporaryDirectory(prefix="spmd-") as reports:
+        try:
+            job = job_env({"SPMD_REPORTS": reports, **(env or {})})
+            out = cluster.mpiexec(command, timeout=timeout, env=job).stdout
+        except JobFailed as exc:
+            _remove_new_mpich_shm(shm_before)
+            failed = str(exc).split(":", 1)[0] + f" on cluster {cluster.name}"  # "timed out after 300s", "exit code 1"
+            _checked(exc.completed.stdout or "", " ".join(command), failed, cluster.size, range(cluster.size),
+                     cases, report, reports=reports)
+        _checked(out, " ".join(command), None, cluster.size, range(cluster.size),
+                 ("node_layout", *cases) if report else cases, report, reports=reports)
     return out

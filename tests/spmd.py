@@ -13,6 +13,7 @@ Every rank runs the cases in the order they were defined and prints one line per
 first the plan (``{"rank": 0, "size": 2, "plan": [...]}``), then each case's result (``"ok"``, ``"skipped"``
 or ``"failed"`` with the error), then ``{"done": n}``. ``tests/mpirun.py`` reads these lines: a test fails
 naming the case and the rank, and a rank that stopped early (or a case that never ran) is caught too.
+Where the launcher names a directory in ``SPMD_REPORTS``, each rank also appends its lines to a file there.
 The first failing case prints its traceback and aborts the whole job, so no rank waits for one that
 failed.
 
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 MARK = "@spmd "
+#: A directory (set by tests/mpirun.py) where each rank also appends its lines: a rank that aborts the job
+#: may be killed before the launcher forwards its output, and its failure must still be read.
+REPORTS = "SPMD_REPORTS"
 _CASES: dict[str, Callable[[], None]] = {}
 _FIRST: list[str] = []  # cases every plan begins with, whatever is selected
 
@@ -96,6 +100,9 @@ def report(**fields) -> None:
         fields["error"] = fields["error"][:len(fields["error"]) // 2] + " ..."
         line = MARK + json.dumps({"rank": rank, "size": size, **fields}) + "\n"
     os.write(1, line.encode())
+    if os.environ.get(REPORTS):  # the launcher's copy, which an abort cannot lose in transit
+        with open(os.path.join(os.environ[REPORTS], f"rank-{rank}.spmd"), "ab", buffering=0) as copy:
+            copy.write(line.encode())
 
 
 def names() -> list[str]:
