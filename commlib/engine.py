@@ -90,6 +90,18 @@ class Engine:
         configured = self.config.fusion_inplace_bytes
         return configured if configured is not None else select.inplace_limit(self.context)
 
+    def group_inplace_bytes(self, nbytes: int, dtype, codec: WireCodec | None, algorithm: str | None) -> int:
+        """The fusion limit for a group of ``nbytes`` in all: where it runs cma (``algorithm``, else the
+        lane's, else what auto runs now for a fused call of that size), which reduces every buffer of the
+        group in one pass, :func:`.algorithms.select.pass_limit`; else :attr:`fusion_inplace_bytes`."""
+        limit = self.fusion_inplace_bytes
+        if self.config.fusion_inplace_bytes is not None or self.context.peer_memory is None:
+            return limit
+        algorithm = algorithm or self.host_algorithm
+        if algorithm == spec.AUTO:
+            algorithm = select.current(self.context, nbytes, codec, True, dtype).algorithm
+        return min(limit, select.pass_limit(self.context.cost_model)) if algorithm == "cma" else limit
+
     @property
     def rank(self) -> int:
         return self.transport.rank
@@ -213,9 +225,10 @@ class Engine:
                         name: str = "tensors") -> None:
         """Reduce several C-contiguous buffers of one dtype in place, as :meth:`allreduce_` would each.
 
-        When the algorithm for their total size has a ``run_many`` in the registry (cma; the ring, which
-        without a codec or prescale reduces them in one pass over their concatenation), it reduces them
-        together without copying them; otherwise one :meth:`allreduce_` each."""
+        Where the algorithm for their total size reduces them in one pass (cma; the ring without a codec or
+        prescale, over their concatenation: :func:`.algorithms.spec.reduces_together`), they are reduced together
+        without copying them; otherwise one :meth:`allreduce_` each, those small enough packed into one
+        first (:meth:`_apart`)."""
         op = as_op(op)
         for buf in bufs:  # before flattening: reshape(-1) of a non-contiguous array is a silent copy
             check_contiguous(buf, name)
@@ -241,12 +254,14 @@ class Engine:
                 warn_overflow(name, overflow, codec)
             return
         choice = prepare(self.context, flats[0].dtype, total, algorithm, codec)
-        together = spec.get(choice.algorithm).run_many
-        if together is None:
-            for flat in flats:
-                self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)
-            return
         pre, post = scale_factors(op, codec, prescale, postscale, self.size)
+        together = spec.get(choice.algorithm).run_many
+        if together is None or not spec.reduces_together(choice.algorithm, codec, pre):
+            def reduce_one(flat: np.ndarray) -> int:
+                self.allreduce_(flat, op, algorithm, prescale, postscale, codec, name)  # (it warns of overflow)
+                return 0
+            self._apart(flats, reduce_one)
+            return
         self.context.segment_bytes = choice.segment_bytes
         overflow = self._waiting_as_needed(together, choice.algorithm, total)(
             self.context, flats, op.kernel_op, codec, prescale=pre, postscale=post)
@@ -255,20 +270,40 @@ class Engine:
 
     def _many_runner(self, choice, op: ReduceOp, codec, prescale: float, postscale: float, total: int):
         """A function reducing a list of flat buffers of ``total`` bytes with ``choice`` (``auto`` learning
-        on fused calls): in one pass where the algorithm has a ``run_many``, else one call of the same
-        algorithm each."""
+        on fused calls): in one pass where the algorithm does that, else one call of it each (:meth:`_apart`)."""
         ctx = self.context
         pre, post = scale_factors(op, codec, prescale, postscale, self.size)
         kernel_op = op.kernel_op
-        together = spec.get(choice.algorithm).run_many
+        together = spec.get(choice.algorithm).run_many if spec.reduces_together(choice.algorithm, codec, pre) else None
 
         def run(flats) -> int:
             if together is not None:
                 ctx.segment_bytes = choice.segment_bytes
                 return together(ctx, flats, kernel_op, codec, prescale=pre, postscale=post)
-            return sum(execute(ctx, flat, kernel_op, select.choice_of(ctx, choice.algorithm, flat.nbytes, codec),
-                               codec, pre, post) for flat in flats)
+            return self._apart(flats, lambda flat: execute(
+                ctx, flat, kernel_op, select.choice_of(ctx, choice.algorithm, flat.nbytes, codec), codec, pre, post))
         return self._waiting_as_needed(run, choice.algorithm, total)
+
+    def _apart(self, flats: list[np.ndarray], reduce_one: Callable[[np.ndarray], int]) -> int:
+        """Reduce ``flats`` with an algorithm that runs a call per buffer, those under
+        :attr:`fusion_inplace_bytes` packed into one scratch buffer first (the coordinator leaves more tensors
+        in place where it expects cma's one pass: :meth:`group_inplace_bytes`); returns the summed overflow
+        counts."""
+        limit = self.fusion_inplace_bytes
+        small = [f for f in flats if f.nbytes < limit]
+        if len(small) < 2:
+            return sum(reduce_one(flat) for flat in flats)
+        packed = self.context.scratch.get("engine.apart", sum(f.size for f in small), small[0].dtype)
+        offset = 0
+        for flat in small:
+            packed[offset:offset + flat.size] = flat
+            offset += flat.size
+        overflow = sum(reduce_one(flat) for flat in [packed] + [f for f in flats if f.nbytes >= limit])
+        offset = 0
+        for flat in small:
+            flat[...] = packed[offset:offset + flat.size]
+            offset += flat.size
+        return overflow
 
     # -- data movement ----------------------------------------------------------------------------------
     def _row_counts(self, rows: int) -> list[int]:

@@ -275,6 +275,22 @@ def packing_limit(model, shape: Shape, specs, configured_segment: int) -> int:
     return 2 * _PACK_SIZES[-1]
 
 
+#: What one more buffer in place costs cma's pass over a group (its address in the exchange, a few more copy
+#: vectors), where packing it costs two copies instead. (The ring's pass over a group sends a message per
+#: buffer at least: there a buffer costs what a message does, as :func:`packing_limit` has it.)
+_PASS_BUFFER_S = 2e-6
+
+
+def pass_limit(model) -> int:
+    """The fusion limit for a group that cma reduces, in one pass however many buffers it has: a tensor in
+    place costs that pass one more buffer (``_PASS_BUFFER_S``) rather than a call of its own, so only
+    tensors whose two copies cost less than that are packed; the first power of two where they do not."""
+    for m in _PACK_SIZES:
+        if _PASS_BUFFER_S <= 2 * m * model.copy_s_per_byte:
+            return m
+    return 2 * _PACK_SIZES[-1]
+
+
 def forget_model(ctx) -> None:
     """``ctx.cost_model`` changed (``--calibrate``): drop what was decided from the old one (the engine
     drops its plans too: :meth:`commlib.engine.Engine.use_model`)."""

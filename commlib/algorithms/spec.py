@@ -72,6 +72,12 @@ def _ring_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, codec=None, *, pre
     return sum(ring.allreduce(ctx, b, op, codec, prescale=prescale, postscale=postscale) for b in bufs)
 
 
+def reduces_together(name: str, codec, prescale: float) -> bool:
+    """Whether ``name``'s ``run_many`` reduces a group's buffers in one pass with these options: cma's does
+    whatever the codec; the ring's folds no codec nor prescale (with one it runs a call per buffer)."""
+    return name == "cma" or (name == "ring" and codec is None and prescale == 1.0)
+
+
 def _cma_many(ctx, bufs, op, codec=None, *, prescale: float = 1.0, postscale: float = 1.0) -> int:
     return cma.allreduce_many(ctx, bufs, op, codec=codec, prescale=prescale, postscale=postscale)
 

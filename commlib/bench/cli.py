@@ -192,8 +192,9 @@ def _run_info(options: Options, collective, comm, lane, refused: dict[str, str],
         algorithms=options.algorithms, skipped=refused, load_average=_load_average(), command=command,
         link_rate=options.link_rate, explain=options.explain,
         model=(calibration.describe(lane.engine.context.cost_model)
-               + [f"# fusion: tensors under {lane.engine.fusion_inplace_bytes} B are packed "
-                  "(COMMLIB_FUSION_INPLACE)"]
+               + [f"# fusion: tensors under {lane.engine.fusion_inplace_bytes} B are packed (COMMLIB_FUSION_INPLACE"
+                  + (f"; under {select.pass_limit(lane.engine.context.cost_model)} B in a group cma reduces)"
+                     if config.fusion_inplace_bytes is None else ")")]
                if options.explain else []))
 
 

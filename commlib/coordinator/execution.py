@@ -116,7 +116,8 @@ class Lane:
         codec = _codec(meta)
         outputs = [e.output if e is not None else np.zeros(m.shape, m.dtype)
                    for e, m in zip(entries, response.metas)]
-        inplace_bytes = self.engine.fusion_inplace_bytes
+        inplace_bytes = self.engine.group_inplace_bytes(sum(o.nbytes for o in outputs), np.dtype(meta.dtype), codec,
+                                                        meta.algorithm or None)
         small = [o for o in outputs if o.nbytes < inplace_bytes]
         buffers = [o.reshape(-1) for o in outputs if o.nbytes >= inplace_bytes]
         if len(small) > 1:

@@ -6,7 +6,9 @@ Ready allreduces that agree on everything that must agree (dtype, op, scale fact
 algorithm, joined ranks) form one group. In a group, tensors under ``fusion_inplace_bytes`` are packed
 into one reused buffer of at most ``fusion_threshold_bytes`` (their copies are cheap, the calls they save
 are not); larger ones are never copied: the group is reduced in one pass over the packed buffer and the
-large tensors in place (``Engine.allreduce_many_``, with the ring or cma algorithm). The threshold bounds
+large tensors in place (``Engine.allreduce_many_``, with the ring or cma algorithm). Where the group runs
+cma, whose one pass costs little more per buffer, only tensors whose copies cost less than that are packed
+(``Engine.group_inplace_bytes``). The threshold bounds
 the fusion buffer, so in-place tensors do not count against it: gradients all ready at once run as one
 group rather than several (docs/results/design_choices.md).
 Device tensors fuse only with device tensors, and every one of them is packed (on the device, in one

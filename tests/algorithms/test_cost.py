@@ -130,6 +130,11 @@ def test_auto_fusion_limit_follows_the_per_call_cost():
     assert limit(slower_calls, two_by_two) > across
     assert limit(dataclasses.replace(model, copy_s_per_byte=1e-6), one_node) <= 1024
     assert limit(dataclasses.replace(model, copy_s_per_byte=0.0), one_node) == 128 * MiB
+    # a group cma reduces in one pass: a buffer in place costs the pass little, so only tensors whose two
+    # copies cost less than that are packed (the default model's copies: under 16 KiB)
+    assert select.pass_limit(model) == 16 << 10 < here
+    assert select.pass_limit(dataclasses.replace(model, copy_s_per_byte=1e-6)) == 256
+    assert select.pass_limit(dataclasses.replace(model, copy_s_per_byte=0.0)) == 128 * MiB
 
 
 def test_calibration_corrections_steer_auto_on_their_layout_only(tmp_path):

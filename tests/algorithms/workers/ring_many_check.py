@@ -1,7 +1,8 @@
 """Engine.allreduce_many_ (one ring pass over several buffers, no copies) against numpy references.
 
 Buffer lists mix empty, single-element, fewer-than-ranks and segment-crossing sizes; every op and dtype;
-Average (folded postscale) and a user postscale; the one-call-per-buffer fallback (native)."""
+Average (folded postscale) and a user postscale; the one-call-per-buffer fallback (native, rabenseifner, the
+ring with a codec), which packs the small buffers first."""
 
 import os
 
@@ -108,6 +109,30 @@ def cma_with_a_codec():
                 rel = 2.0 ** -10 if codec is Compression.fp16 else 2.0 ** -7
                 assert np.allclose(got, want, rtol=4 * rel, atol=1e-3), f"rank {rank}: cma {codec} {op.name} buffer {i}"
                 assert comm.allgather(got.tobytes()) == [got.tobytes()] * size, "ranks differ"
+
+
+@spmd.case
+def a_call_per_buffer_packs_the_small_ones_first():
+    # an algorithm that reduces a group a call per buffer (rabenseifner; the ring with a codec) gets those
+    # under the limit packed into one buffer first: one call for 13 small buffers, one for the large one
+    big = engine.fusion_inplace_bytes // 4 + 1
+    calls = []
+    original = engine.allreduce_
+    engine.allreduce_ = lambda buf, *args, **kwargs: (calls.append(buf.size), original(buf, *args, **kwargs))[1]
+    try:
+        for algorithm, codec in [("rabenseifner", None), ("ring", Compression.fp16), ("native", None)]:
+            layout = [7] * 13 + [0, big]
+            bufs = [data(500 + i, n, np.float32, rank) for i, n in enumerate(layout)]
+            calls.clear()
+            engine.allreduce_many_(bufs, ReduceOp.AVERAGE, algorithm=algorithm, codec=codec)
+            if size > 1:
+                assert sorted(calls) == [7 * 13, big], f"{algorithm}: calls of {calls} values"
+            tol = 4 * 2.0 ** -10 if codec else 1e-5
+            for i, (n, got) in enumerate(zip(layout, bufs)):
+                want = sum(data(500 + i, n, np.float32, r).astype(np.float64) for r in range(size)) / size
+                assert np.allclose(got, want, rtol=tol, atol=tol), f"rank {rank}: {algorithm} buffer {i}"
+    finally:
+        del engine.allreduce_
 
 
 @spmd.case
