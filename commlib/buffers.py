@@ -1,4 +1,5 @@
-"""ScratchPool: named scratch arrays that are allocated once, grown geometrically and reused.
+"""ScratchPool: named scratch arrays that are allocated once, grown geometrically and reused; packing
+several arrays into one flat buffer and back (fusion).
 
 Fresh memory costs a page fault per 4 KiB page on first touch; at 64 MiB that is more time than the
 transfer itself. A pool keeps one byte buffer per name, touches new memory once when it grows, and hands
@@ -57,3 +58,21 @@ class ScratchPool:
         """Drop every buffer (the next ``get`` allocates again)."""
         self._buffers.clear()
         self._last.clear()
+
+
+def pack(arrays: list[np.ndarray], buffer: np.ndarray) -> None:
+    """Copy ``arrays`` one after another into the flat ``buffer``."""
+    offset = 0
+    for array in arrays:
+        count = array.size
+        buffer[offset:offset + count] = array.reshape(-1)
+        offset += count
+
+
+def unpack(buffer: np.ndarray, arrays: list[np.ndarray]) -> None:
+    """Copy the flat ``buffer`` back into ``arrays`` (the inverse of :func:`pack`)."""
+    offset = 0
+    for array in arrays:
+        count = array.size
+        array.reshape(-1)[...] = buffer[offset:offset + count]
+        offset += count

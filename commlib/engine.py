@@ -20,6 +20,7 @@ import numpy as np
 
 from . import kernels
 from .algorithms import AlgorithmContext, execute, partition, prepare, ring, select, spec
+from .buffers import pack, unpack
 from .cache import BoundedCache
 from .compression import WireCodec, warn_overflow
 from .config import Config
@@ -294,15 +295,9 @@ class Engine:
         if len(small) < 2:
             return sum(reduce_one(flat) for flat in flats)
         packed = self.context.scratch.get("engine.apart", sum(f.size for f in small), small[0].dtype)
-        offset = 0
-        for flat in small:
-            packed[offset:offset + flat.size] = flat
-            offset += flat.size
+        pack(small, packed)
         overflow = sum(reduce_one(flat) for flat in [packed] + [f for f in flats if f.nbytes >= limit])
-        offset = 0
-        for flat in small:
-            flat[...] = packed[offset:offset + flat.size]
-            offset += flat.size
+        unpack(packed, small)
         return overflow
 
     # -- data movement ----------------------------------------------------------------------------------

@@ -65,8 +65,8 @@ def _passes(schedule: Callable[..., int]) -> Callable[..., int]:
 def _ring_many(ctx, bufs: Sequence[np.ndarray], op: ReduceOp, codec=None, *, prescale: float = 1.0,
                postscale: float = 1.0) -> int:
     """One ring pass over the buffers' concatenation; with a codec or a prescale (which that pass does not
-    fold) one ring call per buffer."""
-    if codec is None and prescale == 1.0:
+    fold: :func:`reduces_together`) one ring call per buffer."""
+    if reduces_together("ring", codec, prescale):
         ring_many.allreduce(ctx, bufs, op, postscale=postscale)
         return 0
     return sum(ring.allreduce(ctx, b, op, codec, prescale=prescale, postscale=postscale) for b in bufs)

@@ -17,14 +17,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..buffers import ScratchPool
+from ..buffers import ScratchPool, pack, unpack
 from ..cache import BoundedCache
 from ..compression import Compression, codec_for
 from ..errors import CollectiveError
 from ..ops import ReduceOp
 from ..timeline import COMMUNICATION, MEMCPY_IN_FUSION_BUFFER, MEMCPY_OUT_FUSION_BUFFER, QUEUE
 from .device_path import DevicePath
-from .fusion import pack, unpack
 from .requests import Entry, Kind, Response
 
 Finish = Callable[[Response, list, BaseException | None], None]

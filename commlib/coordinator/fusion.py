@@ -1,4 +1,4 @@
-"""Tensor fusion: which ready allreduces share one buffer, and packing them into it.
+"""Tensor fusion: which ready allreduces share one buffer (packed into it by :func:`commlib.buffers.pack`).
 
 Policy (measured on this machine, see docs/coordinator.md): a copy costs as much as ~1/3 of the
 transfer it saves, and a per-call overhead of tens to hundreds of microseconds is paid per collective.
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Callable
-
-import numpy as np
 
 from .requests import Kind, Meta, Response
 
@@ -57,21 +55,3 @@ def fuse(responses: list[Response], threshold_bytes: int, inplace_bytes: int,
             open_groups[key] = [response, nbytes, len(out)]
             out.append(response)
     return out
-
-
-def pack(arrays: list[np.ndarray], buffer: np.ndarray) -> None:
-    """Copy ``arrays`` one after another into the flat ``buffer``."""
-    offset = 0
-    for array in arrays:
-        count = array.size
-        buffer[offset:offset + count] = array.reshape(-1)
-        offset += count
-
-
-def unpack(buffer: np.ndarray, arrays: list[np.ndarray]) -> None:
-    """Copy the flat ``buffer`` back into ``arrays`` (the inverse of :func:`pack`)."""
-    offset = 0
-    for array in arrays:
-        count = array.size
-        array.reshape(-1)[...] = buffer[offset:offset + count]
-        offset += count
