@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spmd import MARK, REPORT_FILE, REPORTS
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
@@ -143,7 +145,7 @@ class Report:
         return found
 
 
-_LINE = re.compile(re.escape("@spmd ") + r"(\{.*)")
+_LINE = re.compile(re.escape(MARK) + r"(\{.*)")
 
 
 def read_report(out: str, reports: str | Path | None = None) -> Report:
@@ -151,8 +153,10 @@ def read_report(out: str, reports: str | Path | None = None) -> Report:
     it starts), then those the ranks appended to files in ``reports`` (``SPMD_REPORTS``: a rank that aborts
     the job may be killed before the launcher forwards its output)."""
     report, decoder = Report(), json.JSONDecoder()
-    texts = [out] + [f.read_text(errors="replace") for f in sorted(Path(reports or "").glob("rank-*.spmd"))
-                     if reports]
+    texts = [out]
+    if reports:
+        files = sorted(Path(reports).glob(REPORT_FILE.format(rank="*")))
+        texts += [f.read_text(errors="replace") for f in files]
     for match in (m for text in texts for m in _LINE.finditer(text)):
         try:
             line = decoder.raw_decode(match.group(1))[0]
@@ -307,7 +311,7 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     require_marker("mpi", "cluster")
     path = worker_path(script)
     with tempfile.TemporaryDirectory(prefix="spmd-") as reports:
-        full_env = job_env({"SPMD_REPORTS": reports, **(env or {})})
+        full_env = job_env({REPORTS: reports, **(env or {})})
         cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args), *extra]
         shm_before = _mpich_shm_files()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
@@ -356,7 +360,7 @@ def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120
     shm_before = _mpich_shm_files()
     with tempfile.TemporaryDirectory(prefix="spmd-") as reports:
         try:
-            job = job_env({"SPMD_REPORTS": reports, **(env or {})})
+            job = job_env({REPORTS: reports, **(env or {})})
             out = cluster.mpiexec(command, timeout=timeout, env=job).stdout
         except JobFailed as exc:
             _remove_new_mpich_shm(shm_before)

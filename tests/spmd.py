@@ -37,6 +37,7 @@ MARK = "@spmd "
 #: A directory (set by tests/mpirun.py) where each rank also appends its lines: a rank that aborts the job
 #: may be killed before the launcher forwards its output, and its failure must still be read.
 REPORTS = "SPMD_REPORTS"
+REPORT_FILE = "rank-{rank}.spmd"  # a rank's file there
 _CASES: dict[str, Callable[[], None]] = {}
 _FIRST: list[str] = []  # cases every plan begins with, whatever is selected
 
@@ -101,7 +102,8 @@ def report(**fields) -> None:
         line = MARK + json.dumps({"rank": rank, "size": size, **fields}) + "\n"
     os.write(1, line.encode())
     if os.environ.get(REPORTS):  # the launcher's copy, which an abort cannot lose in transit
-        with open(os.path.join(os.environ[REPORTS], f"rank-{rank}.spmd"), "ab", buffering=0) as copy:
+        path = os.path.join(os.environ[REPORTS], REPORT_FILE.format(rank=rank))
+        with open(path, "ab", buffering=0) as copy:
             copy.write(line.encode())
 
 
