@@ -55,7 +55,8 @@ earns the difference; each block is agreed as it ends, and the fastest leads. Wh
 stays near ``pace`` of the class's call time from the job's first step on (exploring at once cost the
 first 10 steps of a DDP job 8-25%: docs/results/auto_learn_rules.md); the price is that a class settles
 over more calls, so a job that ends first keeps its agreed blocks (:meth:`Bucket.to_kept`) and a later
-job goes on from them (:meth:`Learner.restore`). The leader is the model's favourite until a block is
+job goes on from them (:meth:`Learner.restore`). The leader is the first candidate (the model's
+favourite, or the commlib schedule that :func:`_native_not_first` puts before MPI's own) until a block is
 agreed. Where the leader's calls take ``WATCH_S`` or more, the class explores at once: there a losing block
 ends after one call (``CUT``), and the class must settle early for the watch and trials to correct its
 blocks on the job's own calls (a 25-step job on the summation servers never settled paced, and ran the
@@ -168,7 +169,7 @@ class Bucket:
     firsts: list[float] = dataclasses.field(default_factory=list)  # this round's agreed first calls (_probe)
     # -- MEASURING when paced (Learner.pace): rests between blocks
     paced: bool = False             # exploring pays for itself: blocks of rivals wait for ``allowance``
-    leader: str | None = None       # the best measured so far (the model's favourite before): rests run it
+    leader: str | None = None       # the best measured so far (the first candidate before): rests run it
     leader_s: float | None = None   # its agreed time per call
     allowance: float = 0.0          # earned and not spent, in the leader's calls (``pace`` per call run)
     charged: float = 0.0            # what the block under way was charged when it began
@@ -385,6 +386,7 @@ class Learner:
         if "native" not in names and any(c.algorithm == "native" for c in ranked):
             names.append("native")
         predicted = {c.algorithm: c.predicted_s for c in ranked if c.algorithm in names}
+        names = _native_not_first(names, predicted)
         bucket = Bucket(key, names, predicted, reps=REPS, rounds=ROUNDS, leader=names[0] if names else None)
         bucket.paced = self._paces(bucket)
         # short calls: a second round (of the candidates not dropped), as one block may fall on a busy
@@ -838,6 +840,20 @@ class Learner:
         what was measured and chosen (for --explain)."""
         lines = [describe(b) for _, b in sorted(self.buckets.items(), key=lambda kv: _order(kv[0]))]
         return [self.origin] + lines if self.origin else lines
+
+
+def _native_not_first(names: list[str], predicted: Mapping[str, float]) -> list[str]:
+    """``names`` in the model's order, except that in a class the model does not call short, MPI's own
+    goes behind the next candidate where the model predicts that one within ``NEAR`` of it: across nodes
+    the model times MPI's own as the link bound (a black box, fitted on calls made alone), and commlib's
+    schedules as the same bytes plus their reductions, so MPI's own is the favourite of every long class
+    by construction, not by evidence. The first candidate runs a new class's first calls (the job's
+    slowest: MPI's own set-up among them) and leads a paced class's rests (docs/results/auto_learn_rules.md);
+    MPI's own is still measured, and chosen where it is faster."""
+    if (len(names) < 2 or names[0] != "native" or min(predicted.values()) < SMALL_S
+            or predicted[names[1]] > predicted["native"] * (1 + NEAR)):
+        return names
+    return [names[1], "native"] + names[2:]
 
 
 def _rivals(bucket: Bucket, times: Mapping[str, float], within: bool = True) -> list[str]:

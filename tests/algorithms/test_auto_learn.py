@@ -255,8 +255,9 @@ def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
     """Calls of 50 ms or more (the model predicting 2 ms or more): a block whose first call is more than
     CUT slower than the best so far ends there - recursive doubling (1.27 s) and hierarchical_pipelined
     (0.82 s) against rabenseifner's 0.71 s run once instead of a block of two - while MPI's own, within
-    CUT, runs its whole block; every rank alike though their clocks disagree. The model's first (nothing
-    to compare with) always runs its block, and calls under 50 ms are never cut."""
+    CUT, runs its whole block; every rank alike though their clocks disagree. The first candidate (nothing
+    to compare with) always runs its block, and calls under 50 ms are never cut. MPI's own, the model's
+    favourite by a hair, is not that candidate: slow, it is cut too."""
     predicted = {"rabenseifner": 0.0675, "native": 0.0672, "hierarchical_pipelined": 0.077,
                  "recursive_doubling": 0.0756}
     truth = {"rabenseifner": 0.706, "native": 0.730, "hierarchical_pipelined": 0.823, "recursive_doubling": 1.27}
@@ -270,12 +271,20 @@ def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
     assert all(learner.buckets[(20, None, False)].settled == "rabenseifner" for learner in learners)
     assert learners[0].summary()[0].endswith("recursive_doubling 1905.000 ms (model 75.600) cut -> rabenseifner")
 
-    slow_first = dict(truth, native=1.27, recursive_doubling=0.718)  # the model's first is the slow one
+    assert bucket.candidates[:2] == ["rabenseifner", "native"]  # MPI's own, predicted within NEAR: second
+
+    slow_first = dict(truth, rabenseifner=1.27, recursive_doubling=0.718)  # the first is the slow one
     picks, learners = simulate(2, 12, slow_first, predicted, noise=0.0)
     bucket = learners[0].buckets[(20, None, False)]
     explored = [name for _, name in picks[0][:bucket.explored]]
-    assert explored.count("native") == learn.REPS and bucket.cut == ["hierarchical_pipelined"]
-    assert bucket.settled == "rabenseifner"
+    assert explored[:learn.REPS] == ["rabenseifner"] * learn.REPS and bucket.cut == ["hierarchical_pipelined"]
+    assert bucket.settled == "recursive_doubling"
+
+    slow_native = dict(truth, native=1.27)  # the model's favourite is slow: one call of it
+    picks, learners = simulate(2, 12, slow_native, predicted, noise=0.0)
+    bucket = learners[0].buckets[(20, None, False)]
+    explored = [name for _, name in picks[0][:bucket.explored]]
+    assert explored.count("native") == 1 and "native" in bucket.cut and bucket.settled == "rabenseifner"
 
     underestimated = {name: t / 10 for name, t in predicted.items()}  # 7-8 ms predicted, 0.7-1.3 s run
     picks, learners = simulate(2, 16, truth, underestimated, noise=0.0)
@@ -287,6 +296,17 @@ def test_long_blocks_clearly_slower_end_after_their_first_call(ranks):
     bucket = learners[0].buckets[(20, None, False)]
     explored = [name for _, name in picks[0][:bucket.explored]]
     assert bucket.cut == [] and explored.count("recursive_doubling") == learn.REPS
+
+
+def test_mpi_own_leads_only_where_the_model_puts_it_clearly_first_or_calls_are_short():
+    """MPI's own goes behind a commlib schedule predicted within NEAR of it in a class the model does not
+    call short; predicted faster by more than NEAR, or in a short class, it keeps the model's place."""
+    learner = learn.Learner(lambda v: v)
+    cases = {21: ({"native": 0.0672, "ring": 0.0675}, ["ring", "native"]),
+             22: ({"native": 0.050, "ring": 0.060}, ["native", "ring"]),
+             23: ({"native": 1.00e-3, "ring": 1.05e-3}, ["native", "ring"])}
+    for power, (predicted, order) in cases.items():
+        assert learner.bucket((power, None, False), ranking(predicted)).candidates == order, predicted
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
