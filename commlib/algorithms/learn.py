@@ -393,9 +393,7 @@ class Learner:
         # moment, and an earlier first re-check
         if bucket.short:
             bucket.rounds, bucket.next_check = ROUNDS + 1, RECHECK_SHORT
-        # a first call's set-up (sub-groups, scratch memory) is paid once per algorithm, and is small beside
-        # a long call: warm up only what has not run yet, and only where calls are short
-        cold = [n for n in names if n not in self.warmed] if best < LARGE_S else []
+        cold = self._cold(names, best)
         if len(names) < 2 or not self._may_explore(bucket, len(cold)):
             bucket.settle_on(names[0] if names else None)
         elif self._adopt(bucket, self._sibling(key)):
@@ -410,6 +408,12 @@ class Learner:
         its blocks are probed), and its leader's calls, where known, take under ``WATCH_S``."""
         return (self.pace > 0 and not bucket.short and bucket.reps > 1
                 and (bucket.leader_s is None or bucket.leader_s < WATCH_S))
+
+    def _cold(self, names: Sequence[str], best: float) -> list[str]:
+        """Which of ``names`` to warm up where the model's best time is ``best``: a first call's set-up
+        (sub-groups, scratch memory) is paid once per algorithm and is small beside a long call, so only
+        those that have not run on this lane, and only under ``LARGE_S``."""
+        return [n for n in names if n not in self.warmed] if best < LARGE_S else []
 
     @staticmethod
     def _explore(bucket: Bucket, names: list[str], cold: list[str]) -> None:
@@ -824,8 +828,7 @@ class Learner:
             return
         bucket.paced = self._paces(bucket)
         names = [bucket.leader] + left
-        best = min(bucket.predicted_s.get(n, float("inf")) for n in names)
-        self._explore(bucket, names, [n for n in names if n not in self.warmed] if best < LARGE_S else [])
+        self._explore(bucket, names, self._cold(names, min(bucket.predicted_s.get(n, float("inf")) for n in names)))
 
     def settled(self, key: tuple) -> str | None:
         bucket = self.buckets.get(key)
