@@ -14,8 +14,10 @@ buffer or several fused in place. Its :class:`State`:
   (``native``, the baseline auto must never lose to; for the half types, whose MPI reduction is a Python
   callback, last and only under ``SMALL_S``: :func:`.select.reduced_by_callback`). Where the model
   predicts ``SMALL_S`` or more, each block's first call is agreed at once, and a block whose first call
-  took ``WATCH_S`` or more and ``CUT`` longer than the best so far ends there (it cannot take over). After
-  the first round those slower than ``DROP`` times the best are dropped; short calls (under ``SMALL_S``)
+  took ``WATCH_S`` or more and ``CUT`` longer than the best so far ends there (it cannot take over). A
+  candidate not measured yet whose block is next, and that a smaller class of such long calls agreed
+  more than ``RECHECK`` slower than its best, is dropped unmeasured (long calls are the bytes they move).
+  After the first round those slower than ``DROP`` times the best are dropped; short calls (under ``SMALL_S``)
   get a second round, the order rotated (a block can fall on a busy moment); the best and its closest
   within ``NEAR`` get up to ``EXTRA_ROUNDS`` more (one block cannot separate near-equal algorithms),
   within ``MAX_CALLS`` calls. A round ends in one small allreduce (``agree``, MAX) of every rank's block
@@ -227,6 +229,15 @@ class Bucket:
     def best_times(self) -> dict[str, float]:
         """The agreed time of each candidate measured: its fastest agreed block, per call."""
         return {name: min(times) for name, times in self.agreed.items() if times}
+
+    def times_so_far(self) -> dict[str, float]:
+        """:meth:`best_times`, and the round under way's first calls agreed so far (``firsts``, one per block
+        begun) where they are lower or new: a block cut after its first call is agreed with the round."""
+        times = self.best_times()
+        for name, first in zip((self.slots[i] for i in self.block_starts()), self.firsts):
+            if first < times.get(name, float("inf")):
+                times[name] = first
+        return times
 
     @property
     def watched_median(self) -> float | None:
@@ -553,6 +564,10 @@ class Learner:
             bucket.since += 1
             if bucket.since < bucket.next_check or not self._start_check(bucket):
                 return None
+        elif bucket.state is MEASURING and not bucket.paced:
+            self._leave_out_losers(bucket)
+            if bucket.running:
+                return None
         index = len(bucket.local)
         if bucket.paced and bucket.begins_block(index) and bucket.approved != index:
             if not self._may_start(bucket, index):
@@ -565,6 +580,35 @@ class Learner:
         if bucket.state is not WARMING and bucket.begins_block(index):  # a measured block begins
             self.sync()
         return bucket.slots[index]
+
+    def _leave_out_losers(self, bucket: Bucket) -> None:
+        """Before a block of an unpaced class's round, other than its first: where the block's candidate
+        has not been measured here and a smaller class of long calls on this lane (the same codec) agreed
+        it more than ``RECHECK`` slower than that class's best, drop it unmeasured (and end the round
+        where nothing is left to run). Long calls are the bytes they move: such a loser loses here too,
+        and its block would cost a training step a call of it (MPI's own with the summation servers: 1.7 s
+        where the class's best took 0.6-0.9). Equal on every rank: agreed data only."""
+        while bucket.state is MEASURING and 0 < len(bucket.local) < len(bucket.slots):
+            index = len(bucket.local)
+            name = bucket.slots[index]
+            if not bucket.begins_block(index) or name in bucket.agreed or not self._lost_below(bucket, name):
+                return
+            del bucket.slots[index:index + self._block_length(bucket, index)]
+            bucket.dropped.append(name)
+            if len(bucket.local) == len(bucket.slots):
+                self._end_round(bucket)
+
+    def _lost_below(self, bucket: Bucket, name: str) -> bool:
+        """Whether a smaller class of long calls (its best agreed time ``WATCH_S`` or more) with ``bucket``'s
+        codec agreed ``name`` more than ``RECHECK`` slower than its best."""
+        power, codec, _ = bucket.key
+        for (other_power, other_codec, _), other in self.buckets.items():
+            if other_power < power and other_codec == codec:
+                times = other.times_so_far()
+                best = min(times.values(), default=0.0)
+                if best >= WATCH_S and times.get(name, 0.0) > RECHECK * best:
+                    return True
+        return False
 
     def _may_start(self, bucket: Bucket, index: int) -> bool:
         """Whether the block beginning at ``index`` of a paced bucket starts now (charging the allowance what
@@ -649,7 +693,9 @@ class Learner:
                     bucket.agreed.setdefault(name, []).append(seconds)
             if bucket.measuring == 1:
                 best = min(bucket.best_times().values())
-                bucket.dropped = [n for n in bucket.candidates if bucket.best_times()[n] > DROP * best]
+                times = bucket.best_times()  # (a candidate left out unmeasured stays dropped)
+                bucket.dropped = [n for n in bucket.candidates
+                                  if n in bucket.dropped or times.get(n, float("inf")) > DROP * best]
         number = bucket.measuring + 1  # the next round (1 after the warm-up)
         alive = [n for n in bucket.candidates if n not in bucket.dropped]
         if number > bucket.rounds and len(alive) > 1 and bucket.extra < EXTRA_ROUNDS:
@@ -915,6 +961,9 @@ def describe(bucket: Bucket) -> str:
         mark = " dropped" if name in bucket.dropped else " cut" if name in bucket.cut else ""
         parts.append(f"{name} {times[name] * 1e3:.3f} ms (model {bucket.predicted_s[name] * 1e3:.3f}){mark}")
     extra = f", {bucket.extra} near-tie round(s)" if bucket.extra else ""
+    left_out = [name for name in bucket.dropped if name not in times]
+    if left_out:
+        extra += f", {', '.join(left_out)} left out (slower in a smaller class)"
     if bucket.rests:
         extra += f", {bucket.rests} calls of the leader between blocks (paced)"
     if bucket.seeded:
