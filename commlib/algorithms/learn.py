@@ -586,8 +586,7 @@ class Learner:
         has not been measured here and a smaller class of long calls on this lane (the same codec) agreed
         it more than ``RECHECK`` slower than that class's best, drop it unmeasured (and end the round
         where nothing is left to run). Long calls are the bytes they move: such a loser loses here too,
-        and its block would cost a training step a call of it (MPI's own with the summation servers: 1.7 s
-        where the class's best took 0.6-0.9). Equal on every rank: agreed data only."""
+        and its block would cost a training step a call of it. Equal on every rank: agreed data only."""
         while bucket.state is MEASURING and 0 < len(bucket.local) < len(bucket.slots):
             index = len(bucket.local)
             name = bucket.slots[index]
