@@ -691,9 +691,9 @@ class Learner:
                 for name, seconds in self._agree_blocks(bucket, bucket.agreed_upto):
                     bucket.agreed.setdefault(name, []).append(seconds)
             if bucket.measuring == 1:
-                best = min(bucket.best_times().values())
-                times = bucket.best_times()  # (a candidate left out unmeasured stays dropped)
-                bucket.dropped = [n for n in bucket.candidates
+                times = bucket.best_times()
+                best = min(times.values())
+                bucket.dropped = [n for n in bucket.candidates  # (one left out unmeasured stays dropped)
                                   if n in bucket.dropped or times.get(n, float("inf")) > DROP * best]
         number = bucket.measuring + 1  # the next round (1 after the warm-up)
         alive = [n for n in bucket.candidates if n not in bucket.dropped]
