@@ -72,7 +72,8 @@ class Runtime:
         # workers only: summation servers launched in the same job (commlib.server) are split off here;
         # ``layouts`` (lifecycle's, by communicator) keeps the job's layout for the next runtime
         start_timeout = self.config.start_timeout_s if own is None else Config().start_timeout_s
-        self.job = discovery.worker_job(comm if comm is not None else MPI.COMM_WORLD, layouts, start_timeout)
+        self.job = discovery.worker_job(comm if comm is not None else MPI.COMM_WORLD, layouts, start_timeout,
+                                        meet=True)
         self.comm = self.job.own.Dup()
         self.rank = self.comm.Get_rank()
         self.size = self.comm.Get_size()

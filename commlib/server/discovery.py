@@ -15,7 +15,8 @@ forever). Rank 0 missing: the others name it after the deadline plus a grace per
 servers, a second round the same way carries where each server listens for push_pull over TCP (a
 :class:`~.protocol.Listening`): a server chooses the job's interface from the first round's table
 (:func:`.tcp.job_addresses`) and listens there only. Every message is fixed binary fields, received with
-its size bounded (:mod:`.mpi_messages`): nothing is unpickled.
+its size bounded (:mod:`.mpi_messages`): nothing is unpickled. A later ``init()`` in the process keeps
+the layout, and its workers meet the same way on their own communicator (servers take part once).
 
 The :class:`Job` is kept for the life of the process by whoever called :func:`job` (a worker's in
 :mod:`commlib.lifecycle`'s process record, for the next ``init()``, so that a server takes part in this
@@ -76,6 +77,8 @@ class Job:
 #: The roll call's tags on the user's communicator (point-to-point, before the job's own duplicate exists):
 #: the reports, then the servers' listening places.
 TAG_ROLL_CALL, TAG_LISTENING = 32001, 32002
+#: A later init()'s roll call, among the workers only (on their own communicator): the servers meet once.
+TAG_INIT_AGAIN = 32003
 #: How much longer than the deadline the other processes wait for rank 0's table.
 GRACE_S = 10.0
 
@@ -134,21 +137,28 @@ def _fitting(addresses: tuple[str, ...], limit: int) -> str:
     return text
 
 
-def worker_job(comm: "MPI.Comm", known: dict | None, start_timeout_s: float = 0.0) -> Job:
+def worker_job(comm: "MPI.Comm", known: dict | None, start_timeout_s: float = 0.0, meet: bool = False) -> Job:
     """A worker's layout of the job over ``comm``: the one ``known`` holds for that communicator (a
-    runtime of this process found it), else :func:`job`'s, kept in ``known``."""
+    runtime of this process found it), else :func:`job`'s, kept in ``known``. With ``meet`` (a runtime
+    starts), a known layout's workers also meet under the start deadline, so that a rank that never calls
+    ``init()`` again fails the others' ``init()``, naming it, instead of holding them in MPI for ever."""
     key = int(comm.handle)
     found = known.get(key) if known is not None else None
     if found is None:
         found = job(comm, WORKER, start_timeout_s)
         if known is not None:
             known[key] = found
+    elif meet and found.own.Get_size() > 1:
+        me = protocol.Report(WORKER, socket.gethostname(), "")
+        _roll_call(found.own, me.encode(), protocol.Report, start_timeout_s, TAG_INIT_AGAIN, _not_again)
     return found
 
 
-def _roll_call(comm: "MPI.Comm", mine: bytes, kind: type, timeout_s: float, tag: int) -> list:
+def _roll_call(comm: "MPI.Comm", mine: bytes, kind: type, timeout_s: float, tag: int,
+               not_started: Callable[[list[int], dict, float], str] | None = None) -> list:
     """Every process's message of ``kind`` (``mine`` is this process's, encoded), by rank of ``comm``, once
-    all have sent theirs (see the module)."""
+    all have sent theirs (see the module). ``not_started(missing, reports, timeout_s)`` words the error
+    when some never sent theirs (the job's start by default)."""
     rank, size = comm.Get_rank(), comm.Get_size()
     if size == 1:
         return [kind.decode(mine)]
@@ -178,6 +188,8 @@ def _roll_call(comm: "MPI.Comm", mine: bytes, kind: type, timeout_s: float, tag:
         request = mpi_messages.post(comm, mine, 0, tag)
         data = _receive_table(comm, tag, status, protocol.table_limit(size, limit),
                               None if deadline is None else deadline + GRACE_S)
+        if data is None and not_started is not None:
+            raise StartError(not_started([0], {}, timeout_s + GRACE_S))
         if data is None:
             raise StartError(f"rank 0 of the MPI job has not started commlib within {timeout_s + GRACE_S:g} s "
                              "(COMMLIB_START_TIMEOUT plus a grace period): it failed to launch or hangs before "
@@ -191,15 +203,26 @@ def _roll_call(comm: "MPI.Comm", mine: bytes, kind: type, timeout_s: float, tag:
                              "of the job running the same commlib?") from None
     decoded = {r: kind.decode(data) for r, data in reports.items()}
     if missing:
-        workers = [r for r, report in sorted(decoded.items()) if getattr(report, "role", SERVER) == WORKER]
-        servers = [r for r, report in sorted(decoded.items()) if getattr(report, "role", WORKER) == SERVER]
-        raise StartError(
-            f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of the MPI job "
+        raise StartError((not_started or _not_started)(missing, decoded, timeout_s))
+    return [decoded[r] for r in range(size)]
+
+
+def _not_started(missing: list[int], decoded: dict, timeout_s: float) -> str:
+    """The start's error: who never came, and who did, by role."""
+    workers = [r for r, report in sorted(decoded.items()) if getattr(report, "role", SERVER) == WORKER]
+    servers = [r for r, report in sorted(decoded.items()) if getattr(report, "role", WORKER) == SERVER]
+    return (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of the MPI job "
             f"did not start (or sent a malformed start-up message) within {timeout_s:g} s (COMMLIB_START_TIMEOUT): "
             f"a summation server (python -m commlib.server) or a worker failed to launch or hangs before "
             f"commlib.init(); see its output. Started: workers at ranks {workers or 'none'}, servers at ranks "
             f"{servers or 'none'}")
-    return [decoded[r] for r in range(size)]
+
+
+def _not_again(missing: list[int], decoded: dict, timeout_s: float) -> str:
+    """A later ``init()``'s error: the workers that did not call it."""
+    return (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not call commlib.init() "
+            f"again within {timeout_s:g} s (COMMLIB_START_TIMEOUT): after shutdown(), every rank must call "
+            f"init() before any can use commlib again")
 
 
 def _receive_table(comm: "MPI.Comm", tag: int, status: "MPI.Status", limit: int, deadline: float | None):

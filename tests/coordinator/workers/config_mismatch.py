@@ -1,6 +1,7 @@
 """Settings every rank decides by itself (fusion, lanes, cache) must agree: when they differ, init raises
 on every rank, naming the variable and each rank's value. A setting that is invalid on one rank only
-fails init there, and on every other rank with an error naming that rank (never a hang)."""
+fails init there, and on every other rank with an error naming that rank (never a hang); so does a rank
+that does not call init() again."""
 
 import os
 
@@ -38,6 +39,18 @@ def then_agreeing_settings_init():
     cl.init()
     assert cl.allreduce(rank * 1.0 + 1.0, op=cl.Sum, name="ok") == size * (size + 1) / 2
     cl.shutdown()
+
+
+@spmd.case
+def init_again_without_one_rank_fails_naming_it():
+    # the layout is known from the cases above: a rank that never calls init() again must not hold the
+    # others in MPI; they fail within the start deadline, naming it
+    if rank != last:
+        os.environ["COMMLIB_START_TIMEOUT"] = "2"
+        expect_error(cl.CommlibError, f"rank {last} did not call commlib.init() again within 2 s",
+                     cl.init, "init without the last rank")
+        del os.environ["COMMLIB_START_TIMEOUT"]
+    MPI.COMM_WORLD.Barrier()  # the last case: the job then ends, as it must once a rank has gone its way
 
 
 if __name__ == "__main__":
