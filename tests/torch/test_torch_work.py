@@ -1,7 +1,8 @@
 """The ``commlib`` backend's Work, errors, options and launchers, and a cut link within the group's timeout.
 
 - ``workers/torch_work.py`` on 1-3 ranks: ``wait``/``is_completed``/``result``, futures that complete by
-  themselves (also before the slowest rank has called), a callback that runs and waits for another
+  themselves (also before the slowest rank has called), which synchronous all_reduces take the short path
+  (and the same results either way), a callback that runs and waits for another
   collective, 40 calls in flight, the memory of finished calls released, a mismatched shape as an error on
   every rank after which the group still works, the error on the Work and its future, per-group options
   (fp16, an algorithm, a lossy compressor giving what commlib's own allreduce gives) and their errors, a

@@ -39,6 +39,11 @@ compression worker, one call after the other, through commlib's compressor inter
 tensor's dtype and shape, so that DDP's bucket keeps its state from step to step; buckets of one size share
 it (the DDP hooks of :mod:`commlib.torch.hooks` key it by bucket index instead).
 
+A call waited for at once (``dist.all_reduce(t)`` without ``async_op``, on a group whose timeout is no shorter
+than commlib's deadline) runs commlib's synchronous form in the calling thread. The commonest one, an
+all_reduce of one contiguous CPU tensor with an arithmetic op and no compression, skips the general path's
+steps as well (:meth:`ProcessGroupCommlib._allreduce_now`): a lone small call's cost is mostly such steps.
+
 Element types: reductions take commlib's dtypes (float16, bfloat16, float32, float64, uint8, int8, int16,
 int32, int64, bool); the data-moving calls (broadcast, gathers, scatters, all-to-all, send/recv) move any
 contiguous tensor as its bytes.
@@ -74,6 +79,8 @@ _SLOTS = 64  # a group's names in one scope: call k is named k mod _SLOTS (see t
 _COMMLIB_OPS = {RedOp.SUM: cl.Sum, RedOp.AVG: cl.Average, RedOp.PRODUCT: cl.Product, RedOp.MIN: cl.Min,
                 RedOp.MAX: cl.Max, RedOp.PREMUL_SUM: cl.Sum}
 _BITWISE = {RedOp.BAND: np.bitwise_and, RedOp.BOR: np.bitwise_or, RedOp.BXOR: np.bitwise_xor}
+_PLAIN_OPS = {kind: op for kind, op in _COMMLIB_OPS.items() if kind != RedOp.PREMUL_SUM}  # no factor to read
+_SHARED_DTYPES = frozenset(d for d in NUMPY_DTYPES if d is not torch.bfloat16)  # tensor.numpy() shares them
 BACKEND_NAME = "commlib"
 
 
@@ -244,6 +251,10 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
+        if len(tensors) == 1 and _calls.synchronous:
+            work = self._allreduce_now(tensors[0], opts.reduceOp)
+            if work is not None:
+                return work
         if any(t.layout is torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
         started = [self._allreduce_one(t, opts.reduceOp, "allreduce") for t in tensors]
@@ -254,6 +265,22 @@ class ProcessGroupCommlib(ProcessGroup):
             return list(tensors)
 
         return self._work([handle for handle, _ in started], done, "all_reduce", opts.timeout)
+
+    def _allreduce_now(self, tensor, reduce_op) -> Work | None:
+        """The common synchronous ``dist.all_reduce``: one contiguous CPU tensor that numpy shares, an
+        arithmetic op, no compression; reduced in place by commlib's synchronous call, with none of the general
+        path's steps that this case does not need (a lone call's cost is mostly such steps). None for any other
+        call: the general path takes it, and raises its errors."""
+        op = _PLAIN_OPS.get(getattr(reduce_op, "op", reduce_op))
+        if (op is None or type(tensor) is not torch.Tensor or not tensor.is_cpu or tensor.requires_grad
+                or tensor.layout is not torch.strided or tensor.dtype not in _SHARED_DTYPES
+                or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()):
+            return None
+        array = tensor.numpy()
+        if self._compression(array) is not None:
+            return None
+        self._start(cl.allreduce_async_, array, op=op, algorithm=self.options.algorithm, process_set=self._set)
+        return Work.completed([tensor], f"all_reduce on process group {self._prefix[:-1]}")
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)

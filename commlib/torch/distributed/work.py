@@ -92,11 +92,20 @@ class Work(dist.Work):
         self._future_set = False
         self.source = -1  # recv from any source: the sender's rank in the group
 
+    @classmethod
+    def completed(cls, value: list, what: str) -> "Work":
+        """The Work of a call that has run already (a synchronous one): its result is ``value``."""
+        work = cls((), _unused, what)
+        work._state, work._value, work._finish = _OK, value, None
+        return work
+
     # ---- c10d's Work interface -------------------------------------------------------------------------
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Wait for the call (driving commlib in this thread), then raise its error if it failed.
         ``timeout``: at most this long (a ``timedelta``; zero or none: the process group's timeout)."""
+        if self._state == _OK and self._future is None:  # done, nothing to tell (a synchronous call's Work)
+            return True
         limit = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         if not limit or limit <= 0:
             limit = self._timeout
@@ -201,6 +210,10 @@ class Work(dist.Work):
             self.wait()
         except Exception:  # noqa: BLE001 - the future holds it now
             pass
+
+
+def _unused(_results: list) -> list:
+    raise AssertionError("a completed Work has nothing to finish")
 
 
 class _Done:

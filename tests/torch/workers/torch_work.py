@@ -58,6 +58,54 @@ def async_wait():
 
 
 @case
+def synchronous_all_reduce_takes_the_short_path_where_it_applies():
+    """A synchronous all_reduce of one plain CPU tensor runs by the short path (``_allreduce_now``); what it
+    does not take (bfloat16, a tensor that requires grad, PREMUL_SUM, a bitwise op, an asynchronous call, a
+    group whose timeout bounds each call) goes the general way; the results are the same either way."""
+    from commlib.torch.distributed.process_group import ProcessGroupCommlib
+
+    taken = []
+    short_path = ProcessGroupCommlib._allreduce_now
+
+    def spy(self, tensor, reduce_op):
+        work = short_path(self, tensor, reduce_op)
+        taken.append(work is not None)
+        return work
+
+    ProcessGroupCommlib._allreduce_now = spy
+    try:
+        unbounded = dist.new_group(list(range(SIZE)))  # torch's default timeout: commlib's deadline bounds calls
+        bounded = dist.new_group(list(range(SIZE)), timeout=datetime.timedelta(seconds=20))  # shorter: it does
+        calls = [
+            ("float32 SUM", True, lambda: torch.full((5,), RANK + 1.0), {}, total),
+            ("int64 MAX", True, lambda: torch.full((3,), RANK + 1, dtype=torch.int64), {"op": dist.ReduceOp.MAX}, SIZE),
+            ("float64 AVG", True, lambda: torch.full((2,), RANK + 1.0, dtype=torch.float64),
+             {"op": dist.ReduceOp.AVG}, total / SIZE),
+            ("empty", True, lambda: torch.ones(0), {}, None),
+            ("bfloat16", False, lambda: torch.full((4,), RANK + 1.0, dtype=torch.bfloat16), {}, total),
+            ("requires grad", False, lambda: torch.full((4,), RANK + 1.0, requires_grad=True), {}, total),
+            ("PREMUL_SUM", False, lambda: torch.full((4,), RANK + 1.0), {"op": dist._make_nccl_premul_sum(2.0)},
+             2 * total),
+            ("BOR", False, lambda: torch.full((4,), 1 << RANK, dtype=torch.int32), {"op": dist.ReduceOp.BOR},
+             (1 << SIZE) - 1),
+        ]
+        for label, short, make, kwargs, want in calls:
+            taken.clear()
+            t = make()
+            with torch.no_grad():
+                dist.all_reduce(t, group=unbounded, **kwargs)
+            check(label, taken == [short], taken)
+            check(label, want is None or torch.all(t.float() == want), t)
+        taken.clear()
+        t = torch.full((5,), RANK + 1.0)
+        dist.all_reduce(t, group=unbounded, async_op=True).wait()
+        dist.all_reduce(t, group=bounded)
+        check("asynchronous and bounded calls", taken == [] and torch.all(t == total * SIZE), (taken, t))
+    finally:
+        ProcessGroupCommlib._allreduce_now = short_path
+
+
+@case
 def future_chain():
     t = torch.full((3,), RANK + 1.0)
     fut = dist.all_reduce(t, async_op=True).get_future()
