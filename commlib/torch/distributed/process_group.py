@@ -251,7 +251,7 @@ class ProcessGroupCommlib(ProcessGroup):
 
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else dist.AllreduceOptions()
-        if len(tensors) == 1 and _calls.synchronous:
+        if len(tensors) == 1 and getattr(_calls, "synchronous", False):
             work = self._allreduce_now(tensors[0], opts.reduceOp)
             if work is not None:
                 return work
