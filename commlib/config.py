@@ -389,8 +389,9 @@ FIELDS: dict[str, _Field] = {
                                "before failing the tensor, naming the server; 0 waits forever (default 30)"),
     "start_timeout_s": _Field("COMMLIB_START_TIMEOUT", _non_negative_float,
                               "seconds the first commlib.init() (and each summation server) waits for every "
-                              "process of the MPI job to start; then every process that started fails, naming "
-                              "the ranks missing; 0 waits forever (default 60)"),
+                              "process of the MPI job to start, and a later init() for every worker to call it; "
+                              "then every process that came fails, naming the ranks missing; 0 waits forever "
+                              "(default 60)"),
     "elastic_dir": _Field("COMMLIB_ELASTIC_DIR", _optional_path,
                           "set by commlib-run's elastic driver: where rank 0 keeps the last committed elastic "
                           "state and the driver flags host changes (docs/elastic.md); default: not elastic"),
