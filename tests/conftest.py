@@ -63,6 +63,16 @@ def auto_keeps_nothing():
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def mpich_leaves_nothing():
+    """What aborted MPICH jobs leave behind (tests/mpirun.py's ``mpich_leftovers``) is removed at the end of
+    the session too: jobs that tests launch in other ways (commlib-run, torchrun, a cluster's mpiexec, Ray,
+    Slurm) abort on purpose as well."""
+    before = mpirun.mpich_leftovers()
+    yield
+    mpirun.remove_new_leftovers(before)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Tell tests/mpirun.py which test runs and its markers (before its fixtures start anything), so that
