@@ -65,8 +65,8 @@ def auto_keeps_nothing():
 
 @pytest.fixture(autouse=True, scope="session")
 def mpich_leaves_nothing():
-    """What aborted MPICH jobs leave behind (tests/mpirun.py's ``mpich_leftovers``) is removed at the end of
-    the session too: jobs that tests launch in other ways (commlib-run, torchrun, a cluster's mpiexec, Ray,
+    """What aborted MPICH jobs leave behind (tests/mpirun.py's ``mpich_leftovers``) is removed once the
+    tests end, too: jobs that tests launch in other ways (commlib-run, torchrun, a cluster's mpiexec, Ray,
     Slurm) abort on purpose as well."""
     before = mpirun.mpich_leftovers()
     yield
