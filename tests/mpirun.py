@@ -315,7 +315,7 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
     with tempfile.TemporaryDirectory(prefix="spmd-") as reports:
         full_env = job_env({REPORTS: reports, **(env or {})})
         cmd = [mpiexec(), "-n", str(nprocs), sys.executable, str(path), *map(str, args), *extra]
-        shm_before = mpich_leftovers()
+        left_before = mpich_leftovers()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env,
                                 start_new_session=True, text=True)
         command = " ".join(cmd)
@@ -327,10 +327,10 @@ def run_mpi(nprocs: int, script: str | Path, *args: str, timeout: float = 120.0,
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             out = _dump_stacks(proc)
-            remove_new_leftovers(shm_before)
+            remove_new_leftovers(left_before)
             checked(out, failed=f"timed out after {timeout}s", tail=STACKS_TAIL)
         if proc.returncode != 0:
-            remove_new_leftovers(shm_before)
+            remove_new_leftovers(left_before)
         if expect_fail and proc.returncode == 0:
             checked(out, failed="expected the job to fail, but it succeeded")
         checked(out, failed=None if expect_fail or proc.returncode == 0 else f"exit code {proc.returncode}")
@@ -359,13 +359,13 @@ def run_on_cluster(cluster, script: str | Path, *args: str, timeout: float = 120
     layout = ",".join(map(str, cluster.ranks_per_host))
     command = [sys.executable, str(worker_path("on_cluster.py")), layout, str(path), *map(str, args)]
     report = uses_spmd(path) if report is None else report
-    shm_before = mpich_leftovers()
+    left_before = mpich_leftovers()
     with tempfile.TemporaryDirectory(prefix="spmd-") as reports:
         try:
             job = job_env({REPORTS: reports, **(env or {})})
             out = cluster.mpiexec(command, timeout=timeout, env=job).stdout
         except JobFailed as exc:
-            remove_new_leftovers(shm_before)
+            remove_new_leftovers(left_before)
             failed = str(exc).split(":", 1)[0] + f" on cluster {cluster.name}"  # "timed out after 300s", "exit code 1"
             _checked(exc.completed.stdout or "", " ".join(command), failed, cluster.size, range(cluster.size),
                      cases, report, reports=reports)

@@ -148,7 +148,7 @@ def worker_job(comm: "MPI.Comm", known: dict | None, start_timeout_s: float = 0.
         found = job(comm, WORKER, start_timeout_s)
         if known is not None:
             known[key] = found
-    elif meet and found.own.Get_size() > 1:
+    elif meet:
         me = protocol.Report(WORKER, socket.gethostname(), "")
         _roll_call(found.own, me.encode(), protocol.Report, start_timeout_s, TAG_INIT_AGAIN, _not_again)
     return found

@@ -277,7 +277,7 @@ class ProcessGroupCommlib(ProcessGroup):
                 or not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg()):
             return None
         array = tensor.numpy()
-        if self._compression(array) is not None:
+        if op in (cl.Sum, cl.Average) and self._compression(array) is not None:  # as _allreduce_one decides
             return None
         self._start(cl.allreduce_async_, array, op=op, algorithm=self.options.algorithm, process_set=self._set)
         return Work.completed([tensor], f"all_reduce on process group {self._prefix[:-1]}")

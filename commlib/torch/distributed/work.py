@@ -95,8 +95,8 @@ class Work(dist.Work):
     @classmethod
     def completed(cls, value: list, what: str) -> "Work":
         """The Work of a call that has run already (a synchronous one): its result is ``value``."""
-        work = cls((), _unused, what)
-        work._state, work._value, work._finish = _OK, value, None
+        work = cls((), None, what)
+        work._state, work._value = _OK, value
         return work
 
     # ---- c10d's Work interface -------------------------------------------------------------------------
@@ -210,10 +210,6 @@ class Work(dist.Work):
             self.wait()
         except Exception:  # noqa: BLE001 - the future holds it now
             pass
-
-
-def _unused(_results: list) -> list:
-    raise AssertionError("a completed Work has nothing to finish")
 
 
 class _Done:
